@@ -1,0 +1,92 @@
+"""The one image decode function: every reader (scan, training, validation, detect) goes through here.
+
+``read_image`` returns an upright (EXIF orientation applied), 8-bit, 3-channel BGR array, whatever
+the file holds (gray, RGBA, 16-bit, palette), or raises ``ImageError`` naming the file and reason.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
+VID_EXTENSIONS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
+
+# EXIF orientation tag value -> cv2 operations that make the pixels upright.
+_EXIF_OPS = {
+    2: (cv2.flip, 1),
+    3: (cv2.rotate, cv2.ROTATE_180),
+    4: (cv2.flip, 0),
+    5: None,  # transpose
+    6: (cv2.rotate, cv2.ROTATE_90_CLOCKWISE),
+    7: None,  # transverse
+    8: (cv2.rotate, cv2.ROTATE_90_COUNTERCLOCKWISE),
+}
+
+
+class ImageError(ValueError):
+    """An image file that cannot be used; the message names the file and the reason."""
+
+
+def is_image_file(path: str | Path) -> bool:
+    return Path(path).suffix[1:].lower() in IMG_EXTENSIONS
+
+
+def exif_orientation(path: str | Path) -> int:
+    """EXIF orientation (1..8) of a file, 1 when absent or unreadable. Reads only the header."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return int(im.getexif().get(0x0112, 1) or 1)
+    except Exception:
+        return 1
+
+
+def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
+    if orientation in (1, 0) or orientation not in _EXIF_OPS:
+        return img
+    if orientation == 5:
+        return cv2.transpose(img)
+    if orientation == 7:
+        return cv2.rotate(cv2.transpose(img), cv2.ROTATE_180)
+    op, arg = _EXIF_OPS[orientation]
+    return op(img, arg)
+
+
+def to_bgr8(img: np.ndarray) -> np.ndarray:
+    """Any decoded array (gray, BGRA, 16-bit, float) -> 8-bit 3-channel BGR."""
+    if img.dtype == np.uint16:
+        img = (img / 257.0).round().astype(np.uint8)
+    elif img.dtype != np.uint8:
+        img = np.clip(img * (255.0 if img.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    if img.ndim == 2:
+        return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    if img.shape[2] == 4:
+        return cv2.cvtColor(img, cv2.COLOR_BGRA2BGR)
+    if img.shape[2] == 1:
+        return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR)
+    return img
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Decode ``path`` to an upright uint8 BGR HxWx3 array, or raise ImageError(file, reason).
+
+    Reads the bytes with numpy (so non-ASCII names work on every platform), decodes with OpenCV
+    keeping the bit depth and alpha (``IMREAD_UNCHANGED`` ignores EXIF), then applies the EXIF
+    orientation from the file header, so scan, training, validation and detect all see the same pixels.
+    """
+    path = Path(path)
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise ImageError(f"{path}: cannot read file ({e.strerror or e})") from None
+    if data.size == 0:
+        raise ImageError(f"{path}: empty file")
+    img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+    if img is None or img.size == 0:
+        raise ImageError(f"{path}: not a decodable image")
+    img = to_bgr8(img)
+    orientation = exif_orientation(path) if path.suffix.lower() in (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png") else 1
+    return np.ascontiguousarray(apply_orientation(img, orientation))
