@@ -1,0 +1,201 @@
+"""utils/loss.py against hand-computed cases on a fake detection head (no models/ dependency)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from utils.config import Hyp
+from utils.loss import ComputeLoss, FocalLoss, loss_gains, objectness_target, smooth_bce_targets
+
+LOG2 = math.log(2.0)
+
+
+class FakeDetect(nn.Module):
+    def __init__(self, anchors, strides, nc):
+        super().__init__()
+        self.register_buffer("anchors", torch.tensor(anchors, dtype=torch.float32))
+        self.nl, self.na = self.anchors.shape[:2]
+        self.nc, self.no = nc, nc + 5
+        self.stride = torch.tensor(strides, dtype=torch.float32)
+
+
+class FakeModel(nn.Module):
+    def __init__(self, anchors, strides=(8,), nc=2):
+        super().__init__()
+        self.model = nn.Sequential(FakeDetect(anchors, strides, nc))
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def cells(indices) -> list[tuple[int, int, int, int]]:
+    """(b, a, gj, gi) per match, in match order."""
+    return [tuple(int(v) for v in row) for row in zip(*indices)]
+
+
+def make_preds(batch, anchors_per_level, grids, nc):
+    return [torch.zeros(batch, anchors_per_level, g, g, 5 + nc) for g in grids]
+
+
+# Level 0: 8x8 grid (stride 8 on a 64 px image); level 1: 4x4 grid (stride 16).
+ANCHORS = [[[1, 1], [2, 1], [8, 4]], [[1, 1], [4, 4], [0.5, 0.5]]]
+
+
+def test_target_lands_in_centre_and_two_nearest_neighbours():
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    # Level 0: centre (2.4, 4.4), size (2, 1) grid units. Level 1: centre (1.2, 2.2), size (1, 0.5).
+    targets = torch.tensor([[0, 1, 0.3, 0.55, 0.25, 0.125]])
+    classes, boxes, indices, anchors = loss.build_targets(make_preds(1, 3, (8, 4), 2), targets)
+    # Anchor (8, 4): ratios 0.25 and 0.25 -> max(r, 1/r) = 4, not < anchor_t=4 -> rejected.
+    # Fractions 0.4 < 0.5 and x, y > 1 -> left (gi 1) and up (gj 3) neighbours; order: offset, anchor.
+    assert cells(indices[0]) == [(0, 0, 4, 2), (0, 1, 4, 2), (0, 0, 4, 1), (0, 1, 4, 1), (0, 0, 3, 2), (0, 1, 3, 2)]
+    expected_boxes = torch.tensor([[0.4, 0.4, 2, 1]] * 2 + [[1.4, 0.4, 2, 1]] * 2 + [[0.4, 1.4, 2, 1]] * 2)
+    assert torch.allclose(boxes[0], expected_boxes, atol=1e-5)
+    assert torch.equal(anchors[0], torch.tensor([[1.0, 1], [2, 1]] * 3))
+    assert classes[0].tolist() == [1] * 6
+    # Level 1: anchor (4, 4) has h ratio 1/8 -> rejected; anchors 0 and 2 kept; fractions 0.2 -> left, up.
+    assert sorted(cells(indices[1])) == sorted(
+        [(0, a, gj, gi) for a in (0, 2) for gj, gi in ((2, 1), (2, 0), (1, 1))])
+
+
+def test_right_down_neighbours_and_grid_edges():
+    loss = ComputeLoss(FakeModel([[[1, 1]]]), Hyp())
+    targets = torch.tensor([
+        [1, 0, 5.7 / 8, 3.6 / 8, 0.125, 0.125],  # fractions 0.7, 0.6 -> right (gi 6) and down (gj 4)
+        [0, 0, 0.4 / 8, 7.6 / 8, 0.125, 0.125],  # x=0.4: frac < 0.5 but x <= 1 -> no left; y=7.6 -> no down (edge)
+        [0, 0, 1.5 / 8, 2.5 / 8, 0.125, 0.125],  # exactly mid-cell -> centre only
+    ])
+    _, _, indices, _ = loss.build_targets(make_preds(2, 1, (8,), 2), targets)
+    assert sorted(cells(indices[0])) == sorted([(1, 0, 3, 5), (1, 0, 3, 6), (1, 0, 4, 5), (0, 0, 7, 0), (0, 0, 2, 1)])
+
+
+def test_anchor_ratio_threshold_is_strict_and_configurable():
+    anchors = [[[8, 4]]]
+    targets = torch.tensor([[0, 0, 0.3, 0.55, 0.25, 0.125]])  # size (2, 1) on the 8x8 grid: ratio exactly 4
+    preds = make_preds(1, 1, (8,), 2)
+    _, _, indices, _ = ComputeLoss(FakeModel(anchors), Hyp()).build_targets(preds, targets)
+    assert indices[0][0].numel() == 0
+    _, _, indices, _ = ComputeLoss(FakeModel(anchors), Hyp(anchor_t=4.01)).build_targets(preds, targets)
+    assert indices[0][0].numel() == 3  # centre, left, up
+
+
+def single_cell_case(hyp=None, label_smoothing=0.0):
+    """One 4x4 level, one anchor (1, 1), one target exactly mid-cell (1, 1): centre cell only."""
+    loss = ComputeLoss(FakeModel([[[1, 1]]], nc=2), hyp or Hyp(), imgsz=32, label_smoothing=label_smoothing)
+    targets = torch.tensor([[0, 0, 1.5 / 4, 1.5 / 4, 0.25, 0.25]])
+    preds = make_preds(2, 1, (4,), 2)  # image 1 has no targets: loss still scales by batch size 2
+    return loss, preds, targets
+
+
+def test_perfect_box_gives_zero_box_loss_and_obj_target_one():
+    loss, preds, targets = single_cell_case()
+    # zero logits decode to xy = 0.5 (mid-cell), wh = (2 * 0.5)^2 * 1 = 1: exactly the target
+    total, items = loss(preds, targets)
+    assert items[0].item() == pytest.approx(0.0, abs=1e-6)
+    _, _, indices, _ = loss.build_targets(preds, targets)
+    assert cells(indices[0]) == [(0, 0, 1, 1)]
+
+
+def test_hand_computed_ciou_objectness_and_class_losses():
+    hyp = Hyp()
+    loss, preds, targets = single_cell_case(hyp, label_smoothing=0.1)
+    cell = preds[0][0, 0, 1, 1]
+    cell[0] = math.log(3.0)  # sigmoid 0.75 -> x = 2 * 0.75 - 0.5 = 1.0 (target x 0.5)
+    cell[4] = 2.0  # objectness logit at the matched cell; all other cells 0
+    cell[5], cell[6] = 1.0, -1.0  # class logits, target class 0
+    preds[0].requires_grad_(True)
+    total, items = loss(preds, targets)
+
+    # boxes (1.0, 0.5, 1, 1) vs (0.5, 0.5, 1, 1): iou 0.5/1.5, enclosing 1.5 x 1, centre distance 0.5
+    ciou = 1 / 3 - 0.25 / (1.5 ** 2 + 1)
+    box_gain, obj_gain, cls_gain = loss_gains(hyp, 1, 2, 32)
+    assert (box_gain, obj_gain, cls_gain) == pytest.approx((0.15, 3 / 400, 0.0375))
+    assert items[0].item() == pytest.approx((1 - ciou) * box_gain, rel=1e-5)
+    # BCE(x, t) = softplus(x) - t * x; objectness target at the match = iou = ciou; 32 cells (2 images)
+    obj_bce = (31 * LOG2 + softplus(2.0) - ciou * 2.0) / 32
+    assert items[1].item() == pytest.approx(obj_bce * 4.0 * obj_gain, rel=1e-5)  # balance 4.0 for one level
+    positive, negative = 0.95, 0.05  # label smoothing 0.1
+    cls_bce = ((softplus(1.0) - positive * 1.0) + (softplus(-1.0) - negative * -1.0)) / 2
+    assert items[2].item() == pytest.approx(cls_bce * cls_gain, rel=1e-5)
+    assert total.shape == (1,)
+    assert total.item() == pytest.approx(items.sum().item() * 2, rel=1e-6)
+    total.backward()
+    assert preds[0].grad[0, 0, 1, 1, :7].abs().min() > 0
+
+
+def test_objectness_target_is_clamped_iou_and_last_duplicate_wins():
+    indices = tuple(torch.tensor(v) for v in ([0, 0, 1], [0, 0, 0], [1, 1, 0], [2, 2, 3]))
+    iou = torch.tensor([0.3, 0.8, 0.6])
+    target = objectness_target((2, 1, 2, 4), indices, iou)
+    assert target[0, 0, 1, 2].item() == pytest.approx(0.8)  # two matches share this cell: the later one
+    assert target[1, 0, 0, 3].item() == pytest.approx(0.6)
+    assert target.sum().item() == pytest.approx(1.4)
+    # the loss passes the detached IoU clamped at 0: a negative CIoU gives target 0 not a negative value
+    loss, preds, targets = single_cell_case()
+    preds[0][0, 0, 1, 1, 2:4] = -8.0  # tiny predicted box far smaller than the target -> CIoU < 0
+    _, _, indices, anchors = loss.build_targets(preds, targets)
+    box = torch.tensor([[0.5, 0.5, (2 * torch.sigmoid(torch.tensor(-8.0)).item()) ** 2, 0]])
+    box[0, 3] = box[0, 2]
+    assert loss(preds, targets)[1][1].item() == pytest.approx(LOG2 * 4.0 * loss.obj_gain, rel=1e-5)
+
+
+def test_single_class_has_no_class_loss_and_empty_targets_only_objectness():
+    loss = ComputeLoss(FakeModel([[[1, 1]]], nc=1), Hyp(), imgsz=32)
+    preds = [torch.randn(2, 1, 4, 4, 6)]
+    _, items = loss(preds, torch.tensor([[0, 0, 0.4, 0.4, 0.25, 0.25]]))
+    assert items[0] > 0 and items[2] == 0
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
+    preds = [torch.randn(2, 3, 8, 8, 8), torch.randn(2, 3, 4, 4, 8)]
+    total, items = loss(preds, torch.zeros(0, 6))
+    assert items[0] == 0 and items[2] == 0 and items[1] > 0
+    assert total.item() == pytest.approx(items[1].item() * 2, rel=1e-6)
+
+
+def test_label_smoothing_targets():
+    assert smooth_bce_targets(0.0) == (1.0, 0.0)
+    assert smooth_bce_targets(0.1) == pytest.approx((0.95, 0.05))
+    loss, preds, _ = single_cell_case(label_smoothing=0.2)
+    target = loss.class_targets(torch.zeros(3, 2), torch.tensor([0, 1, 1]))
+    assert torch.allclose(target, torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.1, 0.9]]))
+
+
+def test_focal_loss_matches_formula_and_replaces_bce_when_gamma_positive():
+    pred, true = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.0])
+    focal = FocalLoss(nn.BCEWithLogitsLoss(), gamma=2.0, alpha=0.25)
+    p0, p1 = 1 / (1 + math.exp(-2.0)), 1 / (1 + math.exp(1.0))
+    expected = (softplus(-2.0) * 0.25 * (1 - p0) ** 2 + softplus(-1.0) * 0.75 * p1 ** 2) / 2
+    assert focal(pred, true).item() == pytest.approx(expected, rel=1e-5)
+
+    plain, preds, targets = single_cell_case(Hyp())
+    focused, _, _ = single_cell_case(Hyp(fl_gamma=2.0))
+    assert isinstance(focused.obj_loss, FocalLoss) and not isinstance(plain.obj_loss, FocalLoss)
+    # all-zero logits: p_t = 0.5, so each element is BCE(=log 2) * alpha_t * 0.25
+    _, items = focused(preds, targets)
+    obj_target = objectness_target((2, 1, 4, 4), ([0], [0], [1], [1]), torch.tensor([1.0]))
+    alpha_t = obj_target * 0.25 + (1 - obj_target) * 0.75
+    assert items[1].item() == pytest.approx((LOG2 * alpha_t * 0.25).mean().item() * 4.0 * focused.obj_gain, rel=1e-5)
+
+
+def test_gains_for_three_and_four_levels():
+    hyp = Hyp(box=0.05, obj=1.0, cls=0.5)
+    assert loss_gains(hyp, 3, 80, 640) == pytest.approx((0.05, 1.0, 0.5))
+    assert loss_gains(hyp, 4, 3, 320) == pytest.approx((0.0375, 0.1875, 0.5 * 3 / 80 * 0.75))
+    loss = ComputeLoss(FakeModel([[[1, 1]]] * 4, (8, 16, 32, 64)), hyp)
+    assert loss.balance == (4.0, 1.0, 0.25, 0.06)
+    assert ComputeLoss(FakeModel(ANCHORS + [[[1, 1]] * 3], (8, 16, 32)), hyp).balance == (4.0, 1.0, 0.4)
+
+
+def test_autocast_bf16_predictions_give_float32_loss():
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
+    torch.manual_seed(0)
+    preds = [torch.randn(2, 3, 8, 8, 8), torch.randn(2, 3, 4, 4, 8)]
+    targets = torch.tensor([[0, 1, 0.3, 0.55, 0.25, 0.125], [1, 2, 0.7, 0.2, 0.1, 0.3]])
+    reference, _ = loss([p.bfloat16().float() for p in preds], targets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, items = loss([p.bfloat16() for p in preds], targets)
+    assert total.dtype == torch.float32 and items.dtype == torch.float32
+    assert total.item() == pytest.approx(reference.item(), rel=1e-6)

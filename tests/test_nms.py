@@ -1,0 +1,104 @@
+"""NMS on hand-made predictions (cx, cy, w, h, obj, class scores)."""
+import pytest
+import torch
+
+from utils.nms import MAX_NMS, non_max_suppression
+
+
+def make_pred(rows, nc=3):
+    """rows: (cx, cy, w, h, obj, class_index, class_score) -> (1, n, 5 + nc) prediction."""
+    pred = torch.zeros(1, len(rows), 5 + nc)
+    for i, (cx, cy, w, h, obj, cls, score) in enumerate(rows):
+        pred[0, i, :5] = torch.tensor([cx, cy, w, h, obj])
+        pred[0, i, 5 + cls] = score
+    return pred
+
+
+def test_overlapping_same_class_suppressed_keeps_best():
+    pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0), (52, 50, 20, 20, 0.8, 0, 1.0), (150, 150, 20, 20, 0.7, 0, 1.0)])
+    (det,) = non_max_suppression(pred)
+    assert det.shape == (2, 6)
+    expected = torch.tensor([[40, 40, 60, 60, 0.9, 0], [140, 140, 160, 160, 0.7, 0]])
+    assert torch.allclose(det, expected)
+
+
+def test_different_classes_kept_class_aware_suppressed_agnostic():
+    pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0), (51, 50, 20, 20, 0.8, 1, 1.0)])
+    (aware,) = non_max_suppression(pred)
+    assert aware[:, 5].tolist() == [0.0, 1.0]
+    (agnostic,) = non_max_suppression(pred, agnostic=True)
+    assert agnostic.shape[0] == 1 and agnostic[0, 5].item() == 0.0
+
+
+def test_confidence_is_objectness_times_class_score_and_filtered():
+    # 0.9 * 0.5 = 0.45 passes 0.25; 0.5 * 0.4 = 0.2 fails though obj passes; obj 0.2 fails first.
+    pred = make_pred([(50, 50, 20, 20, 0.9, 0, 0.5), (150, 50, 20, 20, 0.5, 1, 0.4), (50, 150, 20, 20, 0.2, 2, 1.0)])
+    (det,) = non_max_suppression(pred, conf_thres=0.25)
+    assert det.shape[0] == 1
+    assert det[0, 4].item() == pytest.approx(0.45)
+    (low,) = non_max_suppression(pred, conf_thres=0.1)
+    assert sorted(low[:, 5].tolist()) == [0.0, 1.0, 2.0]
+
+
+def test_multi_label_keeps_every_class_above_threshold():
+    pred = torch.zeros(1, 1, 8)
+    pred[0, 0, :5] = torch.tensor([50, 50, 20, 20, 1.0])
+    pred[0, 0, 5:] = torch.tensor([0.9, 0.6, 0.1])
+    (single,) = non_max_suppression(pred, conf_thres=0.25)
+    assert single[:, 5].tolist() == [0.0]
+    (multi,) = non_max_suppression(pred, conf_thres=0.25, multi_label=True)
+    assert multi[:, 5].tolist() == [0.0, 1.0]
+    assert multi[:, 4].tolist() == pytest.approx([0.9, 0.6])
+    assert torch.equal(multi[0, :4], multi[1, :4])
+
+
+def test_max_det_keeps_highest_confidence():
+    rows = [(20 + 30 * i, 50, 10, 10, 0.3 + 0.05 * i, 0, 1.0) for i in range(10)]
+    (det,) = non_max_suppression(make_pred(rows), max_det=3)
+    assert det.shape[0] == 3
+    assert det[:, 4].tolist() == pytest.approx([0.75, 0.7, 0.65])
+
+
+def test_classes_filter():
+    pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0), (150, 50, 20, 20, 0.8, 1, 1.0), (250, 50, 20, 20, 0.7, 2, 1.0)])
+    (det,) = non_max_suppression(pred, classes=[1, 2])
+    assert det[:, 5].tolist() == [1.0, 2.0]
+
+
+def test_empty_input_and_nothing_above_threshold():
+    out = non_max_suppression(torch.zeros(2, 0, 8))
+    assert len(out) == 2 and all(d.shape == (0, 6) for d in out)
+    out = non_max_suppression(torch.full((1, 5, 8), 0.1))
+    assert out[0].shape == (0, 6)
+
+
+def test_batch_images_are_independent_and_tuple_input_accepted():
+    a = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0)])
+    b = make_pred([(50, 50, 20, 20, 0.1, 0, 1.0)])
+    out = non_max_suppression((torch.cat((a, b)), None))
+    assert [d.shape[0] for d in out] == [1, 0]
+
+
+def test_candidates_capped_before_nms():
+    n = MAX_NMS + 100
+    pred = torch.zeros(1, n, 6)
+    pred[0, :, 0] = torch.arange(n, dtype=torch.float32) * 2  # disjoint 1-px boxes
+    pred[0, :, 1] = 10
+    pred[0, :, 2:4] = 1
+    pred[0, :, 4] = torch.linspace(0.3, 0.9, n)
+    pred[0, :, 5] = 1
+    (det,) = non_max_suppression(pred, max_det=n)
+    assert det.shape[0] == MAX_NMS
+    assert det[:, 4].min() >= pred[0, 100, 4]
+
+
+@pytest.mark.parametrize("kwargs", [{"conf_thres": 1.5}, {"iou_thres": -0.1}])
+def test_invalid_thresholds_raise(kwargs):
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        non_max_suppression(torch.zeros(1, 1, 6), **kwargs)
+
+
+def test_half_input_gives_float_output():
+    pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0)]).half()
+    (det,) = non_max_suppression(pred)
+    assert det.dtype == torch.float32 and det.shape[0] == 1

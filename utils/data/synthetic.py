@@ -1,0 +1,241 @@
+"""The embedded default dataset: coloured, textured shapes on cluttered backgrounds, made by our own code.
+
+``ensure_default_dataset()`` returns the data YAML of ``shapes-v1``, generating it on first use (no
+network, deterministic: the same seed gives the same bytes, whatever the order images are made in).
+It lives outside the git tree, in ``~/.cache/yolo-trainer/datasets/shapes-v1`` (the environment
+variable ``YOLO_TRAINER_DATASETS`` replaces the parent folder). It is built in a temporary sibling
+folder that is renamed into place only once complete, so an interrupted run never leaves half a
+dataset; a ``generator.json`` marker records what was built and makes reuse safe.
+
+Content, per image: a smooth colour field, blotchy noise, blurred irregular blobs and thin lines
+(clutter, never labelled), then 3..10 objects of six classes told apart by shape only (colour and
+texture are random: solid, stripes, gradient, noise), long side 8 px to half the short image side,
+varied aspect ratio and rotation, then mild sensor noise and JPEG encoding. Objects may overlap and
+run off the image edge. Labelling rule: every object keeps at least ``MIN_VISIBLE`` of its pixels
+visible (a placement that would hide more of any object, or show less of itself, is retried
+elsewhere or not drawn), so every drawn object is labelled, and each box is the bounding box of that
+object's *visible* pixels.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+LOGGER = logging.getLogger(__name__)
+
+DATASET_NAME = "shapes-v1"
+GENERATOR_VERSION = 1
+CLASS_NAMES = ("circle", "rectangle", "triangle", "star", "cross", "ring")
+MIN_VISIBLE = 0.6  # fraction of an object's pixels that must stay visible
+ENV_VAR = "YOLO_TRAINER_DATASETS"
+MARKER = "generator.json"
+SPLIT_IDS = {"train": 0, "val": 1}
+JPEG_QUALITY = 90
+_CIRCLE = np.stack([np.cos(np.linspace(0, 2 * np.pi, 48, endpoint=False)),
+                    np.sin(np.linspace(0, 2 * np.pi, 48, endpoint=False))], 1)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return points @ np.array([[c, s], [-s, c]])
+
+
+def _shape_polygons(rng: np.random.Generator, cls: int, length: float) -> list[np.ndarray]:
+    """Polygons (first filled, later ones cut out) of one object, centred at 0, long side ``length``."""
+    aspect = float(np.exp(rng.uniform(-np.log(2.2), np.log(2.2))))
+    half_w, half_h = length / 2 * min(1.0, aspect), length / 2 * min(1.0, 1 / aspect)
+    name = CLASS_NAMES[cls]
+    if name == "circle":
+        return [_CIRCLE * length / 2]
+    if name == "ring":
+        aspect = float(np.exp(rng.uniform(-np.log(1.4), np.log(1.4))))
+        outer = _rotate(_CIRCLE * [length / 2 * min(1.0, aspect), length / 2 * min(1.0, 1 / aspect)],
+                        rng.uniform(0, np.pi))
+        return [outer, outer * rng.uniform(0.4, 0.6)]
+    if name == "rectangle":
+        unit = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64)
+        return [_rotate(unit * [half_w, half_h], rng.uniform(-0.35, 0.35))]
+    if name == "triangle":
+        apex = rng.uniform(-0.4, 0.4)
+        unit = np.array([[apex, -1], [1, 1], [-1, 1]], np.float64)
+        return [_rotate(unit * [half_w, half_h], rng.uniform(0, 2 * np.pi))]
+    if name == "star":
+        inner = rng.uniform(0.38, 0.5)
+        angles = np.linspace(0, 2 * np.pi, 10, endpoint=False) - np.pi / 2
+        radii = np.where(np.arange(10) % 2 == 0, 1.0, inner)
+        unit = np.stack([np.cos(angles) * radii, np.sin(angles) * radii], 1)
+        scale = length / 2 * np.array([min(1.0, aspect), min(1.0, 1 / aspect)]) ** 0.5
+        return [_rotate(unit * scale, rng.uniform(0, 2 * np.pi))]
+    # cross: a plus sign with arms of relative thickness t
+    t = rng.uniform(0.22, 0.4)
+    unit = np.array([[-t, -1], [t, -1], [t, -t], [1, -t], [1, t], [t, t], [t, 1], [-t, 1], [-t, t],
+                     [-1, t], [-1, -t], [-t, -t]], np.float64)
+    return [_rotate(unit * [half_w, half_h], rng.uniform(-0.35, 0.35))]
+
+
+def _shape_mask(polygons: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rasterise polygons (centred at 0) -> (bool mask, offset of the mask's top-left from the centre)."""
+    low = np.floor(polygons[0].min(0)) - 1
+    size = (np.ceil(polygons[0].max(0)) + 2 - low).astype(int)
+    mask = np.zeros((size[1], size[0]), np.uint8)
+    for value, polygon in zip((1, 0), polygons):
+        points = np.round((polygon - low) * 16).astype(np.int32)  # 4 fractional bits
+        cv2.fillPoly(mask, [points], value, lineType=cv2.LINE_8, shift=4)
+    return mask.astype(bool), low
+
+
+# ----------------------------------------------------------------------------- textures
+
+
+def _contrasting_colour(rng: np.random.Generator, under: np.ndarray, min_distance: float = 90.0):
+    """A random BGR colour at least ``min_distance`` (Euclidean) from the colour ``under``."""
+    colour = rng.uniform(0, 255, 3)
+    for _ in range(20):
+        if np.linalg.norm(colour - under) >= min_distance:
+            break
+        colour = rng.uniform(0, 255, 3)
+    return colour.astype(np.float32)
+
+
+def _texture(rng: np.random.Generator, height: int, width: int, under: np.ndarray) -> np.ndarray:
+    """A (height, width, 3) float32 patch: solid, stripes, gradient or noisy colour."""
+    first, second = _contrasting_colour(rng, under), _contrasting_colour(rng, under)
+    kind = rng.integers(4)
+    if kind == 0:
+        return np.broadcast_to(first, (height, width, 3))
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    angle = rng.uniform(0, np.pi)
+    along = xs * np.cos(angle) + ys * np.sin(angle)
+    if kind == 1:  # stripes
+        period = rng.uniform(3, max(4.0, max(height, width) / 3))
+        stripe = ((along / period) % 2 < 1)[..., None]
+        return np.where(stripe, first, second)
+    if kind == 2:  # linear gradient
+        span = max(float(along.max() - along.min()), 1.0)
+        weight = ((along - along.min()) / span)[..., None]
+        return first * (1 - weight) + second * weight
+    noise = rng.normal(0, rng.uniform(15, 40), (height, width, 1)).astype(np.float32)
+    return first + noise
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Cluttered float32 background: soft colour field with blobs, blotchy noise, thin lines.
+
+    Blobs are drawn at 1/8 resolution and upsampled, so their edges are soft and never look like
+    the sharp-edged objects.
+    """
+    small_w, small_h = max(width // 8, 4), max(height // 8, 4)
+    grid = rng.uniform(30, 225, (rng.integers(2, 6), rng.integers(2, 6), 3)).astype(np.float32)
+    small = cv2.resize(grid, (small_w, small_h), interpolation=cv2.INTER_CUBIC)
+    for _ in range(rng.integers(1, 8)):
+        centre = rng.uniform(0, [small_w, small_h])
+        count = rng.integers(8, 14)
+        angles = np.sort(rng.uniform(0, 2 * np.pi, count))
+        radii = rng.uniform(0.5, 1.0, count) * rng.uniform(1.5, max(small_w, small_h) / 4)
+        points = centre + np.stack([np.cos(angles), np.sin(angles)], 1) * radii[:, None]
+        cv2.fillPoly(small, [np.round(points).astype(np.int32)], rng.uniform(20, 235, 3).tolist())
+    small = cv2.GaussianBlur(small, (0, 0), rng.uniform(0.7, 1.5))
+    image = cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC)
+    cell = int(rng.choice([2, 4, 8, 16]))
+    blotches = rng.normal(0, rng.uniform(5, 25), (height // cell + 2, width // cell + 2, 3))
+    image += cv2.resize(blotches.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)
+    for _ in range(rng.integers(1, 12)):  # thin lines (never as thick as a shape)
+        start, end = rng.uniform(0, [width, height], (2, 2)).round().astype(int)
+        colour = rng.uniform(0, 255, 3).tolist()
+        cv2.line(image, tuple(map(int, start)), tuple(map(int, end)), colour, int(rng.integers(1, 3)),
+                 cv2.LINE_AA)
+    return image
+
+
+# ----------------------------------------------------------------------------- one image
+
+
+class _Scene:
+    """An image being drawn, with ``owner``: per pixel, 1 + index of the object seen there (0 = none)."""
+
+    def __init__(self, image: np.ndarray):
+        self.image = image
+        self.owner = np.zeros(image.shape[:2], np.int32)
+        self.areas: list[int] = []
+        self.visible: list[int] = []
+        self.regions: list[tuple[slice, slice]] = []
+        self.classes: list[int] = []
+
+    def try_place(self, rng: np.random.Generator, mask: np.ndarray, offset: np.ndarray) -> bool:
+        """Draw ``mask`` at a random spot that keeps every object >= MIN_VISIBLE visible (5 tries)."""
+        height, width = self.owner.shape
+        area = int(mask.sum())
+        for _ in range(5):
+            x0, y0 = np.round(rng.uniform(0, [width, height]) + offset).astype(int)
+            left, top = max(x0, 0), max(y0, 0)
+            right, bottom = min(x0 + mask.shape[1], width), min(y0 + mask.shape[0], height)
+            if right - left < 3 or bottom - top < 3:
+                continue
+            crop = mask[top - y0:bottom - y0, left - x0:right - x0]
+            shown = int(crop.sum())
+            if shown < MIN_VISIBLE * area or not (crop.any(0).sum() >= 3 and crop.any(1).sum() >= 3):
+                continue
+            region = (slice(top, bottom), slice(left, right))
+            hidden = np.bincount(self.owner[region][crop], minlength=len(self.areas) + 1)[1:]
+            remaining = np.asarray(self.visible, np.int64) - hidden
+            if np.any(remaining < MIN_VISIBLE * np.asarray(self.areas)):
+                continue
+            self._draw(rng, region, crop, remaining, area, shown)
+            return True
+        return False
+
+    def _draw(self, rng, region, crop, remaining, area, shown) -> None:
+        self.visible = remaining.tolist() + [shown]
+        self.areas.append(area)
+        self.regions.append(region)
+        self.owner[region][crop] = len(self.areas)
+        patch = self.image[region]
+        texture = _texture(rng, patch.shape[0], patch.shape[1], patch[crop].mean(0))
+        patch[crop] = texture[crop]
+
+    def labels(self) -> np.ndarray:
+        """(n, 5) float32 [class, cx, cy, w, h] normalised, boxes around each object's visible pixels."""
+        height, width = self.owner.shape
+        rows = []
+        for index, (region, cls) in enumerate(zip(self.regions, self.classes), start=1):
+            ys, xs = np.nonzero(self.owner[region] == index)
+            x0, x1 = xs.min() + region[1].start, xs.max() + 1 + region[1].start
+            y0, y1 = ys.min() + region[0].start, ys.max() + 1 + region[0].start
+            rows.append([cls, (x0 + x1) / 2 / width, (y0 + y1) / 2 / height,
+                         (x1 - x0) / width, (y1 - y0) / height])
+        return np.array(rows, np.float32).reshape(-1, 5)
+
+
+def _image_size(rng: np.random.Generator) -> tuple[int, int]:
+    """(width, height): long side 256..416, aspect 0.65..1, either orientation."""
+    long_side = int(rng.choice([256, 288, 320, 352, 384, 416]))
+    short_side = int(round(long_side * rng.uniform(0.65, 1.0) / 16) * 16)
+    return (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
+
+
+def render_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One synthetic image -> (uint8 BGR HxWx3, labels (n, 5) float32 [class, cx, cy, w, h] normalised)."""
+    width, height = _image_size(rng)
+    scene = _Scene(_background(rng, height, width))
+    for _ in range(rng.integers(3, 11)):
+        cls = int(rng.integers(len(CLASS_NAMES)))
+        lowest = 8.0 if rng.random() < 0.15 else 16.0
+        length = float(np.exp(rng.uniform(np.log(lowest), np.log(min(width, height) / 2))))
+        polygons = _shape_polygons(rng, cls, length)
+        mask, offset = _shape_mask(polygons)
+        if scene.try_place(rng, mask, offset):
+            scene.classes.append(cls)
+    image = scene.image + rng.standard_normal(scene.image.shape, np.float32) * rng.uniform(2, 7)
+    return np.clip(image, 0, 255).astype(np.uint8), scene.labels()

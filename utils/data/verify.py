@@ -1,0 +1,511 @@
+"""Find every image of a split, verify it and its label file once, and cache the result safely.
+
+Images map to labels by the YOLOv5 rule: the last ``/images/`` in the path becomes ``/labels/``,
+same stem, ``.txt``. Each image must decode (the shape recorded is after EXIF orientation, as
+``read_image`` returns it) and be at least ``MIN_SIZE`` px; its label rows must be
+``class cx cy w h`` normalised to [0, 1] (or ``class x1 y1 x2 y2 ...`` polygons, kept as segments
+and boxed). Bad files are skipped with one warning naming the file and the reason; fixable rows
+(duplicates, zero-size boxes, boxes past the edge) are repaired with a warning.
+
+The cache is an ``.npz`` file without pickles (arrays + a JSON metadata string), written
+atomically next to the labels folder, or in a fallback folder when that one is read-only, and
+keyed by a hash of the file list, sizes and mtimes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from utils.data.images import IMG_EXTENSIONS, apply_orientation, is_image_file, read_image
+from utils.device import usable_cpus
+
+LOGGER = logging.getLogger(__name__)
+
+CACHE_VERSION = "verify-1"
+MIN_SIZE = 10  # pixels, both sides
+EPS = 1e-6  # tolerance on the [0, 1] range of coordinates
+ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # as read_image
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "yolo-trainer" / "labels"
+COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images")
+
+
+class DatasetError(ValueError):
+    """A split that cannot be used at all (no images, no labels, nothing usable); one line."""
+
+
+class Problem(ValueError):
+    """Why one file is unusable (or what was repaired): ``category`` groups it, ``detail`` explains."""
+
+    def __init__(self, category: str, detail: str):
+        super().__init__(detail)
+        self.category, self.detail = category, detail
+
+
+@dataclass
+class SplitLabels:
+    im_files: list[str]
+    labels: list[np.ndarray]  # (n, 5) float32: class, cx, cy, w, h normalised
+    segments: list[list[np.ndarray]]  # per image: (k, 2) float32 normalised polygons, or []
+    shapes: np.ndarray  # (N, 2) int64: width, height after EXIF orientation
+    stats: dict = field(default_factory=dict)  # counts: found, missing, empty, corrupt, duplicates, images
+    messages: list[str] = field(default_factory=list)  # "file: reason" lines
+    problems: list[dict] = field(default_factory=list)  # {"file", "category", "detail", "skipped"}
+
+
+# ----------------------------------------------------------------------------- file lists
+def img2label_paths(im_files: list[str]) -> list[str]:
+    """Label path of each image: last '/images/' -> '/labels/', same stem, '.txt'."""
+    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    result = []
+    for file in im_files:
+        head, sep, tail = file.rpartition(images)
+        mapped = head + labels + tail if sep else file
+        result.append(os.path.splitext(mapped)[0] + ".txt")
+    return result
+
+
+def _is_hidden(path: Path, base: Path) -> bool:
+    try:
+        parts = path.relative_to(base).parts
+    except ValueError:
+        parts = (path.name,)
+    return any(part.startswith(".") for part in parts)
+
+
+def _read_list_file(file: Path) -> list[Path]:
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{file}: cannot read image list ({e})") from None
+    entries = [Path(line.strip()) for line in lines if line.strip()]
+    return [Path(os.path.abspath(p if p.is_absolute() else file.parent / p)) for p in entries]
+
+
+def collect_image_files(sources: list[str] | str) -> tuple[list[str], list[str]]:
+    """(sorted image files, messages about ignored entries) for folders, .txt lists and image files."""
+    files, ignored = set(), []
+    for source in [sources] if isinstance(sources, (str, Path)) else sources:
+        source = Path(os.path.abspath(Path(source).expanduser()))
+        if source.is_dir():
+            candidates = [(p, source) for p in source.rglob("*") if p.is_file()]
+        elif source.suffix.lower() == ".txt" and source.is_file():
+            candidates = [(p, p.parent) for p in _read_list_file(source)]
+            ignored += [f"{p}: listed in {source} but missing" for p, _ in candidates if not p.exists()]
+            candidates = [(p, base) for p, base in candidates if p.exists()]
+        elif source.is_file():
+            candidates = [(source, source.parent)]
+        else:
+            raise DatasetError(f"{source}: does not exist")
+        for path, base in candidates:
+            if not is_image_file(path):
+                continue
+            if _is_hidden(path, base):
+                ignored.append(f"{path}: hidden file ignored")
+                continue
+            files.add(str(path))
+    return sorted(files), ignored
+
+
+def list_image_files(sources: list[str] | str) -> list[str]:
+    """Sorted image files of ``sources``; hidden files are skipped with a warning."""
+    files, ignored = collect_image_files(sources)
+    for message in ignored:
+        LOGGER.warning(message)
+    return files
+
+
+# ----------------------------------------------------------------------------- one image
+def image_size(path: str) -> tuple[int, int]:
+    """(width, height) after EXIF orientation; the pixel data must decode. Raises Problem."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise Problem("unreadable image", f"cannot read image ({e.strerror or e})") from None
+    if size == 0:
+        raise Problem("empty image file", "empty image file (0 bytes)")
+    header = _image_header(path)
+    if header is None:  # PIL does not know it: decode fully with the training decoder
+        try:
+            height, width = read_image(path).shape[:2]
+        except ValueError:
+            raise Problem("not an image", "not an image (unknown or corrupt format)") from None
+        header = ("", width, height, 1)
+    kind, width, height, orientation = header
+    if min(width, height) < MIN_SIZE:
+        raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
+    _check_decodes(path, kind)
+    if orientation in (5, 6, 7, 8) and Path(path).suffix.lower() in ORIENTED_SUFFIXES:
+        width, height = height, width
+    return width, height
+
+
+def _image_header(path: str) -> tuple[str, int, int, int] | None:
+    """(format, width, height, EXIF orientation) from the header only, None when PIL cannot tell."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            orientation = int(image.getexif().get(0x0112, 1) or 1)
+            return image.format or "", image.size[0], image.size[1], orientation
+    except Exception:  # PIL raises many types for foreign bytes
+        return None
+
+
+def _check_decodes(path: str, kind: str) -> None:
+    """The pixel data decodes as read_image would; JPEGs at 1/8 scale (same entropy decode, ~6x faster)."""
+    flags = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION if kind == "JPEG" else cv2.IMREAD_UNCHANGED
+    try:
+        image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), flags)
+    except (cv2.error, OSError):
+        image = None
+    if image is None or image.size == 0:
+        raise Problem("corrupt image", "cannot decode image (truncated or corrupt data)")
+
+
+# ----------------------------------------------------------------------------- one label file
+def _parse_rows(text: str) -> list[tuple[int, list[float]]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        tokens = line.split()
+        if not tokens:
+            continue
+        try:
+            values = [float(token) for token in tokens]
+        except ValueError:
+            raise Problem("unparsable label line", f"unparsable label line {number}: '{line.strip()[:40]}'") from None
+        if len(values) != 5 and (len(values) < 7 or len(values) % 2 == 0):
+            raise Problem("wrong number of columns", f"wrong number of columns ({len(values)}) on line {number}: "
+                          "expected 5 (class cx cy w h) or a polygon (class x1 y1 x2 y2 x3 y3 ...)")
+        rows.append((number, values))
+    return rows
+
+
+def _check_row(number: int, values: list[float], nc: int, single_cls: bool) -> None:
+    array = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(array).all():
+        raise Problem("non-finite value", f"non-finite value on line {number}")
+    cls = array[0]
+    if cls != int(cls):
+        raise Problem("non-integer class id", f"class id {values[0]:g} is not an integer (line {number})")
+    if cls < 0:
+        raise Problem("negative class id", f"negative class id {int(cls)} (line {number})")
+    if cls >= nc and not single_cls:
+        raise Problem("class out of range", f"class {int(cls)} out of range (data has {nc} classes) on line {number}")
+    if (array[1:] > 1 + EPS).any():
+        raise Problem("coordinates not normalised", f"coordinates not normalised (> 1, pixel values?) on line {number}")
+    if (array[1:] < -EPS).any():
+        raise Problem("negative coordinates", f"negative coordinates on line {number}")
+
+
+def _row_to_box(values: list[float]) -> tuple[np.ndarray, np.ndarray | None]:
+    """(x1, y1, x2, y2) clipped to [0, 1] and the polygon (k, 2) or None."""
+    coords = np.clip(np.asarray(values[1:], dtype=np.float64), 0.0, 1.0)
+    if len(values) == 5:
+        cx, cy, w, h = coords
+        return np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]), None
+    polygon = coords.reshape(-1, 2)
+    return np.concatenate([polygon.min(0), polygon.max(0)]), polygon.astype(np.float32)
+
+
+def _rectangle(box: np.ndarray) -> np.ndarray:
+    x1, y1, x2, y2 = box
+    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], dtype=np.float32)
+
+
+def parse_label_file(path: str, nc: int, single_cls: bool = False):
+    """(labels (n, 5) float32, segments list, notes list[Problem], duplicates removed). Raises Problem."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Problem("unreadable label file", f"cannot read label file {path} ({e})") from None
+    rows, seen, notes, duplicates = _parse_rows(text), set(), [], 0
+    boxes, classes, polygons, clipped, zero = [], [], [], 0, 0
+    for number, values in rows:
+        _check_row(number, values, nc, single_cls)
+        key = tuple(values)
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        box, polygon = _row_to_box(values)
+        clipped += int(np.any(np.abs(np.clip(box, 0, 1) - box) > EPS) or (len(values) == 5 and _past_edge(values)))
+        if box[2] - box[0] <= 0 or box[3] - box[1] <= 0:
+            zero += 1
+            continue
+        boxes.append(box), classes.append(0 if single_cls else int(values[0])), polygons.append(polygon)
+    if duplicates:
+        notes.append(Problem("duplicate rows removed", f"{duplicates} duplicate row{'s' * (duplicates > 1)} removed"))
+    if zero:
+        notes.append(Problem("zero-size box dropped", f"{zero} zero-size box{'es' * (zero > 1)} dropped"))
+    if clipped:
+        notes.append(Problem("box clipped to image", f"{clipped} box{'es' * (clipped > 1)} past the edge clipped"))
+    return _to_labels(classes, boxes, polygons), notes, duplicates
+
+
+def _past_edge(values: list[float]) -> bool:
+    _, cx, cy, w, h = values
+    return min(cx - w / 2, cy - h / 2) < -EPS or max(cx + w / 2, cy + h / 2) > 1 + EPS
+
+
+def _to_labels(classes, boxes, polygons) -> tuple[np.ndarray, list[np.ndarray]]:
+    if not boxes:
+        return np.zeros((0, 5), np.float32), []
+    xyxy = np.stack(boxes)
+    xywh = np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
+    labels = np.concatenate([np.asarray(classes, np.float64)[:, None], xywh], 1).astype(np.float32)
+    if all(p is None for p in polygons):
+        return labels, []
+    return labels, [p if p is not None else _rectangle(b) for p, b in zip(polygons, boxes)]
+
+
+def verify_one(item: tuple[str, str, int, bool]) -> dict:
+    """Verify one (image, label file); returns a plain record (used or skipped, with reasons)."""
+    im_file, label_file, nc, single_cls = item
+    record = {"file": im_file, "shape": None, "labels": None, "segments": [], "notes": [], "problem": None,
+              "missing": False, "duplicates": 0}
+    try:
+        record["shape"] = image_size(im_file)
+        if not os.path.isfile(label_file):
+            record["missing"] = True
+            record["labels"] = np.zeros((0, 5), np.float32)
+            return record
+        (record["labels"], record["segments"]), record["notes"], record["duplicates"] = parse_label_file(
+            label_file, nc, single_cls)
+    except Problem as problem:
+        record["problem"] = problem
+    return record
+
+
+# ----------------------------------------------------------------------------- split scan
+def _file_signature(path: str) -> str:
+    try:
+        stat = os.stat(path)
+        return f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}"
+    except OSError:
+        return f"{path}\t-"
+
+
+def dataset_hash(im_files: list[str], label_files: list[str], nc: int, single_cls: bool) -> str:
+    """Hash of the file list, sizes and mtimes of images and labels, the options and the cache version."""
+    digest = hashlib.sha256(f"{CACHE_VERSION}\t{nc}\t{single_cls}\n".encode())
+    for im_file, label_file in zip(im_files, label_files):
+        digest.update(f"{_file_signature(im_file)}\n{_file_signature(label_file)}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def _run_checks(items: list, workers: int, description: str) -> list[dict]:
+    bar = tqdm(total=len(items), desc=description, unit="img", disable=None, leave=False)
+    try:
+        if workers <= 1 or len(items) < 16:
+            records = []
+            for item in items:
+                records.append(verify_one(item))
+                bar.update()
+            return records
+        with ThreadPoolExecutor(max_workers=workers) as pool:  # cv2/PIL decode releases the GIL
+            records = []
+            for record in pool.map(verify_one, items, chunksize=8):
+                records.append(record)
+                bar.update()
+            return records
+    finally:
+        bar.close()
+
+
+def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
+    result = SplitLabels([], [], [], np.zeros((0, 2), np.int64), dict.fromkeys(COUNT_KEYS, 0))
+    stats = result.stats
+    for message in ignored:
+        file, _, detail = message.partition(": ")
+        result.problems.append({"file": file, "category": "ignored", "detail": detail, "skipped": True})
+    shapes = []
+    for record in records:
+        problem = record["problem"]
+        if problem is not None:
+            stats["corrupt"] += 1
+            result.problems.append({"file": record["file"], "category": problem.category,
+                                    "detail": problem.detail, "skipped": True})
+            continue
+        for note in record["notes"]:
+            result.problems.append({"file": record["file"], "category": note.category,
+                                    "detail": note.detail, "skipped": False})
+        stats["missing" if record["missing"] else "found"] += 1
+        stats["empty"] += int(not record["missing"] and len(record["labels"]) == 0)
+        stats["duplicates"] += record["duplicates"]
+        result.im_files.append(record["file"]), result.labels.append(record["labels"])
+        result.segments.append(record["segments"]), shapes.append(record["shape"])
+    stats["images"] = len(result.im_files)
+    result.shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
+    result.messages = [_message(p) for p in result.problems]
+    return result
+
+
+def _message(problem: dict) -> str:
+    action = " (image skipped)" if problem["skipped"] and problem["category"] != "ignored" else ""
+    return f"{problem['file']}: {problem['detail']}{action}"
+
+
+def summary_line(result: SplitLabels, prefix: str, where: str) -> str:
+    stats = result.stats
+    backgrounds = stats["missing"] + stats["empty"]
+    parts = [f"{stats['images']} images", f"{backgrounds} background{'s' * (backgrounds != 1)}",
+             f"{stats['corrupt']} corrupt"]
+    if stats["duplicates"]:
+        parts.append(f"{stats['duplicates']} duplicate{'s' * (stats['duplicates'] != 1)} removed")
+    return f"{prefix}Scanning {where}... " + ", ".join(parts)
+
+
+def _display(sources: list[str]) -> str:
+    shown = []
+    for source in sources:
+        relative = os.path.relpath(source) if os.path.isabs(source) else source
+        shown.append(source if relative.startswith("..") else relative)
+    return ", ".join(shown)
+
+
+def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int | None = None,
+                 single_cls: bool = False, use_cache: bool = True) -> SplitLabels:
+    """Scan and verify a split (cached) without judging whether it is usable; logs warnings + summary."""
+    sources = [sources] if isinstance(sources, (str, Path)) else [str(s) for s in sources]
+    im_files, ignored = collect_image_files(sources)
+    if not im_files:
+        raise DatasetError(f"{prefix}no images found in {_display(sources)} "
+                           f"(supported extensions: {', '.join(IMG_EXTENSIONS)}, any case)")
+    label_files = img2label_paths(im_files)
+    key = dataset_hash(im_files, label_files, nc, single_cls)
+    primary = Path(os.path.dirname(label_files[0]) + ".cache.npz")
+    fallback = fallback_cache_path(primary, cache_dir)
+    result = load_cache(primary, key, fallback) if use_cache else None
+    if result is None:
+        items = [(im, lb, nc, single_cls) for im, lb in zip(im_files, label_files)]
+        workers = max(1, min(usable_cpus() if workers is None else workers, 16))
+        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {_display(sources)}"), ignored)
+        if use_cache:
+            save_cache(result, key, primary, fallback)
+    for message in result.messages:
+        LOGGER.warning(f"{prefix}{message}")
+    LOGGER.info(summary_line(result, prefix, _display(sources)))
+    return result
+
+
+def scan_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int | None = None,
+               single_cls: bool = False, use_cache: bool = True) -> SplitLabels:
+    """``verify_split`` that raises ``DatasetError`` when the split has no label files or no usable image."""
+    result = verify_split(sources, nc, prefix, cache_dir, workers, single_cls, use_cache)
+    if not result.im_files:
+        raise DatasetError(f"{prefix}no usable images in {_display(result_sources(sources))}: "
+                           f"all {result.stats['corrupt']} are corrupt (see the warnings above)")
+    if result.stats["found"] == 0 and result.stats["corrupt"] == 0:
+        example = result.im_files[0]
+        raise DatasetError(f"{prefix}no label files found: looked in {os.path.dirname(img2label_paths([example])[0])} "
+                           f"(rule: the last /images/ in an image path becomes /labels/, same stem, .txt: "
+                           f"{example} -> {img2label_paths([example])[0]})")
+    return result
+
+
+def result_sources(sources) -> list[str]:
+    return [sources] if isinstance(sources, (str, Path)) else [str(s) for s in sources]
+
+
+# ----------------------------------------------------------------------------- cache
+def fallback_cache_path(primary: Path, cache_dir=None) -> Path:
+    """Where the cache goes when ``primary``'s folder is read-only: <cache_dir>/<hash of primary>.npz."""
+    folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    return folder / (hashlib.sha256(str(primary).encode("utf-8", "surrogateescape")).hexdigest()[:20] + ".npz")
+
+
+def _offsets(lengths) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))]).astype(np.int64)
+
+
+def cache_arrays(result: SplitLabels, key: str) -> dict[str, np.ndarray]:
+    """Plain numeric arrays (no objects) holding ``result``; metadata as a UTF-8 JSON byte array."""
+    polygons = [polygon for segments in result.segments for polygon in segments]
+    meta = {"version": CACHE_VERSION, "hash": key, "im_files": result.im_files, "stats": result.stats,
+            "problems": result.problems}
+    return {
+        "meta": np.frombuffer(json.dumps(meta).encode("utf-8", "surrogateescape"), dtype=np.uint8),
+        "labels": np.concatenate(result.labels + [np.zeros((0, 5), np.float32)]).astype(np.float32),
+        "label_offsets": _offsets([len(x) for x in result.labels]),
+        "shapes": result.shapes.astype(np.int64),
+        "points": np.concatenate(polygons + [np.zeros((0, 2), np.float32)]).astype(np.float32),
+        "point_offsets": _offsets([len(p) for p in polygons]),
+        "segment_offsets": _offsets([len(s) for s in result.segments]),
+    }
+
+
+def result_from_arrays(arrays, key: str) -> SplitLabels | None:
+    """The SplitLabels stored in ``arrays``, or None when it belongs to another file list/version."""
+    meta = json.loads(bytes(arrays["meta"]).decode("utf-8", "surrogateescape"))
+    if meta.get("version") != CACHE_VERSION or meta.get("hash") != key:
+        return None
+    labels, label_offsets = arrays["labels"], arrays["label_offsets"]
+    points, point_offsets, segment_offsets = arrays["points"], arrays["point_offsets"], arrays["segment_offsets"]
+    polygons = [points[point_offsets[i]:point_offsets[i + 1]] for i in range(len(point_offsets) - 1)]
+    count = len(meta["im_files"])
+    result = SplitLabels(
+        im_files=meta["im_files"],
+        labels=[labels[label_offsets[i]:label_offsets[i + 1]].copy() for i in range(count)],
+        segments=[polygons[segment_offsets[i]:segment_offsets[i + 1]] for i in range(count)],
+        shapes=np.asarray(arrays["shapes"], np.int64).reshape(-1, 2),
+        stats=meta["stats"], problems=meta["problems"])
+    if len(result.shapes) != count or len(label_offsets) != count + 1 or len(segment_offsets) != count + 1:
+        raise ValueError("inconsistent array lengths")
+    result.messages = [_message(p) for p in result.problems]
+    return result
+
+
+def load_cache(primary: Path, key: str, fallback: Path) -> SplitLabels | None:
+    """The cached result for ``key`` from ``primary`` or ``fallback``; a corrupt file is warned about."""
+    for path in (primary, fallback):
+        if not path.is_file():
+            continue
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                result = result_from_arrays(arrays, key)
+        except Exception as e:  # zip, JSON, key and shape errors all mean "rebuild"
+            LOGGER.warning(f"{path}: label cache unreadable ({type(e).__name__}: {e}), rebuilding")
+            continue
+        if result is not None:
+            LOGGER.debug(f"{path}: label cache hit")
+            return result
+    return None
+
+
+def save_cache(result: SplitLabels, key: str, primary: Path, fallback: Path) -> Path | None:
+    """Write the cache atomically to ``primary``, else to ``fallback``; returns the path written."""
+    arrays = cache_arrays(result, key)
+    for path in (primary, fallback):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, arrays)
+        except OSError as e:
+            LOGGER.debug(f"{path}: cannot write label cache ({e})")
+            continue
+        if path == fallback:
+            LOGGER.info(f"{primary.parent} is not writable, label cache saved to {path}")
+        return path
+    LOGGER.warning(f"label cache not saved: neither {primary} nor {fallback} is writable")
+    return None
+
+
+def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.savez(file, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

@@ -1,0 +1,86 @@
+"""Console logging setup and run loggers (results.csv, optional TensorBoard). Writers act on rank 0 only."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from utils import dist
+
+LOGGER = logging.getLogger(__name__)
+
+RESULTS_KEYS = (
+    "train/box_loss", "train/obj_loss", "train/cls_loss",
+    "metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
+    "val/box_loss", "val/obj_loss", "val/cls_loss",
+    "x/lr0", "x/lr1", "x/lr2",
+)
+
+
+def setup_logging(verbose: bool = True) -> None:
+    """Plain message-only console logging (like YOLOv5's); non-main DDP ranks log warnings only."""
+    level = logging.INFO if verbose and dist.is_main_process() else logging.WARNING
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def memory_string(device) -> str:
+    """Memory in use: reserved CUDA memory on GPU, the process RSS on CPU (from /proc, no psutil)."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return f"{torch.cuda.memory_reserved(device) / 1e9:.3g}G"
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+        return f"{resident_pages * os.sysconf('SC_PAGE_SIZE') / 1e9:.3g}G"
+    except (OSError, ValueError, IndexError):
+        return "-"
+
+
+class CSVLogger:
+    """results.csv with YOLOv5's columns and layout (values right-aligned in 20-character fields)."""
+
+    def __init__(self, save_dir: Path):
+        self.file = Path(save_dir) / "results.csv"
+
+    def log(self, epoch: int, values: dict[str, float]) -> None:
+        if not dist.is_main_process():
+            return
+        keys = ("epoch",) + RESULTS_KEYS
+        row = [epoch] + [float(values[k]) for k in RESULTS_KEYS]
+        new = not self.file.exists()
+        with open(self.file, "a", encoding="utf-8") as f:
+            if new:
+                f.write(",".join(f"{k:>20s}" for k in keys) + "\n")
+            f.write(f"{row[0]:>20d}," + ",".join(f"{v:>20.5g}" for v in row[1:]) + "\n")
+
+
+class TensorBoardLogger:
+    """Scalars to TensorBoard when the package is installed; silently absent otherwise."""
+
+    def __init__(self, save_dir: Path):
+        self.writer = None
+        if not dist.is_main_process():
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # tensorboard not installed: optional
+            return
+        self.writer = SummaryWriter(str(save_dir))
+        LOGGER.info("TensorBoard: start with 'tensorboard --logdir %s', view at http://localhost:6006/", Path(save_dir).parent)
+
+    def log(self, epoch: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, epoch)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

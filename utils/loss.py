@@ -1,0 +1,207 @@
+"""YOLOv5 v7 training loss: anchor matching, CIoU box loss, objectness and class BCE.
+
+Only the detection head's attributes are used (``model.model[-1]``: ``.nc``, ``.nl``, ``.na`` and the
+``.anchors`` buffer of shape (nl, na, 2) in grid units), so any object with that shape works.
+
+Matching (``ComputeLoss.build_targets``), per level, fully vectorised over targets and images:
+targets (n, 6) ``[image, class, cx, cy, w, h]`` (normalised) are scaled to the level's grid and
+paired with every anchor; a pair is kept when ``max(r, 1/r) < anchor_t`` for both the width and
+height ratios r of target to anchor. Each kept pair lands in the cell holding its centre and in
+up to two neighbouring cells: left when the centre's fractional x is < 0.5 and x > 1, right when it
+is > 0.5 and x < grid_w - 1 (likewise up/down in y). Predictions decode as
+``xy = 2 * sigmoid - 0.5`` (cell offsets) and ``wh = (2 * sigmoid)^2 * anchor``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from utils.boxes import bbox_iou
+from utils.config import Hyp
+
+# Per-level objectness weights: YOLOv5's values for P3-P5 and for P3-P7 heads.
+BALANCE_THREE_LEVELS = (4.0, 1.0, 0.4)
+BALANCE_MANY_LEVELS = (4.0, 1.0, 0.25, 0.06, 0.02)
+NEIGHBOUR_OFFSET = 0.5  # a centre within 0.5 of a cell edge also claims the neighbouring cell
+# Centre cell, then the cells left, up, right and down of it; multiplied by NEIGHBOUR_OFFSET.
+CELL_OFFSETS = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))
+
+
+def loss_gains(hyp: Hyp, num_levels: int, num_classes: int, imgsz: int) -> tuple[float, float, float]:
+    """(box, obj, cls) gains as YOLOv5 v7 scales the hyp values for the model and image size."""
+    level_scale = 3.0 / num_levels
+    box = hyp.box * level_scale
+    obj = hyp.obj * (imgsz / 640) ** 2 * level_scale
+    cls = hyp.cls * num_classes / 80 * level_scale
+    return box, obj, cls
+
+
+def level_balance(num_levels: int) -> tuple[float, ...]:
+    """Objectness weight per detection level."""
+    return BALANCE_THREE_LEVELS if num_levels == 3 else BALANCE_MANY_LEVELS[:num_levels]
+
+
+def smooth_bce_targets(eps: float = 0.0) -> tuple[float, float]:
+    """Class targets (positive, negative) with label smoothing ``eps``."""
+    return 1.0 - 0.5 * eps, 0.5 * eps
+
+
+class FocalLoss(nn.Module):
+    """Wraps a BCE-with-logits loss: each element is scaled by alpha_t * (1 - p_t)^gamma."""
+
+    def __init__(self, bce: nn.BCEWithLogitsLoss, gamma: float = 1.5, alpha: float = 0.25):
+        super().__init__()
+        self.bce = bce
+        self.gamma = gamma
+        self.alpha = alpha
+        self.reduction = bce.reduction
+        bce.reduction = "none"  # the wrapper reduces after weighting each element
+
+    def forward(self, pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+        loss = self.bce(pred, true)
+        prob = pred.sigmoid()
+        p_t = true * prob + (1 - true) * (1 - prob)
+        alpha_t = true * self.alpha + (1 - true) * (1 - self.alpha)
+        loss = loss * alpha_t * (1.0 - p_t) ** self.gamma
+        if self.reduction == "mean":
+            return loss.mean()
+        if self.reduction == "sum":
+            return loss.sum()
+        return loss
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside DataParallel / DistributedDataParallel."""
+    parallel = (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel)
+    return model.module if isinstance(model, parallel) else model
+
+
+def objectness_target(shape, indices, iou: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``shape`` (bs, na, ny, nx) with ``iou`` written at ``indices`` (b, a, gj, gi).
+
+    When several matches share a cell the last one wins, as YOLOv5's indexed write does on the
+    CPU; resolving duplicates explicitly keeps it deterministic on CUDA as well.
+    """
+    target = torch.zeros(shape, dtype=iou.dtype, device=iou.device)
+    if iou.numel() == 0:
+        return target
+    b, a, gj, gi = indices
+    _, num_anchors, ny, nx = shape
+    cell = ((b * num_anchors + a) * ny + gj) * nx + gi
+    unique, inverse = torch.unique(cell, return_inverse=True)
+    position = torch.arange(cell.numel(), device=cell.device)
+    last = torch.zeros(unique.numel(), dtype=position.dtype, device=cell.device)
+    last.scatter_reduce_(0, inverse, position, reduce="amax", include_self=False)
+    keep = last[inverse] == position
+    target.view(-1)[cell[keep]] = iou[keep]
+    return target
+
+
+class ComputeLoss:
+    """``loss, items = compute_loss(preds, targets)``.
+
+    ``preds``: list of nl raw head outputs (bs, na, ny, nx, 5 + nc); ``targets``: (n, 6)
+    ``[image, class, cx, cy, w, h]`` normalised. ``loss`` is (box + obj + cls) * bs as a
+    1-element tensor; ``items`` the detached (3,) [box, obj, cls]. Computed in float32, also
+    under autocast. Objectness targets are the detached IoU clamped at 0 (YOLOv5's gr = 1.0).
+    """
+
+    def __init__(self, model: nn.Module, hyp: Hyp, imgsz: int = 640, label_smoothing: float = 0.0):
+        self.detect = _unwrap(model).model[-1]
+        self.num_classes = int(self.detect.nc)
+        self.num_levels = int(self.detect.nl)
+        self.num_anchors = int(self.detect.na)
+        self.anchor_t = hyp.anchor_t
+        self.box_gain, self.obj_gain, self.cls_gain = loss_gains(hyp, self.num_levels, self.num_classes, imgsz)
+        self.balance = level_balance(self.num_levels)
+        self.cls_positive, self.cls_negative = smooth_bce_targets(label_smoothing)
+        self.device = self.detect.anchors.device
+        cls_loss = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.cls_pw]))
+        obj_loss = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.obj_pw]))
+        if hyp.fl_gamma > 0:
+            cls_loss, obj_loss = FocalLoss(cls_loss, hyp.fl_gamma), FocalLoss(obj_loss, hyp.fl_gamma)
+        self.cls_loss = cls_loss.to(self.device)
+        self.obj_loss = obj_loss.to(self.device)
+
+    def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor):
+        device = preds[0].device
+        if device != self.device:
+            self.cls_loss, self.obj_loss, self.device = self.cls_loss.to(device), self.obj_loss.to(device), device
+        with torch.autocast(device.type, enabled=False):
+            return self._compute([p.float() for p in preds], targets.to(device=device, dtype=torch.float32))
+
+    def _compute(self, preds: list[torch.Tensor], targets: torch.Tensor):
+        classes, boxes, indices, anchors = self.build_targets(preds, targets)
+        box_loss = obj_loss = cls_loss = preds[0].new_zeros(1)
+        for level, pred in enumerate(preds):
+            b, a, gj, gi = indices[level]
+            iou = pred.new_zeros(0)
+            if b.numel():
+                xy, wh, _, cls_logits = pred[b, a, gj, gi].split((2, 2, 1, self.num_classes), 1)
+                xy = xy.sigmoid() * 2 - 0.5
+                wh = (wh.sigmoid() * 2) ** 2 * anchors[level]
+                iou = bbox_iou(torch.cat((xy, wh), 1), boxes[level], CIoU=True).squeeze(-1)
+                box_loss = box_loss + (1.0 - iou).mean()
+                if self.num_classes > 1:
+                    cls_loss = cls_loss + self.cls_loss(cls_logits, self.class_targets(cls_logits, classes[level]))
+            tobj = objectness_target(pred.shape[:4], indices[level], iou.detach().clamp(0))
+            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * self.balance[level]
+        box_loss = box_loss * self.box_gain
+        obj_loss = obj_loss * self.obj_gain
+        cls_loss = cls_loss * self.cls_gain
+        batch_size = preds[0].shape[0]
+        total = (box_loss + obj_loss + cls_loss) * batch_size
+        return total, torch.cat((box_loss, obj_loss, cls_loss)).detach()
+
+    def class_targets(self, logits: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """Smoothed one-hot targets (n, nc): cls_positive at each match's class, cls_negative elsewhere."""
+        target = torch.full_like(logits, self.cls_negative)
+        target[torch.arange(classes.numel(), device=logits.device), classes] = self.cls_positive
+        return target
+
+    def build_targets(self, preds: list[torch.Tensor], targets: torch.Tensor):
+        """Per level: classes (m,), boxes (m, 4) [x, y offset in cell, w, h in grid units],
+        indices (b, a, gj, gi) and the matched anchors (m, 2). Matches are ordered by cell offset
+        (centre, left, up, right, down), then anchor, then target, as YOLOv5 orders them."""
+        device, num_targets = targets.device, targets.shape[0]
+        anchor_index = torch.arange(self.num_anchors, device=device, dtype=torch.float32)
+        anchor_index = anchor_index.view(-1, 1, 1).expand(self.num_anchors, num_targets, 1)
+        paired = torch.cat((targets.expand(self.num_anchors, num_targets, 6), anchor_index), 2)  # (na, n, 7)
+        offsets = torch.tensor(CELL_OFFSETS, device=device, dtype=torch.float32) * NEIGHBOUR_OFFSET
+        classes, boxes, indices, anchors = [], [], [], []
+        for level, pred in enumerate(preds):
+            ny, nx = pred.shape[2], pred.shape[3]
+            level_anchors = self.detect.anchors[level].to(device=device, dtype=torch.float32)
+            scale = torch.tensor([1, 1, nx, ny, nx, ny, 1], device=device, dtype=torch.float32)
+            matches, cell_offsets = self._match_level(paired * scale, level_anchors, scale[2:4], offsets)
+            image_class, centre, size, anchor = matches.split((2, 2, 2, 1), 1)
+            anchor = anchor.long().view(-1)
+            image, cls = image_class.long().T
+            cell = (centre - cell_offsets).long()
+            gi, gj = cell.T
+            indices.append((image, anchor, gj.clamp(0, ny - 1), gi.clamp(0, nx - 1)))
+            boxes.append(torch.cat((centre - cell, size), 1))
+            anchors.append(level_anchors[anchor])
+            classes.append(cls)
+        return classes, boxes, indices, anchors
+
+    def _match_level(self, paired: torch.Tensor, anchors: torch.Tensor, grid_size: torch.Tensor,
+                     offsets: torch.Tensor):
+        """Keep (anchor, target) pairs within anchor_t, then add the neighbouring cells.
+
+        Returns the matched rows (m, 7) and, per row, the offset subtracted from its centre
+        to pick its cell (m, 2)."""
+        if paired.shape[1] == 0:
+            return paired[0], paired.new_zeros(0, 2)
+        ratio = paired[..., 4:6] / anchors[:, None]
+        within = torch.max(ratio, 1 / ratio).max(2).values < self.anchor_t
+        kept = paired[within]  # (k, 7)
+        centre = kept[:, 2:4]
+        from_far_edge = grid_size - centre
+        left, up = ((centre % 1 < NEIGHBOUR_OFFSET) & (centre > 1)).T
+        right, down = ((from_far_edge % 1 < NEIGHBOUR_OFFSET) & (from_far_edge > 1)).T
+        chosen = torch.stack((torch.ones_like(left), left, up, right, down))  # (5, k)
+        matches = kept.expand(len(CELL_OFFSETS), *kept.shape)[chosen]
+        cell_offsets = offsets[:, None].expand(len(CELL_OFFSETS), kept.shape[0], 2)[chosen]
+        return matches, cell_offsets

@@ -1,0 +1,155 @@
+"""One epoch of training and one optimisation step.
+
+``train_one_epoch`` walks the loader; ``TrainStep`` does forward, loss, backward, and every
+``accumulate`` iterations an optimizer step (unscale, clip at 10, step, EMA update). Warmup sets lr,
+momentum and the accumulation count per iteration.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from utils import dist
+from utils.loggers import memory_string
+from utils.trainer.optim import apply_warmup
+
+LOGGER = logging.getLogger(__name__)
+
+MAX_NONFINITE_IN_ROW = 20
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when the loss is NaN/inf for too many consecutive iterations."""
+
+
+@dataclass
+class EpochStats:
+    mean_losses: torch.Tensor          # box, obj, cls
+    iterations: int = 0
+    images: int = 0
+    data_time: float = 0.0             # waiting for the loader
+    compute_time: float = 0.0          # forward + loss + backward
+    optimizer_time: float = 0.0        # unscale, clip, step, EMA
+    skipped_steps: int = 0
+
+
+@dataclass
+class StepCounters:
+    global_step: int = 0               # iterations since the start of training
+    last_optimizer_step: int = -1
+    nonfinite_in_row: int = 0
+    nonfinite_total: int = 0
+
+
+@dataclass
+class TrainStep:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    compute_loss: object
+    precision: object                  # utils.trainer.amp.Precision
+    ema: object | None
+    channels_last: bool = False
+    world_size: int = 1
+    counters: StepCounters = field(default_factory=StepCounters)
+
+    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Forward, loss and backward; returns (loss items, finite)."""
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with self.precision.autocast():
+            predictions = self.model(images)
+        loss, items = self.compute_loss([p.float() for p in predictions], targets)
+        if self.world_size > 1:
+            loss = loss * self.world_size  # DDP averages gradients across processes
+        if not torch.isfinite(loss).all():
+            self.counters.nonfinite_in_row += 1
+            self.counters.nonfinite_total += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            LOGGER.warning("Non-finite loss at iteration %d: step skipped (%d in a row, %d in total)",
+                           self.counters.global_step, self.counters.nonfinite_in_row, self.counters.nonfinite_total)
+            if self.counters.nonfinite_in_row >= MAX_NONFINITE_IN_ROW:
+                raise NonFiniteLossError(
+                    f"loss was NaN/inf for {MAX_NONFINITE_IN_ROW} iterations in a row: lower lr0 (--hyp) or check "
+                    "the labels; stopping")
+            return items, False
+        self.counters.nonfinite_in_row = 0
+        self.precision.scaler.scale(loss).backward()
+        return items, True
+
+    def optimizer_step(self) -> None:
+        scaler = self.precision.scaler
+        scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.counters.last_optimizer_step = self.counters.global_step
+
+
+def scale_batch(images: torch.Tensor, size: int) -> torch.Tensor:
+    """--multi-scale: resize a batch so its long side is ``size`` (a stride multiple)."""
+    scale = size / max(images.shape[2:])
+    if scale == 1:
+        return images
+    shape = [math.ceil(x * scale / 32) * 32 for x in images.shape[2:]]
+    return F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
+
+
+def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: torch.device, warmup,
+                    multi_scale_size=None, batch_hook=None) -> EpochStats:
+    """Train over ``loader`` once. ``warmup`` is a callable(global_step, epoch) -> accumulate count;
+    ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics)."""
+    step.model.train()
+    num_batches = len(loader)
+    totals = torch.zeros(3)
+    stats = EpochStats(mean_losses=totals)
+    bar = tqdm(enumerate(loader), total=num_batches, disable=not dist.is_main_process(),
+               bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
+    LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
+    step.optimizer.zero_grad(set_to_none=True)
+    tick = time.perf_counter()
+    for batch_index, (images, targets, _paths, _shapes) in bar:
+        stats.data_time += time.perf_counter() - tick
+        if batch_hook is not None:
+            batch_hook(epoch, batch_index, images, targets, _paths)
+        accumulate = warmup(step.counters.global_step, epoch)
+        images = images.to(device, non_blocking=True).float() / 255
+        if multi_scale_size is not None:
+            images = scale_batch(images, multi_scale_size())
+        compute_start = time.perf_counter()
+        items, finite = step.forward_backward(images, targets.to(device))
+        stats.compute_time += time.perf_counter() - compute_start
+        if finite:
+            totals += items.cpu()
+        else:
+            stats.skipped_steps += 1
+        optim_start = time.perf_counter()
+        if step.counters.global_step - step.counters.last_optimizer_step >= accumulate:
+            step.optimizer_step()
+        stats.optimizer_time += time.perf_counter() - optim_start
+        stats.iterations += 1
+        stats.images += images.shape[0]
+        step.counters.global_step += 1
+        mean = totals / max(stats.iterations - stats.skipped_steps, 1)
+        bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
+            f"{epoch + 1}/{epochs}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
+        tick = time.perf_counter()
+    stats.mean_losses = totals / max(stats.iterations - stats.skipped_steps, 1)
+    return stats
+
+
+def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, nominal_accumulate: int):
+    """Bind the warmup schedule: returns callable(global_step, epoch) -> accumulate count for this step."""
+    def warmup(global_step: int, epoch: int) -> int:
+        if global_step <= warmup_iters:
+            return apply_warmup(optimizer, global_step, warmup_iters, epoch, lr_lambda, hyp, nominal_accumulate)
+        return nominal_accumulate
+    return warmup

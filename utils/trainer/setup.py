@@ -1,0 +1,93 @@
+"""Run setup pieces: seeding, the training model (from --cfg or --weights), layer freezing, image size."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils.config import ConfigError
+
+LOGGER = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        os.environ["PYTHONHASHSEED"] = str(seed)
+
+
+def check_img_size(imgsz: int, stride: int, floor: int = 0) -> int:
+    """Round ``imgsz`` up to a multiple of the model's largest stride, with a warning when changed."""
+    new_size = max(int(math.ceil(imgsz / stride) * stride), floor)
+    if new_size != imgsz:
+        LOGGER.warning("--imgsz %d must be a multiple of max stride %d, updating to %d", imgsz, stride, new_size)
+    return new_size
+
+
+def transfer_state(model: torch.nn.Module, state_dict: dict, exclude: tuple[str, ...] = ()) -> tuple[int, int]:
+    """Copy entries whose names and shapes match; return (transferred, total in model)."""
+    own = model.state_dict()
+    matched = {k: v for k, v in state_dict.items()
+               if k in own and v.shape == own[k].shape and not any(x in k for x in exclude)}
+    model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in matched.items()}})
+    return len(matched), len(own)
+
+
+def build_training_model(cfg: str, weights: str, nc: int, names: list[str], anchors=None):
+    """Model from --cfg (optionally initialised from --weights), or from --weights' own YAML.
+
+    Returns ``(model, checkpoint or None)``. Anchors from the weights are kept unless a --cfg or
+    a hyp ``anchors`` value asks for new ones (then AutoAnchor computes them).
+    """
+    from models.yolo import DetectionModel
+    from utils.checkpoint import load_checkpoint
+
+    if not cfg and not weights:
+        raise ConfigError("give --cfg (a model YAML such as models/yolov5n.yaml) or --weights (a .pt file)")
+    checkpoint = load_checkpoint(weights) if weights else None
+    if checkpoint is not None:
+        entry = checkpoint.get("ema") or checkpoint["model"]
+        model = DetectionModel(cfg or entry["yaml"], ch=3, nc=nc, anchors=anchors)
+        exclude = ("anchor",) if (cfg or anchors) else ()
+        done, total = transfer_state(model, {k: v.float() for k, v in entry["state_dict"].items()}, exclude)
+        LOGGER.info("Transferred %d/%d items from %s", done, total, weights)
+    else:
+        model = DetectionModel(cfg, ch=3, nc=nc, anchors=anchors)
+    model.names = list(names)
+    return model, checkpoint
+
+
+def freeze_layers(model: torch.nn.Module, freeze: list[int]) -> list[str]:
+    """--freeze 10 freezes layers 0..9 (the backbone); --freeze 0 1 2 freezes exactly those layers."""
+    indices = freeze if len(freeze) > 1 else range(freeze[0] if freeze else 0)
+    prefixes = tuple(f"model.{i}." for i in indices)
+    frozen = []
+    for name, param in model.named_parameters():
+        param.requires_grad = True
+        if prefixes and name.startswith(prefixes):
+            param.requires_grad = False
+            frozen.append(name)
+    if frozen:
+        LOGGER.info("Freezing %d parameter tensors in layers %s", len(frozen), list(indices))
+    return frozen
+
+
+def resolve_data(data: str) -> str:
+    """--data as given, or the embedded default dataset (generated on first use) when empty."""
+    if data:
+        return data
+    from utils.data.synthetic import ensure_default_dataset
+
+    return str(ensure_default_dataset())
+
+
