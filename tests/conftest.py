@@ -20,3 +20,71 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def shared():
     return shared_path
+
+
+def make_tiny_dataset(root: Path, num_train: int = 8, num_val: int = 4, size: int = 96, nc: int = 2) -> Path:
+    """A tiny YOLO-layout dataset of coloured rectangles on noise; returns its data.yaml."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", num_train), ("val", num_val)):
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            img = rng.integers(0, 80, (size, size + 16, 3), dtype=np.uint8)
+            rows = []
+            for _ in range(rng.integers(1, 4)):
+                cls = int(rng.integers(0, nc))
+                w, h = rng.integers(size // 6, size // 2, 2)
+                x1, y1 = rng.integers(0, size + 16 - w), rng.integers(0, size - h)
+                color = (0, 0, 255) if cls == 0 else (0, 255, 0)
+                cv2.rectangle(img, (int(x1), int(y1)), (int(x1 + w), int(y1 + h)), color, -1)
+                rows.append(f"{cls} {(x1 + w / 2) / (size + 16):.6f} {(y1 + h / 2) / size:.6f} "
+                            f"{w / (size + 16):.6f} {h / size:.6f}")
+            cv2.imwrite(str(root / "images" / split / f"im{i}.jpg"), img)
+            (root / "labels" / split / f"im{i}.txt").write_text("\n".join(rows) + "\n")
+    names = "\n".join(f"  {i}: class{i}" for i in range(nc))
+    data = root / "data.yaml"
+    data.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+    return data
+
+
+TINY_MODEL_YAML = """
+nc: 2
+depth_multiple: 0.33
+width_multiple: 0.125
+anchors:
+  - [10,13, 16,30, 33,23]
+  - [30,61, 62,45, 59,119]
+  - [116,90, 156,198, 373,326]
+backbone:
+  [[-1, 1, Conv, [64, 6, 2, 2]],
+   [-1, 1, Conv, [128, 3, 2]],
+   [-1, 1, C3, [128]],
+   [-1, 1, Conv, [256, 3, 2]],
+   [-1, 1, C3, [256]],
+   [-1, 1, Conv, [512, 3, 2]],
+   [-1, 1, C3, [512]],
+   [-1, 1, Conv, [1024, 3, 2]],
+   [-1, 1, C3, [1024]],
+   [-1, 1, SPPF, [1024, 5]],
+  ]
+head:
+  [[-1, 1, Conv, [512, 1, 1]],
+   [-1, 1, nn.Upsample, [None, 2, 'nearest']],
+   [[-1, 6], 1, Concat, [1]],
+   [-1, 1, C3, [512, False]],
+   [-1, 1, Conv, [256, 1, 1]],
+   [-1, 1, nn.Upsample, [None, 2, 'nearest']],
+   [[-1, 4], 1, Concat, [1]],
+   [-1, 1, C3, [256, False]],
+   [-1, 1, Conv, [256, 3, 2]],
+   [[-1, 14], 1, Concat, [1]],
+   [-1, 1, C3, [512, False]],
+   [-1, 1, Conv, [512, 3, 2]],
+   [[-1, 10], 1, Concat, [1]],
+   [-1, 1, C3, [1024, False]],
+   [[17, 20, 23], 1, Detect, [nc, anchors]],
+  ]
+"""

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from utils.boxes import bbox_iou
 from utils.config import Hyp
 from utils.loss import ComputeLoss, FocalLoss, loss_gains, objectness_target, smooth_bce_targets
 
@@ -124,7 +125,7 @@ def test_hand_computed_ciou_objectness_and_class_losses():
     assert total.shape == (1,)
     assert total.item() == pytest.approx(items.sum().item() * 2, rel=1e-6)
     total.backward()
-    assert preds[0].grad[0, 0, 1, 1, :7].abs().min() > 0
+    assert preds[0].grad[0, 0, 1, 1, [0, 2, 3, 4, 5, 6]].abs().min() > 0  # y is exact: zero gradient
 
 
 def test_objectness_target_is_clamped_iou_and_last_duplicate_wins():
@@ -136,11 +137,13 @@ def test_objectness_target_is_clamped_iou_and_last_duplicate_wins():
     assert target.sum().item() == pytest.approx(1.4)
     # the loss passes the detached IoU clamped at 0: a negative CIoU gives target 0 not a negative value
     loss, preds, targets = single_cell_case()
-    preds[0][0, 0, 1, 1, 2:4] = -8.0  # tiny predicted box far smaller than the target -> CIoU < 0
-    _, _, indices, anchors = loss.build_targets(preds, targets)
-    box = torch.tensor([[0.5, 0.5, (2 * torch.sigmoid(torch.tensor(-8.0)).item()) ** 2, 0]])
-    box[0, 3] = box[0, 2]
-    assert loss(preds, targets)[1][1].item() == pytest.approx(LOG2 * 4.0 * loss.obj_gain, rel=1e-5)
+    preds[0][0, 0, 1, 1, :4] = torch.tensor([8.0, 8.0, -8.0, -8.0])  # tiny box 1 cell away -> CIoU < 0
+    preds[0][0, 0, 1, 1, 4] = 2.0
+    xy = preds[0][0, 0, 1, 1, :2].sigmoid() * 2 - 0.5
+    wh = (preds[0][0, 0, 1, 1, 2:4].sigmoid() * 2) ** 2
+    assert bbox_iou(torch.cat((xy, wh)), torch.tensor([0.5, 0.5, 1, 1]), CIoU=True).item() < -0.1
+    obj_bce = (31 * LOG2 + softplus(2.0)) / 32  # target 0 at the match: BCE(2, 0) = softplus(2)
+    assert loss(preds, targets)[1][1].item() == pytest.approx(obj_bce * 4.0 * loss.obj_gain, rel=1e-5)
 
 
 def test_single_class_has_no_class_loss_and_empty_targets_only_objectness():
@@ -175,7 +178,7 @@ def test_focal_loss_matches_formula_and_replaces_bce_when_gamma_positive():
     assert isinstance(focused.obj_loss, FocalLoss) and not isinstance(plain.obj_loss, FocalLoss)
     # all-zero logits: p_t = 0.5, so each element is BCE(=log 2) * alpha_t * 0.25
     _, items = focused(preds, targets)
-    obj_target = objectness_target((2, 1, 4, 4), ([0], [0], [1], [1]), torch.tensor([1.0]))
+    obj_target = objectness_target((2, 1, 4, 4), tuple(torch.tensor([v]) for v in (0, 0, 1, 1)), torch.tensor([1.0]))
     alpha_t = obj_target * 0.25 + (1 - obj_target) * 0.75
     assert items[1].item() == pytest.approx((LOG2 * alpha_t * 0.25).mean().item() * 4.0 * focused.obj_gain, rel=1e-5)
 
@@ -199,3 +202,38 @@ def test_autocast_bf16_predictions_give_float32_loss():
         total, items = loss([p.bfloat16() for p in preds], targets)
     assert total.dtype == torch.float32 and items.dtype == torch.float32
     assert total.item() == pytest.approx(reference.item(), rel=1e-6)
+
+
+def reference_matches(targets, anchors, grid, anchor_t):
+    """Plain-loop statement of the matching rule, for cross-checking the vectorised one."""
+    found = []
+    for offset, (dx, dy) in enumerate(((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))):
+        for a, (aw, ah) in enumerate(anchors):
+            for image, _, cx, cy, w, h in targets.tolist():
+                x, y, w, h = cx * grid, cy * grid, w * grid, h * grid
+                if max(w / aw, aw / w, h / ah, ah / h) >= anchor_t:
+                    continue
+                wanted = {(0, 0): True,
+                          (1, 0): x % 1 < 0.5 and x > 1, (0, 1): y % 1 < 0.5 and y > 1,
+                          (-1, 0): (grid - x) % 1 < 0.5 and grid - x > 1,
+                          (0, -1): (grid - y) % 1 < 0.5 and grid - y > 1}[(dx, dy)]
+                if wanted:
+                    gi = min(max(int(x - dx * 0.5), 0), grid - 1)
+                    gj = min(max(int(y - dy * 0.5), 0), grid - 1)
+                    found.append((int(image), a, gj, gi))
+    return found
+
+
+def test_vectorised_matching_equals_plain_loop_on_random_targets():
+    generator = torch.Generator().manual_seed(1)
+    n = 40
+    targets = torch.cat((torch.randint(0, 3, (n, 1), generator=generator).float(),
+                         torch.randint(0, 2, (n, 1), generator=generator).float(),
+                         torch.rand(n, 2, generator=generator),
+                         torch.rand(n, 2, generator=generator) * 0.5 + 0.01), 1)
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    _, _, indices, _ = loss.build_targets(make_preds(3, 3, (8, 4), 2), targets)
+    for level, grid in enumerate((8, 4)):
+        expected = reference_matches(targets, ANCHORS[level], grid, 4.0)
+        assert cells(indices[level]) == expected
+        assert len(expected) > n  # neighbours were added

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from utils.boxes import bbox_iou
 from utils.config import Hyp

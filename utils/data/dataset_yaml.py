@@ -70,7 +70,8 @@ def _read_yaml(file: Path, label: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise DataConfigError(f"{label}: cannot read file ({e})") from None
     if not isinstance(content, dict):
-        raise DataConfigError(f"{label}: expected a mapping of keys (path, train, val, names), got {type(content).__name__}")
+        kind = type(content).__name__
+        raise DataConfigError(f"{label}: expected a mapping of keys (path, train, val, names), got {kind}")
     return content
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +27,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.images import IMG_EXTENSIONS, apply_orientation, is_image_file, read_image
-from utils.device import usable_cpus
+from utils.data.images import IMG_EXTENSIONS, is_image_file, read_image
 
 LOGGER = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ MIN_SIZE = 10  # pixels, both sides
 EPS = 1e-6  # tolerance on the [0, 1] range of coordinates
 ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # as read_image
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "yolo-trainer" / "labels"
-COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images")
+COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images", "label_files")
 
 
 class DatasetError(ValueError):
@@ -59,7 +59,7 @@ class SplitLabels:
     shapes: np.ndarray  # (N, 2) int64: width, height after EXIF orientation
     stats: dict = field(default_factory=dict)  # counts: found, missing, empty, corrupt, duplicates, images
     messages: list[str] = field(default_factory=list)  # "file: reason" lines
-    problems: list[dict] = field(default_factory=list)  # {"file", "category", "detail", "skipped"}
+    problems: list[dict] = field(default_factory=list)  # {"file", "category", "detail", "action"}
 
 
 # ----------------------------------------------------------------------------- file lists
@@ -72,6 +72,11 @@ def img2label_paths(im_files: list[str]) -> list[str]:
         mapped = head + labels + tail if sep else file
         result.append(os.path.splitext(mapped)[0] + ".txt")
     return result
+
+
+def as_list(sources) -> list[str]:
+    """One source or a list of them -> list of strings."""
+    return [str(sources)] if isinstance(sources, (str, Path)) else [str(s) for s in sources]
 
 
 def _is_hidden(path: Path, base: Path) -> bool:
@@ -94,13 +99,13 @@ def _read_list_file(file: Path) -> list[Path]:
 def collect_image_files(sources: list[str] | str) -> tuple[list[str], list[str]]:
     """(sorted image files, messages about ignored entries) for folders, .txt lists and image files."""
     files, ignored = set(), []
-    for source in [sources] if isinstance(sources, (str, Path)) else sources:
+    for source in as_list(sources):
         source = Path(os.path.abspath(Path(source).expanduser()))
         if source.is_dir():
             candidates = [(p, source) for p in source.rglob("*") if p.is_file()]
         elif source.suffix.lower() == ".txt" and source.is_file():
             candidates = [(p, p.parent) for p in _read_list_file(source)]
-            ignored += [f"{p}: listed in {source} but missing" for p, _ in candidates if not p.exists()]
+            ignored += [f"{p}: listed in {source.name} but missing" for p, _ in candidates if not p.exists()]
             candidates = [(p, base) for p, base in candidates if p.exists()]
         elif source.is_file():
             candidates = [(source, source.parent)]
@@ -139,14 +144,19 @@ def image_size(path: str) -> tuple[int, int]:
             height, width = read_image(path).shape[:2]
         except ValueError:
             raise Problem("not an image", "not an image (unknown or corrupt format)") from None
-        header = ("", width, height, 1)
+        _check_size(width, height)
+        return width, height
     kind, width, height, orientation = header
-    if min(width, height) < MIN_SIZE:
-        raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
+    _check_size(width, height)
     _check_decodes(path, kind)
     if orientation in (5, 6, 7, 8) and Path(path).suffix.lower() in ORIENTED_SUFFIXES:
         width, height = height, width
     return width, height
+
+
+def _check_size(width: int, height: int) -> None:
+    if min(width, height) < MIN_SIZE:
+        raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
 
 
 def _image_header(path: str) -> tuple[str, int, int, int] | None:
@@ -191,46 +201,46 @@ def _parse_rows(text: str) -> list[tuple[int, list[float]]]:
 
 
 def _check_row(number: int, values: list[float], nc: int, single_cls: bool) -> None:
-    array = np.asarray(values, dtype=np.float64)
-    if not np.isfinite(array).all():
+    """Raise Problem for the first rule a row breaks (plain Python: rows are short, numpy is slower)."""
+    if not all(math.isfinite(v) for v in values):
         raise Problem("non-finite value", f"non-finite value on line {number}")
-    cls = array[0]
+    cls = values[0]
     if cls != int(cls):
-        raise Problem("non-integer class id", f"class id {values[0]:g} is not an integer (line {number})")
+        raise Problem("non-integer class id", f"class id {cls:g} is not an integer (line {number})")
     if cls < 0:
         raise Problem("negative class id", f"negative class id {int(cls)} (line {number})")
     if cls >= nc and not single_cls:
         raise Problem("class out of range", f"class {int(cls)} out of range (data has {nc} classes) on line {number}")
-    if (array[1:] > 1 + EPS).any():
+    if max(values[1:]) > 1 + EPS:
         raise Problem("coordinates not normalised", f"coordinates not normalised (> 1, pixel values?) on line {number}")
-    if (array[1:] < -EPS).any():
+    if min(values[1:]) < -EPS:
         raise Problem("negative coordinates", f"negative coordinates on line {number}")
 
 
-def _row_to_box(values: list[float]) -> tuple[np.ndarray, np.ndarray | None]:
-    """(x1, y1, x2, y2) clipped to [0, 1] and the polygon (k, 2) or None."""
-    coords = np.clip(np.asarray(values[1:], dtype=np.float64), 0.0, 1.0)
+def _row_to_box(values: list[float]) -> tuple[list[float], list[float] | None]:
+    """(x1, y1, x2, y2) (not clipped) and the polygon's flat coordinates, or None for a box row."""
     if len(values) == 5:
-        cx, cy, w, h = coords
-        return np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]), None
-    polygon = coords.reshape(-1, 2)
-    return np.concatenate([polygon.min(0), polygon.max(0)]), polygon.astype(np.float32)
+        _, cx, cy, w, h = values
+        return [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], None
+    coords = [min(max(v, 0.0), 1.0) for v in values[1:]]
+    xs, ys = coords[0::2], coords[1::2]
+    return [min(xs), min(ys), max(xs), max(ys)], coords
 
 
-def _rectangle(box: np.ndarray) -> np.ndarray:
+def _rectangle(box: list[float]) -> np.ndarray:
     x1, y1, x2, y2 = box
     return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], dtype=np.float32)
 
 
 def parse_label_file(path: str, nc: int, single_cls: bool = False):
-    """(labels (n, 5) float32, segments list, notes list[Problem], duplicates removed). Raises Problem."""
+    """((labels (n, 5) float32, segments), notes list[Problem], duplicates removed). Raises Problem."""
     try:
         text = Path(path).read_bytes().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise Problem("unreadable label file", f"cannot read label file {path} ({e})") from None
-    rows, seen, notes, duplicates = _parse_rows(text), set(), [], 0
-    boxes, classes, polygons, clipped, zero = [], [], [], 0, 0
-    for number, values in rows:
+    seen, boxes, classes, polygons = set(), [], [], []
+    duplicates = clipped = zero = 0
+    for number, values in _parse_rows(text):
         _check_row(number, values, nc, single_cls)
         key = tuple(values)
         if key in seen:
@@ -238,11 +248,13 @@ def parse_label_file(path: str, nc: int, single_cls: bool = False):
             continue
         seen.add(key)
         box, polygon = _row_to_box(values)
-        clipped += int(np.any(np.abs(np.clip(box, 0, 1) - box) > EPS) or (len(values) == 5 and _past_edge(values)))
-        if box[2] - box[0] <= 0 or box[3] - box[1] <= 0:
+        inside = [min(max(v, 0.0), 1.0) for v in box]
+        clipped += int(any(abs(a - b) > EPS for a, b in zip(inside, box)))
+        if inside[2] - inside[0] <= 0 or inside[3] - inside[1] <= 0:
             zero += 1
             continue
-        boxes.append(box), classes.append(0 if single_cls else int(values[0])), polygons.append(polygon)
+        boxes.append(inside), classes.append(0 if single_cls else int(values[0])), polygons.append(polygon)
+    notes = []
     if duplicates:
         notes.append(Problem("duplicate rows removed", f"{duplicates} duplicate row{'s' * (duplicates > 1)} removed"))
     if zero:
@@ -252,31 +264,26 @@ def parse_label_file(path: str, nc: int, single_cls: bool = False):
     return _to_labels(classes, boxes, polygons), notes, duplicates
 
 
-def _past_edge(values: list[float]) -> bool:
-    _, cx, cy, w, h = values
-    return min(cx - w / 2, cy - h / 2) < -EPS or max(cx + w / 2, cy + h / 2) > 1 + EPS
-
-
 def _to_labels(classes, boxes, polygons) -> tuple[np.ndarray, list[np.ndarray]]:
     if not boxes:
         return np.zeros((0, 5), np.float32), []
-    xyxy = np.stack(boxes)
+    xyxy = np.asarray(boxes, np.float64)
     xywh = np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
     labels = np.concatenate([np.asarray(classes, np.float64)[:, None], xywh], 1).astype(np.float32)
     if all(p is None for p in polygons):
         return labels, []
-    return labels, [p if p is not None else _rectangle(b) for p, b in zip(polygons, boxes)]
+    return labels, [np.asarray(p, np.float32).reshape(-1, 2) if p is not None else _rectangle(b)
+                    for p, b in zip(polygons, boxes)]
 
 
 def verify_one(item: tuple[str, str, int, bool]) -> dict:
     """Verify one (image, label file); returns a plain record (used or skipped, with reasons)."""
     im_file, label_file, nc, single_cls = item
     record = {"file": im_file, "shape": None, "labels": None, "segments": [], "notes": [], "problem": None,
-              "missing": False, "duplicates": 0}
+              "missing": not os.path.isfile(label_file), "duplicates": 0}
     try:
         record["shape"] = image_size(im_file)
-        if not os.path.isfile(label_file):
-            record["missing"] = True
+        if record["missing"]:
             record["labels"] = np.zeros((0, 5), np.float32)
             return record
         (record["labels"], record["segments"]), record["notes"], record["duplicates"] = parse_label_file(
@@ -304,22 +311,11 @@ def dataset_hash(im_files: list[str], label_files: list[str], nc: int, single_cl
 
 
 def _run_checks(items: list, workers: int, description: str) -> list[dict]:
-    bar = tqdm(total=len(items), desc=description, unit="img", disable=None, leave=False)
-    try:
-        if workers <= 1 or len(items) < 16:
-            records = []
-            for item in items:
-                records.append(verify_one(item))
-                bar.update()
-            return records
-        with ThreadPoolExecutor(max_workers=workers) as pool:  # cv2/PIL decode releases the GIL
-            records = []
-            for record in pool.map(verify_one, items, chunksize=8):
-                records.append(record)
-                bar.update()
-            return records
-    finally:
-        bar.close()
+    """verify_one over items in order, in threads (cv2/PIL decoding releases the GIL), with a progress bar."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        mapper = pool.map if workers > 1 and len(items) >= 16 else map
+        records = mapper(verify_one, items)
+        return list(tqdm(records, total=len(items), desc=description, unit="img", disable=None, leave=False))
 
 
 def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
@@ -327,18 +323,19 @@ def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
     stats = result.stats
     for message in ignored:
         file, _, detail = message.partition(": ")
-        result.problems.append({"file": file, "category": "ignored", "detail": detail, "skipped": True})
+        result.problems.append({"file": file, "category": detail, "detail": detail, "action": "ignored"})
     shapes = []
     for record in records:
+        stats["label_files"] += int(not record["missing"])
         problem = record["problem"]
         if problem is not None:
             stats["corrupt"] += 1
             result.problems.append({"file": record["file"], "category": problem.category,
-                                    "detail": problem.detail, "skipped": True})
+                                    "detail": problem.detail, "action": "skipped"})
             continue
         for note in record["notes"]:
             result.problems.append({"file": record["file"], "category": note.category,
-                                    "detail": note.detail, "skipped": False})
+                                    "detail": note.detail, "action": "repaired"})
         stats["missing" if record["missing"] else "found"] += 1
         stats["empty"] += int(not record["missing"] and len(record["labels"]) == 0)
         stats["duplicates"] += record["duplicates"]
@@ -351,7 +348,7 @@ def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
 
 
 def _message(problem: dict) -> str:
-    action = " (image skipped)" if problem["skipped"] and problem["category"] != "ignored" else ""
+    action = " (image skipped)" if problem["action"] == "skipped" else ""
     return f"{problem['file']}: {problem['detail']}{action}"
 
 
@@ -365,7 +362,7 @@ def summary_line(result: SplitLabels, prefix: str, where: str) -> str:
     return f"{prefix}Scanning {where}... " + ", ".join(parts)
 
 
-def _display(sources: list[str]) -> str:
+def display_sources(sources: list[str]) -> str:
     shown = []
     for source in sources:
         relative = os.path.relpath(source) if os.path.isabs(source) else source
@@ -376,10 +373,10 @@ def _display(sources: list[str]) -> str:
 def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int | None = None,
                  single_cls: bool = False, use_cache: bool = True) -> SplitLabels:
     """Scan and verify a split (cached) without judging whether it is usable; logs warnings + summary."""
-    sources = [sources] if isinstance(sources, (str, Path)) else [str(s) for s in sources]
+    sources = as_list(sources)
     im_files, ignored = collect_image_files(sources)
     if not im_files:
-        raise DatasetError(f"{prefix}no images found in {_display(sources)} "
+        raise DatasetError(f"{prefix}no images found in {display_sources(sources)} "
                            f"(supported extensions: {', '.join(IMG_EXTENSIONS)}, any case)")
     label_files = img2label_paths(im_files)
     key = dataset_hash(im_files, label_files, nc, single_cls)
@@ -388,13 +385,17 @@ def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: in
     result = load_cache(primary, key, fallback) if use_cache else None
     if result is None:
         items = [(im, lb, nc, single_cls) for im, lb in zip(im_files, label_files)]
-        workers = max(1, min(usable_cpus() if workers is None else workers, 16))
-        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {_display(sources)}"), ignored)
+        if workers is None:
+            from utils.device import usable_cpus  # imports torch: only when a scan is needed
+
+            workers = usable_cpus()
+        workers = max(1, min(workers, 16))
+        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {display_sources(sources)}"), ignored)
         if use_cache:
             save_cache(result, key, primary, fallback)
     for message in result.messages:
         LOGGER.warning(f"{prefix}{message}")
-    LOGGER.info(summary_line(result, prefix, _display(sources)))
+    LOGGER.info(summary_line(result, prefix, display_sources(sources)))
     return result
 
 
@@ -403,18 +404,13 @@ def scan_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int 
     """``verify_split`` that raises ``DatasetError`` when the split has no label files or no usable image."""
     result = verify_split(sources, nc, prefix, cache_dir, workers, single_cls, use_cache)
     if not result.im_files:
-        raise DatasetError(f"{prefix}no usable images in {_display(result_sources(sources))}: "
+        raise DatasetError(f"{prefix}no usable images in {display_sources(as_list(sources))}: "
                            f"all {result.stats['corrupt']} are corrupt (see the warnings above)")
-    if result.stats["found"] == 0 and result.stats["corrupt"] == 0:
-        example = result.im_files[0]
-        raise DatasetError(f"{prefix}no label files found: looked in {os.path.dirname(img2label_paths([example])[0])} "
-                           f"(rule: the last /images/ in an image path becomes /labels/, same stem, .txt: "
-                           f"{example} -> {img2label_paths([example])[0]})")
+    if result.stats["label_files"] == 0:
+        example, label = result.im_files[0], img2label_paths(result.im_files[:1])[0]
+        raise DatasetError(f"{prefix}no label files found: looked in {os.path.dirname(label)} (rule: the last "
+                           f"/images/ in an image path becomes /labels/, same stem, .txt: {example} -> {label})")
     return result
-
-
-def result_sources(sources) -> list[str]:
-    return [sources] if isinstance(sources, (str, Path)) else [str(s) for s in sources]
 
 
 # ----------------------------------------------------------------------------- cache
@@ -486,6 +482,8 @@ def save_cache(result: SplitLabels, key: str, primary: Path, fallback: Path) -> 
     """Write the cache atomically to ``primary``, else to ``fallback``; returns the path written."""
     arrays = cache_arrays(result, key)
     for path in (primary, fallback):
+        if not is_writable_folder(path.parent):
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_atomic(path, arrays)
@@ -499,11 +497,28 @@ def save_cache(result: SplitLabels, key: str, primary: Path, fallback: Path) -> 
     return None
 
 
+def is_writable_folder(folder: Path) -> bool:
+    """Whether files may be created in ``folder`` (or its nearest existing parent).
+
+    A folder whose mode has no write bit counts as read-only even for root, who bypasses permissions:
+    a dataset shipped read-only is never written into.
+    """
+    folder = Path(os.path.abspath(folder))
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return folder.is_dir() and bool(mode & 0o222) and os.access(folder, os.W_OK | os.X_OK)
+
+
 def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
             np.savez(file, **arrays)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

@@ -146,10 +146,9 @@ def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: to
     return stats
 
 
-def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, nominal_accumulate: int):
-    """Bind the warmup schedule: returns callable(global_step, epoch) -> accumulate count for this step."""
+def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, batch_size: int):
+    """Bind the warmup schedule: returns callable(global_step, epoch) -> accumulate count for this step
+    (lr, momentum and accumulation ramp during warmup; afterwards the full accumulation count)."""
     def warmup(global_step: int, epoch: int) -> int:
-        if global_step <= warmup_iters:
-            return apply_warmup(optimizer, global_step, warmup_iters, epoch, lr_lambda, hyp, nominal_accumulate)
-        return nominal_accumulate
+        return apply_warmup(optimizer, global_step, warmup_iters, epoch, lr_lambda, hyp, batch_size)
     return warmup

@@ -1,0 +1,131 @@
+"""Dataset YAML loading: resolution of path and splits, names/nc, download key, error messages."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared_path
+from utils.data import dataset_yaml
+from utils.data.dataset_yaml import DataConfigError, load_data_config
+
+
+def make_dataset(root: Path, splits=("train", "val")) -> None:
+    for split in splits:
+        (root / "images" / split).mkdir(parents=True)
+
+
+def write_yaml(folder: Path, text: str, name: str = "data.yaml") -> Path:
+    file = folder / name
+    file.write_text(text)
+    return file
+
+
+def test_relative_path_resolves_against_yaml_folder(tmp_path, monkeypatch):
+    make_dataset(tmp_path / "ds")
+    file = write_yaml(tmp_path, "path: ds\ntrain: images/train\nval: [images/val]\nnames: [a, b]\n")
+    monkeypatch.chdir("/")  # the YAML's folder counts, not the working directory
+    config = load_data_config(file)
+    assert config.path == tmp_path / "ds"
+    assert config.train == [str(tmp_path / "ds" / "images" / "train")]
+    assert config.val == [str(tmp_path / "ds" / "images" / "val")]
+    assert config.test == []
+    assert config.names == ["a", "b"] and config.nc == 2
+    assert config.yaml_file == file
+
+
+def test_path_defaults_to_yaml_folder_and_accepts_lists_and_txt(tmp_path):
+    make_dataset(tmp_path, ("train", "extra", "val"))
+    (tmp_path / "test.txt").write_text("images/val/a.jpg\n")
+    file = write_yaml(tmp_path, "train: [images/train, images/extra]\nval: images/val\ntest: test.txt\n"
+                                "names: {0: cat, 1: dog, 2: bird}\nnc: 3\n")
+    config = load_data_config(file)
+    assert config.path == tmp_path
+    assert config.train == [str(tmp_path / "images" / "train"), str(tmp_path / "images" / "extra")]
+    assert config.test == [str(tmp_path / "test.txt")]
+    assert config.names == ["cat", "dog", "bird"] and config.nc == 3
+    assert config.split("test") == config.test
+
+
+def test_absolute_split_path(tmp_path):
+    make_dataset(tmp_path / "elsewhere")
+    file = write_yaml(tmp_path, f"path: {tmp_path / 'elsewhere'}\ntrain: {tmp_path / 'elsewhere/images/train'}\n"
+                                "val: images/val\nnames: [x]\n")
+    config = load_data_config(file)
+    assert config.train == [str(tmp_path / "elsewhere" / "images" / "train")]
+
+
+def test_missing_split_folder_names_file_key_and_path(tmp_path):
+    make_dataset(tmp_path, ("train",))
+    file = write_yaml(tmp_path, "path: .\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    with pytest.raises(DataConfigError) as error:
+        load_data_config(file)
+    message = str(error.value)
+    assert message == f"{file}: val: {tmp_path / 'images' / 'val'} does not exist"
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train: images/train\nnames: [a]\n", "val: missing"),
+    ("train: images/train\nval: images/val\n", "names: missing"),
+    ("train: images/train\nval: images/val\nnames: [a, b]\nnc: 3\n", "nc: 3 does not agree with names (2 names)"),
+    ("train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "names: ids must be 0..1"),
+    ("train: images/train\nval: images/val\nnames: []\n", "names: empty"),
+    ("train: images/train\nval: images/val\nnames: [a]\nnc: two\n", "nc: expected a positive integer"),
+    ("path: nowhere\ntrain: images/train\nval: images/val\nnames: [a]\n", "path: "),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("train: [unclosed\n", "invalid YAML"),
+])
+def test_config_errors(tmp_path, text, expected):
+    make_dataset(tmp_path)
+    file = write_yaml(tmp_path, text)
+    with pytest.raises(DataConfigError, match=None) as error:
+        load_data_config(file)
+    assert expected in str(error.value)
+    assert str(error.value).startswith(str(file))
+
+
+def test_nc_without_names_gives_numbered_names(tmp_path):
+    make_dataset(tmp_path)
+    config = load_data_config(write_yaml(tmp_path, "train: images/train\nval: images/val\nnc: 2\n"))
+    assert config.names == ["0", "1"] and config.nc == 2
+
+
+def test_download_key_is_warned_about_and_never_run(tmp_path, caplog):
+    make_dataset(tmp_path)
+    marker = tmp_path / "executed"
+    file = write_yaml(tmp_path, "train: images/train\nval: images/val\nnames: [a]\n"
+                                f"download: |\n  import pathlib; pathlib.Path('{marker}').touch()\n")
+    with caplog.at_level(logging.WARNING):
+        load_data_config(file)
+    assert "'download' key ignored" in caplog.text
+    assert not marker.exists()
+
+
+def test_yaml_tags_are_not_constructed(tmp_path):
+    make_dataset(tmp_path)
+    file = write_yaml(tmp_path, "train: !!python/object/apply:os.system ['true']\nval: images/val\nnames: [a]\n")
+    with pytest.raises(DataConfigError, match="invalid YAML"):
+        load_data_config(file)
+
+
+def test_bare_name_found_in_repo_data_folder(tmp_path, monkeypatch):
+    make_dataset(tmp_path / "ds")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    write_yaml(data_dir, f"path: {tmp_path / 'ds'}\ntrain: images/train\nval: images/val\nnames: [a]\n", "mine.yaml")
+    monkeypatch.setattr(dataset_yaml, "DATA_DIR", data_dir)
+    monkeypatch.chdir(tmp_path)
+    assert load_data_config("mine").yaml_file == data_dir / "mine.yaml"
+    assert load_data_config("mine.yaml").nc == 1
+    with pytest.raises(DataConfigError, match="not found"):
+        load_data_config("absent.yaml")
+
+
+def test_shared_badinputs_yaml():
+    file = shared_path("datasets", "badinputs", "data.yaml")
+    config = load_data_config(file)
+    assert config.names == ["RBC", "WBC", "Platelets"] and config.nc == 3
+    assert config.train == [str(file.parent / "images" / "train")]
+    assert config.test == []

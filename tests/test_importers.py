@@ -1,0 +1,195 @@
+"""VOC XML / COCO JSON importers: round trips from a YOLO dataset, class mapping, bad input messages."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from tools import import_dataset
+from utils.data.importers import AnnotationError, coco_to_yolo, voc_to_yolo
+
+NAMES = ["zebra", "cat", "moth"]  # index order differs from sorted order on purpose
+SIZES = {"a": (40, 30), "b": (64, 50), "c": (33, 47), "d": (50, 50)}  # stem -> (width, height)
+
+
+@pytest.fixture
+def yolo_source(tmp_path):
+    """A tiny YOLO dataset in memory and on disk: stem -> (image path, labels (n, 5))."""
+    rng = np.random.default_rng(0)
+    samples = {}
+    for stem, (width, height) in SIZES.items():
+        image_path = tmp_path / "src" / f"{stem}.png"
+        image_path.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(image_path), rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+        count = 0 if stem == "d" else 3
+        centres = rng.uniform(0.3, 0.7, (count, 2))
+        sizes = rng.uniform(0.05, 0.5, (count, 2))
+        classes = rng.integers(0, len(NAMES), (count, 1))
+        samples[stem] = (image_path, np.concatenate([classes, centres, sizes], 1))
+    return samples
+
+
+def _corners(row, width, height):
+    _, cx, cy, w, h = row
+    return (cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height
+
+
+def _voc_xml(filename, width, height, labels, names, difficult=(), with_size=True):
+    objects = []
+    for index, row in enumerate(labels):
+        x0, y0, x1, y1 = _corners(row, width, height)
+        objects.append(f"<object><name>{names[int(row[0])]}</name><difficult>{int(index in difficult)}</difficult>"
+                       f"<bndbox><xmin>{x0 + 1:.6f}</xmin><ymin>{y0 + 1:.6f}</ymin>"
+                       f"<xmax>{x1 + 1:.6f}</xmax><ymax>{y1 + 1:.6f}</ymax></bndbox></object>")
+    size = f"<size><width>{width}</width><height>{height}</height><depth>3</depth></size>" if with_size else ""
+    return f"<annotation><filename>{filename}</filename>{size}{''.join(objects)}</annotation>"
+
+
+def _write_voc_root(root: Path, samples, splits):
+    (root / "Annotations").mkdir(parents=True)
+    (root / "JPEGImages").mkdir()
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    for stem, (image_path, labels) in samples.items():
+        width, height = SIZES[stem]
+        os.link(image_path, root / "JPEGImages" / image_path.name)
+        (root / "Annotations" / f"{stem}.xml").write_text(_voc_xml(image_path.name, width, height, labels, NAMES))
+    for split, stems in splits.items():
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{s}\n" for s in stems))
+
+
+def _read_labels(path: Path) -> np.ndarray:
+    return np.array([line.split() for line in path.read_text().splitlines()], np.float64).reshape(-1, 5)
+
+
+def test_voc_round_trip_with_image_sets(tmp_path, yolo_source):
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a", "b", "d"], "val": ["c"]})
+    summary = voc_to_yolo(tmp_path / "VOC", tmp_path / "out", names=NAMES)
+    assert summary.images == {"train": 3, "val": 1} and summary.boxes == 9
+    for stem, (image_path, labels) in yolo_source.items():
+        split = "val" if stem == "c" else "train"
+        np.testing.assert_allclose(_read_labels(tmp_path / "out" / "labels" / split / f"{stem}.txt"), labels, atol=1e-4)
+        assert os.path.samefile(tmp_path / "out" / "images" / split / image_path.name, image_path)  # hard link
+    config = yaml.safe_load((tmp_path / "out" / "data.yaml").read_text())
+    assert config["names"] == dict(enumerate(NAMES)) and config["nc"] == 3
+    assert (config["train"], config["val"], "test" in config) == ("images/train", "images/val", False)
+    assert Path(config["path"]) == (tmp_path / "out").resolve()
+
+
+def test_voc_discovered_names_are_sorted_and_size_read_from_image(tmp_path, yolo_source):
+    folder = tmp_path / "xmls"
+    folder.mkdir()
+    for stem, (image_path, labels) in yolo_source.items():
+        width, height = SIZES[stem]
+        (folder / f"{stem}.xml").write_text(_voc_xml(image_path.name, width, height, labels, NAMES,
+                                                     difficult={0}, with_size=False))
+    summary = voc_to_yolo(folder, tmp_path / "out", images_dir=tmp_path / "src", mode="copy")
+    assert summary.names == sorted(NAMES)
+    remap = np.array([sorted(NAMES).index(name) for name in NAMES])
+    for stem, (image_path, labels) in yolo_source.items():
+        expected = labels.copy()
+        expected[:, 0] = remap[labels[:, 0].astype(int)]
+        np.testing.assert_allclose(_read_labels(tmp_path / "out" / "labels" / "train" / f"{stem}.txt"),
+                                   expected, atol=1e-4)
+        assert not os.path.samefile(tmp_path / "out" / "images" / "train" / image_path.name, image_path)
+    skipped = voc_to_yolo(folder, tmp_path / "out2", images_dir=tmp_path / "src", keep_difficult=False)
+    assert skipped.boxes == 9 - 3 and skipped.skipped_boxes == 3
+
+
+def test_voc_val_fraction_unknown_class_and_clipping(tmp_path, yolo_source):
+    folder = tmp_path / "xmls"
+    folder.mkdir()
+    for index in range(40):
+        xml = ("<annotation><size><width>100</width><height>50</height></size>"
+               "<object><name>cat</name><bndbox><xmin>-9</xmin><ymin>11</ymin><xmax>51</xmax><ymax>80</ymax></bndbox>"
+               "</object><object><name>dog</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax>"
+               "</bndbox></object></annotation>")
+        (folder / f"im{index}.xml").write_text(xml)
+        os.link(yolo_source["a"][0], folder / f"im{index}.png")
+    summary = voc_to_yolo(folder, tmp_path / "out", names=["cat"], val_fraction=0.25, mode="symlink")
+    assert summary.images["train"] + summary.images["val"] == 40 and 3 <= summary.images["val"] <= 18
+    assert summary.skipped_boxes == 40  # every "dog" skipped
+    row = _read_labels(next((tmp_path / "out" / "labels" / "train").glob("*.txt")))
+    np.testing.assert_allclose(row, [[0, 0.25, 0.6, 0.5, 0.8]], atol=1e-6)  # clipped to x 0..50, y 10..50
+    assert next((tmp_path / "out" / "images" / "train").glob("*.png")).is_symlink()
+
+
+def test_coco_round_trip_and_category_mapping(tmp_path, yolo_source):
+    ids = {"cat": 3, "moth": 12, "zebra": 7}  # sorted ids -> cat 0, zebra 1, moth 2
+    (tmp_path / "src" / "sub").mkdir()
+    images, annotations = [], []
+    for image_id, (stem, (image_path, labels)) in enumerate(yolo_source.items(), start=1):
+        os.replace(image_path, tmp_path / "src" / "sub" / image_path.name)
+        width, height = SIZES[stem]
+        images.append({"id": image_id, "file_name": f"sub/{image_path.name}", "width": width, "height": height})
+        for row in labels:
+            x0, y0, x1, y1 = _corners(row, width, height)
+            annotations.append({"id": len(annotations), "image_id": image_id, "iscrowd": 0,
+                                "category_id": ids[NAMES[int(row[0])]], "bbox": [x0, y0, x1 - x0, y1 - y0]})
+    annotations.append({"id": 99, "image_id": 1, "category_id": 3, "iscrowd": 1, "bbox": [0, 0, 10, 10]})
+    categories = [{"id": i, "name": n} for n, i in ids.items()]
+    (tmp_path / "coco.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                    "categories": categories}))
+    summary = coco_to_yolo(tmp_path / "coco.json", tmp_path / "src", tmp_path / "out", split="val")
+    assert summary.names == ["cat", "zebra", "moth"] and summary.skipped_boxes == 1
+    remap = np.array([summary.names.index(name) for name in NAMES])
+    for stem, (_, labels) in yolo_source.items():
+        expected = labels.copy()
+        expected[:, 0] = remap[labels[:, 0].astype(int)]
+        np.testing.assert_allclose(_read_labels(tmp_path / "out" / "labels" / "val" / f"{stem}.txt"),
+                                   expected, atol=1e-4)
+    assert (tmp_path / "out" / "labels" / "val" / "d.txt").read_text() == ""  # background image
+    config = yaml.safe_load((tmp_path / "out" / "data.yaml").read_text())
+    assert config["val"] == "images/val" and "train" not in config
+    with pytest.raises(AnnotationError, match="class names"):  # other categories into the same folder
+        _import_other_categories(tmp_path)
+    assert not (tmp_path / "out" / "images" / "train").exists()  # refused before writing anything
+
+
+def _import_other_categories(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"images": [], "categories": [{"id": 1, "name": "x"}]}))
+    coco_to_yolo(tmp_path / "other.json", tmp_path / "src", tmp_path / "out", split="train")
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("<annotation><object><name>cat</name>", "malformed XML"),
+    ('<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x "y">]><annotation/>', "DOCTYPE/ENTITY"),
+    ("<annotation><object><name>cat</name><bndbox><xmin>a</xmin></bndbox></object></annotation>",
+     "<xmin> is not a number"),
+    ("<folder>x</folder>", "expected <annotation>"),
+])
+def test_malformed_voc_names_the_file(tmp_path, text, reason):
+    (tmp_path / "bad.xml").write_text(text)
+    with pytest.raises(AnnotationError, match=reason) as caught:
+        voc_to_yolo(tmp_path, tmp_path / "out")
+    assert str(tmp_path / "bad.xml") in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("{not json", "malformed JSON"),
+    (json.dumps([1, 2]), "top level"),
+    (json.dumps({"images": [], "annotations": []}), "'categories'"),
+    (json.dumps({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": 1, "name": "c"}],
+                 "annotations": [{"image_id": 1, "category_id": 1, "bbox": [1, 2, 3]}]}), r"annotations\[0\] bbox"),
+    (json.dumps({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": 1, "name": "c"}],
+                 "annotations": [{"image_id": 5, "category_id": 1, "bbox": [1, 2, 3, 4]}]}), "unknown image_id"),
+])
+def test_malformed_coco_names_the_file(tmp_path, content, reason):
+    (tmp_path / "bad.json").write_text(content)
+    with pytest.raises(AnnotationError, match=reason) as caught:
+        coco_to_yolo(tmp_path / "bad.json", tmp_path, tmp_path / "out")
+    assert str(tmp_path / "bad.json") in str(caught.value)
+
+
+def test_command_line(tmp_path, yolo_source, capsys):
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a", "b"], "val": ["c", "d"]})
+    assert import_dataset.main(["voc", str(tmp_path / "VOC"), str(tmp_path / "out"), "--names", *NAMES]) == 0
+    assert "train 2, val 2" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{")
+    assert import_dataset.main(["coco", str(tmp_path / "bad.json"), str(tmp_path), str(tmp_path / "o2")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "bad.json" in error and error.count("\n") == 1

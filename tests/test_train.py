@@ -1,0 +1,62 @@
+"""End-to-end: a two-epoch run of a tiny model on a tiny generated dataset writes every output file."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_script
+from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+
+EXPECTED_FILES = [
+    "weights/last.pt", "weights/best.pt", "results.csv", "results.png", "opt.yaml", "hyp.yaml", "labels.jpg",
+    "train_batch0.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png",
+    "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    data = make_tiny_dataset(root / "data")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(TINY_MODEL_YAML)
+    return root, data, cfg
+
+
+def run_train(tiny, *extra):
+    root, data, cfg = tiny
+    args = ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "4", "--epochs", "2",
+            "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), "--noautoanchor", *extra]
+    return train_script.main(args)
+
+
+@pytest.mark.slow
+def test_two_epoch_run_writes_every_output(tiny):
+    root = tiny[0]
+    assert run_train(tiny) == 0
+    save_dir = root / "runs" / "exp"
+    missing = [f for f in EXPECTED_FILES if not (save_dir / f).exists()]
+    assert not missing, f"missing outputs: {missing}"
+    lines = (save_dir / "results.csv").read_text().splitlines()
+    header = [c.strip() for c in lines[0].split(",")]
+    assert header[:4] == ["epoch", "train/box_loss", "train/obj_loss", "train/cls_loss"] and header[-1] == "x/lr2"
+    assert len(lines) == 3  # header + 2 epochs
+    checkpoint = torch.load(save_dir / "weights/last.pt", weights_only=True)  # plain data
+    assert checkpoint["ema"] is None and "optimizer" not in checkpoint  # stripped at the end
+    assert checkpoint["model"]["names"] == ["class0", "class1"]
+    # a second run never overwrites the first
+    assert run_train(tiny, "--epochs", "1", "--noplots") == 0
+    assert (root / "runs" / "exp2" / "weights" / "last.pt").exists()
+
+
+def test_unfinished_flags_say_not_available(tiny, capsys):
+    assert run_train(tiny, "--evolve") == 2
+    assert "not available yet" in capsys.readouterr().err
+
+
+def test_bad_data_yaml_is_one_line_error(tiny, capsys, tmp_path):
+    root, _, cfg = tiny
+    code = train_script.main(["--data", str(tmp_path / "nope.yaml"), "--cfg", str(cfg), "--epochs", "1",
+                              "--device", "cpu", "--project", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "nope.yaml" in err[0]

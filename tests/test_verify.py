@@ -1,0 +1,306 @@
+"""Label discovery, verification of every bad input (CASES.md), the non-pickle cache, the check tool."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.conftest import shared_path
+from tools import check_dataset
+from utils.data import verify
+from utils.data.images import read_image
+from utils.data.verify import DatasetError, img2label_paths, list_image_files, scan_split
+
+# CASES.md file -> (outcome, boxes kept or reason fragment); "used" with None = as many boxes as label rows
+TRAIN_CASES = {
+    "zero_bytes.jpg": ("skipped", "empty image file"),
+    "truncated.jpg": ("skipped", "cannot decode"),
+    "not_an_image.jpg": ("skipped", "not an image"),
+    "html_named_png.png": ("skipped", "not an image"),
+    "class_out_of_range.jpg": ("skipped", "class 7 out of range (data has 3 classes)"),
+    "negative_class.jpg": ("skipped", "negative class id"),
+    "pixel_coords.jpg": ("skipped", "not normalised (> 1"),
+    "negative_coords.jpg": ("skipped", "negative coordinates"),
+    "nan_coords.jpg": ("skipped", "non-finite value"),
+    "text_in_label.jpg": ("skipped", "unparsable label line"),
+    "four_columns.jpg": ("skipped", "wrong number of columns"),
+    "tiny_1x1.png": ("skipped", "image too small"),
+    "duplicate_rows.jpg": ("used", 2),
+    "empty_label.jpg": ("background", 0),
+    "whitespace_label.jpg": ("background", 0),
+    "no_label_file.jpg": ("background", 0),
+    "crlf_trailing_spaces.jpg": ("used", 2),
+    "zero_size_box.jpg": ("used", 1),
+    "polygon_segment.jpg": ("used", 1),
+    "box_past_edge.jpg": ("used", 1),
+    "very_wide.jpg": ("used", 1),
+    "notes.txt": ("ignored", None),
+    ".hidden.jpg": ("ignored", None),
+    **{name: ("used", None) for name in ("gray.png", "rgba.png", "sixteen_bit.png", "UPPER_CASE.JPG", "bitmap.bmp",
+                                         "webp_image.webp", "tiff_image.tif", "name with spaces é.jpg",
+                                         "exif_rotated.jpg")},
+    **{f"good_{i:02d}.jpg": ("used", None) for i in range(12)},
+}
+VAL_CASES = {f"good_{i:02d}.jpg": ("used", None) for i in range(6)}
+
+
+@pytest.fixture(scope="module")
+def bad_train(tmp_path_factory):
+    root = shared_path("datasets", "badinputs")
+    cache_dir = tmp_path_factory.mktemp("label-cache")
+    result = scan_split([str(root / "images" / "train")], nc=3, prefix="train: ", cache_dir=cache_dir)
+    return root, result, cache_dir
+
+
+def label_rows(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def by_name(result) -> dict[str, int]:
+    return {Path(f).name: i for i, f in enumerate(result.im_files)}
+
+
+def test_cases_md_rows_are_all_covered():
+    text = shared_path("datasets", "badinputs", "CASES.md").read_text()
+    rows = re.findall(r"^\| (train|val) \| `([^`]+)` \|", text, flags=re.M)
+    assert len(rows) >= 40
+    for split, name in rows:
+        assert name in (TRAIN_CASES if split == "train" else VAL_CASES), f"{split}/{name} has no expectation"
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_CASES))
+def test_train_case(bad_train, name):
+    root, result, _ = bad_train
+    outcome, expected = TRAIN_CASES[name]
+    index = by_name(result).get(name)
+    problems = [p for p in result.problems if Path(p["file"]).name == name]
+    if outcome == "skipped":
+        assert index is None
+        assert len(problems) == 1 and problems[0]["action"] == "skipped"
+        assert expected in problems[0]["detail"]
+    elif outcome == "ignored":
+        assert index is None
+    else:
+        assert index is not None, f"{name} should be used"
+        labels = result.labels[index]
+        assert labels.dtype == np.float32 and labels.shape[1] == 5
+        rows = label_rows(root / "labels" / "train" / (Path(name).stem + ".txt")) if expected is None else expected
+        assert len(labels) == rows
+        assert ((labels[:, 1:] >= 0) & (labels[:, 1:] <= 1)).all()
+        height, width = read_image(result.im_files[index]).shape[:2]
+        assert tuple(result.shapes[index]) == (width, height)
+
+
+def test_val_split_all_used():
+    root = shared_path("datasets", "badinputs")
+    result = scan_split(str(root / "images" / "val"), nc=3, use_cache=False)
+    assert sorted(Path(f).name for f in result.im_files) == sorted(VAL_CASES)
+    assert result.stats["corrupt"] == 0 and not result.problems
+
+
+def test_badinputs_stats_and_warnings(bad_train, caplog):
+    root, result, cache_dir = bad_train
+    assert result.stats["corrupt"] == 12 and result.stats["duplicates"] == 1
+    assert result.stats["missing"] == 1 and result.stats["empty"] == 2
+    assert result.stats["images"] == len(result.im_files) == 30
+    assert result.shapes.dtype == np.int64 and result.shapes.shape == (30, 2)
+    with caplog.at_level(logging.INFO):  # a second scan: cache hit, same warnings and summary
+        again = scan_split([str(root / "images" / "train")], nc=3, prefix="train: ", cache_dir=cache_dir)
+    assert again.im_files == result.im_files
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("class_out_of_range.jpg" in w and "class 7 out of range (data has 3 classes)" in w for w in warnings)
+    assert sum("zero_bytes.jpg" in w for w in warnings) == 1
+    assert any(w.endswith("... 30 images, 3 backgrounds, 12 corrupt, 1 duplicate removed") for w in caplog.messages)
+
+
+def test_read_only_dataset_uses_fallback_cache(bad_train):
+    root, _, cache_dir = bad_train
+    assert not (root / "labels" / "train.cache.npz").exists()
+    assert len(list(Path(cache_dir).glob("*.npz"))) == 1
+
+
+def test_polygon_becomes_its_bounding_box(bad_train):
+    _, result, _ = bad_train
+    index = by_name(result)["polygon_segment.jpg"]
+    np.testing.assert_allclose(result.labels[index], [[2, 0.21, 0.25, 0.22, 0.30]], atol=1e-6)
+    assert len(result.segments[index]) == 1 and result.segments[index][0].shape == (4, 2)
+    assert result.segments[by_name(result)["good_00.jpg"]] == []
+
+
+def test_box_past_edge_is_clipped(bad_train):
+    _, result, _ = bad_train
+    labels = result.labels[by_name(result)["box_past_edge.jpg"]]
+    np.testing.assert_allclose(labels, [[0, 0.925, 0.5, 0.15, 0.2]], atol=1e-6)
+
+
+def test_exif_rotated_is_upright_like_its_source(bad_train):
+    _, result, _ = bad_train
+    names = by_name(result)
+    rotated, source = names["exif_rotated.jpg"], names["bitmap.bmp"]
+    assert tuple(result.shapes[rotated]) == (640, 480)  # stored 480x640 with orientation 6
+    np.testing.assert_array_equal(result.labels[rotated], result.labels[source])
+    pixels = read_image(result.im_files[rotated]).astype(np.float32)
+    assert np.abs(pixels - read_image(result.im_files[source])).mean() < 3
+
+
+# ----------------------------------------------------------------------------- synthetic datasets
+def make_split(root: Path, rows: dict[str, str], size=(40, 32)) -> Path:
+    """images/train/<name>.jpg + labels/train/<name>.txt (None -> no label file)."""
+    images, labels = root / "images" / "train", root / "labels" / "train"
+    images.mkdir(parents=True, exist_ok=True)
+    labels.mkdir(parents=True, exist_ok=True)
+    for index, (name, text) in enumerate(rows.items()):
+        image = np.full((size[1], size[0], 3), 40 * index % 255, np.uint8)
+        cv2.imwrite(str(images / f"{name}.jpg"), image)
+        if text is not None:
+            (labels / f"{name}.txt").write_text(text)
+    return images
+
+
+def test_img2label_paths_uses_last_images_folder():
+    assert img2label_paths(["/d/images/x/images/a.b.jpg"]) == ["/d/images/x/labels/a.b.txt"]
+    assert img2label_paths(["/d/pictures/a.PNG"]) == ["/d/pictures/a.txt"]
+
+
+def test_list_image_files(tmp_path, caplog):
+    images = make_split(tmp_path, {"a": "", "b": ""})
+    (images / "sub").mkdir()
+    cv2.imwrite(str(images / "sub" / "C.PNG"), np.zeros((12, 12, 3), np.uint8))
+    (images / ".hidden.jpg").write_bytes(b"")
+    (images / "readme.md").write_text("x")
+    listing = tmp_path / "list.txt"
+    listing.write_text("images/train/a.jpg\n\n./images/train/sub/C.PNG\n")
+    with caplog.at_level(logging.WARNING):
+        files = list_image_files([str(images)])
+    assert [Path(f).name for f in files] == ["a.jpg", "b.jpg", "C.PNG"]  # sorted by full path
+    assert ".hidden.jpg" in caplog.text
+    assert list_image_files(str(listing)) == sorted([str(images / "a.jpg"), str(images / "sub" / "C.PNG")])
+
+
+def test_cache_hit_does_no_decoding(tmp_path, monkeypatch):
+    images = make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n", "b": "1 0.5 0.5 0.4 0.4\n1 0.2 0.2 0.1 0.1\n"})
+    first = scan_split(str(images), nc=2, cache_dir=tmp_path / "fallback")
+    assert (tmp_path / "labels" / "train.cache.npz").is_file()
+
+    def no_decoding(*args):
+        raise AssertionError("decoded on a cache hit")
+
+    monkeypatch.setattr(verify, "verify_one", no_decoding)
+    monkeypatch.setattr(cv2, "imdecode", no_decoding)
+    second = scan_split(str(images), nc=2, cache_dir=tmp_path / "fallback")
+    assert second.im_files == first.im_files and second.stats == first.stats
+    for a, b in zip(first.labels, second.labels):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(first.shapes, second.shapes)
+
+
+def test_cache_file_has_no_objects(tmp_path):
+    images = make_split(tmp_path, {"a": "0 0.1 0.1 0.3 0.1 0.2 0.3\n", "b": None})
+    scan_split(str(images), nc=1)
+    with np.load(tmp_path / "labels" / "train.cache.npz", allow_pickle=False) as arrays:
+        assert all(arrays[key].dtype != object for key in arrays.files)
+        assert arrays["labels"].dtype == np.float32 and arrays["points"].shape == (3, 2)
+
+
+def test_cache_invalidated_when_one_label_changes(tmp_path):
+    images = make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n", "b": "0 0.5 0.5 0.4 0.4\n"})
+    assert len(scan_split(str(images), nc=2).labels[1]) == 1
+    label = tmp_path / "labels" / "train" / "b.txt"
+    label.write_text("1 0.5 0.5 0.4 0.4\n1 0.1 0.1 0.1 0.1\n")
+    os.utime(label, ns=(1, 1))  # size and mtime both differ from the cached ones
+    result = scan_split(str(images), nc=2)
+    np.testing.assert_allclose(result.labels[1][:, 0], [1, 1])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_cache_is_rebuilt(tmp_path, caplog, damage):
+    images = make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n"})
+    scan_split(str(images), nc=1)
+    cache = tmp_path / "labels" / "train.cache.npz"
+    content = cache.read_bytes()
+    cache.write_bytes(b"not a zip at all" if damage == "garbage" else content[: len(content) // 2])
+    with caplog.at_level(logging.WARNING):
+        result = scan_split(str(images), nc=1)
+    assert "label cache unreadable" in caplog.text and len(result.labels[0]) == 1
+    with np.load(cache, allow_pickle=False) as arrays:
+        assert len(arrays["labels"]) == 1
+
+
+def test_unwritable_labels_folder_falls_back(tmp_path, monkeypatch):
+    images = make_split(tmp_path / "ds", {"a": "0 0.5 0.5 0.2 0.2\n"})
+    labels_parent = tmp_path / "ds" / "labels"
+    labels_parent.chmod(0o555)  # read-only (checked by mode bits too, so it holds for root)
+    try:
+        scan_split(str(images), nc=1, cache_dir=tmp_path / "fallback")
+        assert not (labels_parent / "train.cache.npz").exists()
+        assert len(list((tmp_path / "fallback").glob("*.npz"))) == 1
+        monkeypatch.setattr(verify, "verify_one", lambda item: pytest.fail("not cached"))
+        assert len(scan_split(str(images), nc=1, cache_dir=tmp_path / "fallback").labels) == 1
+    finally:
+        labels_parent.chmod(0o755)
+
+
+def test_nothing_usable_is_one_line_error(tmp_path):
+    images = make_split(tmp_path, {"a": "5 0.5 0.5 0.2 0.2\n"})
+    with pytest.raises(DatasetError, match="no usable images") as error:
+        scan_split(str(images), nc=2, use_cache=False)
+    assert "\n" not in str(error.value)
+
+
+def test_no_label_files_says_where_it_looked(tmp_path):
+    images = make_split(tmp_path, {"a": None, "b": None})
+    with pytest.raises(DatasetError) as error:
+        scan_split(str(images), nc=2, use_cache=False)
+    message = str(error.value)
+    assert "no label files found" in message and str(tmp_path / "labels" / "train") in message
+    assert "/images/" in message and "/labels/" in message
+
+
+def test_single_cls_and_mixed_polygons(tmp_path):
+    images = make_split(tmp_path, {"a": "4 0.5 0.5 0.2 0.2\n2 0.1 0.1 0.3 0.1 0.3 0.4\n"})
+    result = scan_split(str(images), nc=1, single_cls=True, use_cache=False)
+    np.testing.assert_array_equal(result.labels[0][:, 0], [0, 0])
+    segments = result.segments[0]
+    assert len(segments) == 2 and segments[0].shape == (4, 2) and segments[1].shape == (3, 2)
+    np.testing.assert_allclose(result.labels[0][1, 1:], [0.2, 0.25, 0.2, 0.3], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- check tool
+def write_data_yaml(root: Path) -> Path:
+    (root / "images" / "val").mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(root / "images" / "val" / "v.jpg"), np.zeros((20, 20, 3), np.uint8))
+    (root / "labels" / "val").mkdir(parents=True, exist_ok=True)
+    (root / "labels" / "val" / "v.txt").write_text("1 0.5 0.5 0.5 0.5\n")
+    file = root / "data.yaml"
+    file.write_text("path: .\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
+    return file
+
+
+def test_check_tool_exit_codes(tmp_path, capsys):
+    make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n"})
+    data = write_data_yaml(tmp_path)
+    assert check_dataset.main(["--data", str(data), "--no-cache"]) == 0
+    assert "all images usable" in capsys.readouterr().out
+    (tmp_path / "images" / "train" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    assert check_dataset.main(["--data", str(data), "--splits", "train", "--no-cache"]) == 1
+    out = capsys.readouterr().out
+    assert "images/train/broken.jpg: not an image" in out and "1 corrupt" in out
+    assert check_dataset.main(["--data", str(tmp_path / "absent.yaml")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "absent.yaml" in error and "Traceback" not in error
+    with pytest.raises(SystemExit) as usage:
+        check_dataset.main(["--splits", "train"])
+    assert usage.value.code == 2
+
+
+def test_check_tool_on_badinputs(capsys, tmp_path):
+    data = shared_path("datasets", "badinputs", "data.yaml")
+    assert check_dataset.main(["--data", str(data), "--cache-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "train: Scanning" in out and "12 corrupt" in out
+    assert "class 7 out of range (data has 3 classes)" in out

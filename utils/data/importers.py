@@ -1,0 +1,401 @@
+"""Pascal VOC XML and COCO JSON annotations -> YOLO layout: images/<split>, labels/<split>, data.yaml.
+
+Label rows are ``class cx cy w h``, normalised to the image size and clipped to [0, 1]; boxes with no
+area left after clipping are dropped with a warning. Images are hard-linked into place (copied when the
+output is on another file system), or symlinked / copied on request. Every problem with an input file
+raises ``AnnotationError`` (a ValueError) whose one-line message names the file and the reason.
+
+Conventions (as YOLOv5's own converters):
+* VOC: ``xmin ymin xmax ymax`` are 1-based pixels, so both corners move by -1; ``difficult`` objects
+  are kept; the size comes from ``<size>`` or, when absent, the image header. Class names are given
+  or discovered (sorted); objects of classes outside given names are skipped with a warning.
+* COCO: ``bbox`` is ``x, y, w, h`` from the top-left, in pixels; category ids map to 0..nc-1 in
+  sorted id order; ``iscrowd`` annotations are skipped; images without annotations get an empty
+  label file (background).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import xml.etree.ElementTree as ElementTree
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from utils.data.images import IMG_EXTENSIONS
+
+LOGGER = logging.getLogger(__name__)
+
+LINK_MODES = ("hardlink", "symlink", "copy")
+SPLITS = ("train", "val", "test")
+_UNSAFE_XML = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
+class AnnotationError(ValueError):
+    """An annotation file (or the dataset it describes) that cannot be imported; names file and reason."""
+
+
+@dataclass
+class ImportSummary:
+    yaml_path: Path
+    names: list[str]
+    images: Counter = field(default_factory=Counter)  # split -> images written
+    boxes: int = 0
+    skipped_images: int = 0  # annotation without a readable image file
+    skipped_boxes: int = 0  # crowd, unknown class, or no area inside the image
+
+    def line(self) -> str:
+        splits = ", ".join(f"{split} {count}" for split, count in sorted(self.images.items()))
+        return (f"{len(self.names)} classes, images: {splits or 'none'}, boxes {self.boxes}, "
+                f"skipped images {self.skipped_images}, skipped boxes {self.skipped_boxes} -> {self.yaml_path}")
+
+
+# ----------------------------------------------------------------------------- shared writers
+
+
+def yolo_row(cls: int, x0: float, y0: float, x1: float, y1: float, width: float, height: float):
+    """Pixel corners -> (cls, cx, cy, w, h) normalised and clipped, or None when no area is left."""
+    x0, x1 = np.clip([x0 / width, x1 / width], 0.0, 1.0)
+    y0, y1 = np.clip([y0 / height, y1 / height], 0.0, 1.0)
+    if x1 - x0 <= 0 or y1 - y0 <= 0:
+        return None
+    return cls, (x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0
+
+
+def write_labels(path: Path, rows: list[tuple]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in rows))
+
+
+def place_image(source: Path, target: Path, mode: str = "hardlink") -> None:
+    """Put ``source`` at ``target``: hard link (copy across file systems), symlink or copy."""
+    if mode not in LINK_MODES:
+        raise ValueError(f"unknown image mode {mode!r}, expected one of {', '.join(LINK_MODES)}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() or target.is_symlink():
+        if target.exists() and os.path.samefile(source, target):
+            return
+        target.unlink()
+    if mode == "symlink":
+        target.symlink_to(source.resolve())
+        return
+    if mode == "hardlink":
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass  # other file system or no link support: copy
+    shutil.copy2(source, target)
+
+
+def check_existing_names(out_dir: Path, names: list[str]) -> None:
+    """Refuse to import into a folder whose data.yaml has other class names (labels would disagree)."""
+    yaml_path = out_dir / "data.yaml"
+    if yaml_path.is_file():
+        try:
+            old = yaml.safe_load(yaml_path.read_text()) or {}
+        except yaml.YAMLError as error:
+            reason = " ".join(str(error).split())
+            raise AnnotationError(f"{yaml_path}: existing data.yaml is not valid YAML ({reason})") from None
+        old_names = old.get("names") if isinstance(old, dict) else None
+        if isinstance(old_names, dict):
+            old_names = [old_names[key] for key in sorted(old_names)]
+        if old_names is not None and list(old_names) != list(names):
+            raise AnnotationError(f"{yaml_path}: existing class names {old_names} differ from {names}; "
+                                  "import into another folder or pass the same names")
+
+
+def write_data_yaml(out_dir: Path, names: list[str]) -> Path:
+    """data.yaml naming every split folder present in ``out_dir``; refuses to change existing names."""
+    check_existing_names(out_dir, names)
+    config = {"path": str(out_dir.resolve())}
+    for split in SPLITS:
+        if (out_dir / "images" / split).is_dir():
+            config[split] = f"images/{split}"
+    config["nc"] = len(names)
+    config["names"] = {index: name for index, name in enumerate(names)}
+    yaml_path = out_dir / "data.yaml"
+    yaml_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    return yaml_path
+
+
+def find_image(folder: Path, name: str | None, stem: str) -> Path | None:
+    """The image called ``name`` in ``folder`` (or just its base name), else ``stem`` + any image extension."""
+    if name:
+        for candidate in (folder / name, folder / Path(name).name):
+            if candidate.is_file():
+                return candidate
+    for extension in IMG_EXTENSIONS:
+        for suffix in (extension, extension.upper()):
+            candidate = folder / f"{stem}.{suffix}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def image_header_size(path: Path) -> tuple[int, int]:
+    """(width, height) as stored in the file header (no EXIF rotation), or AnnotationError."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, UnidentifiedImageError) as error:
+        raise AnnotationError(f"{path}: cannot read the image size ({error})") from None
+
+
+# ----------------------------------------------------------------------------- Pascal VOC
+
+
+@dataclass
+class VocRecord:
+    xml_path: Path
+    filename: str | None
+    width: float
+    height: float
+    objects: list[tuple[str, float, float, float, float, bool]]  # name, xmin, ymin, xmax, ymax, difficult
+
+
+def read_xml(path: Path) -> ElementTree.Element:
+    """Parse an XML file, refusing DOCTYPE/ENTITY declarations (entity expansion attacks)."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    if _UNSAFE_XML.search(data):
+        raise AnnotationError(f"{path}: DOCTYPE/ENTITY declarations are not allowed in annotation XML")
+    try:
+        return ElementTree.fromstring(data)
+    except ElementTree.ParseError as error:
+        raise AnnotationError(f"{path}: malformed XML ({error})") from None
+
+
+def _number(element: ElementTree.Element, tag: str, path: Path, required: bool = True) -> float | None:
+    text = element.findtext(tag)
+    if text is None or not text.strip():
+        if required:
+            raise AnnotationError(f"{path}: missing <{tag}>")
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise AnnotationError(f"{path}: <{tag}> is not a number: {text.strip()!r}") from None
+
+
+def parse_voc_xml(path: Path) -> VocRecord:
+    root = read_xml(path)
+    if root.tag != "annotation":
+        raise AnnotationError(f"{path}: root element is <{root.tag}>, expected <annotation>")
+    size = root.find("size")
+    width = _number(size, "width", path, required=False) if size is not None else None
+    height = _number(size, "height", path, required=False) if size is not None else None
+    objects = []
+    for element in root.iter("object"):
+        name = (element.findtext("name") or "").strip()
+        box = element.find("bndbox")
+        if not name or box is None:
+            raise AnnotationError(f"{path}: an <object> lacks <name> or <bndbox>")
+        corners = [_number(box, tag, path) for tag in ("xmin", "ymin", "xmax", "ymax")]
+        difficult = (element.findtext("difficult") or "0").strip() in ("1", "true")
+        objects.append((name, *corners, difficult))
+    filename = (root.findtext("filename") or "").strip() or None
+    return VocRecord(path, filename, width or 0.0, height or 0.0, objects)
+
+
+def _voc_folders(source: Path, images_dir: Path | None) -> tuple[Path, Path, Path | None]:
+    """(annotations folder, images folder, ImageSets/Main folder or None) for a VOC root or XML folder."""
+    if not source.is_dir():
+        raise AnnotationError(f"{source}: not a folder (expected a VOC root or a folder of XML files)")
+    if (source / "Annotations").is_dir():
+        lists = source / "ImageSets" / "Main"
+        images = images_dir or (source / "JPEGImages")
+        return source / "Annotations", images, lists if lists.is_dir() else None
+    return source, images_dir or source, None
+
+
+def _voc_split_of(stems: list[str], lists: Path | None, split: str | None,
+                  val_fraction: float) -> dict[str, str]:
+    """stem -> split: the given split; else VOC's ImageSets lists; else train with a stable val share."""
+    if split is not None:
+        return {stem: split for stem in stems}
+    if lists is not None and any((lists / f"{name}.txt").is_file() for name in SPLITS):
+        assigned = {}
+        for name in SPLITS:
+            list_file = lists / f"{name}.txt"
+            if list_file.is_file():
+                for line in list_file.read_text().split("\n"):
+                    if line.split():
+                        assigned.setdefault(line.split()[0], name)
+        return {stem: assigned[stem] for stem in stems if stem in assigned}
+    threshold = int(val_fraction * 10000)
+    return {stem: "val" if zlib.crc32(stem.encode()) % 10000 < threshold else "train" for stem in stems}
+
+
+def voc_to_yolo(source: str | os.PathLike, out_dir: str | os.PathLike, images_dir: str | os.PathLike | None = None,
+                names: list[str] | None = None, split: str | None = None, val_fraction: float = 0.0,
+                keep_difficult: bool = True, mode: str = "hardlink") -> ImportSummary:
+    """Import Pascal VOC: ``source`` is a VOC root (Annotations/, JPEGImages/, ImageSets/Main/) or a
+    folder of XML files (images beside them unless ``images_dir``).
+
+    Splits: ``split`` puts everything in one split; otherwise ImageSets/Main/{train,val,test}.txt when
+    present (images in no list are left out), else train with ``val_fraction`` of the images (chosen
+    by a stable hash of the name) in val. ``names`` fixes the class order; by default the sorted set
+    of names found.
+    """
+    annotations, images_folder, lists = _voc_folders(Path(source), Path(images_dir) if images_dir else None)
+    records = [parse_voc_xml(path) for path in sorted(annotations.glob("*.xml"))]
+    if not records:
+        raise AnnotationError(f"{annotations}: no .xml annotation files found")
+    splits = _voc_split_of([record.xml_path.stem for record in records], lists, split, val_fraction)
+    records = [record for record in records if record.xml_path.stem in splits]
+    names = list(names) if names else sorted({obj[0] for record in records for obj in record.objects})
+    out_dir = Path(out_dir)
+    check_existing_names(out_dir, names)
+    summary = ImportSummary(out_dir / "data.yaml", names)
+    class_index = {name: index for index, name in enumerate(names)}
+    unknown = Counter()
+    for record in records:
+        image_path = find_image(images_folder, record.filename, record.xml_path.stem)
+        if image_path is None:
+            LOGGER.warning("%s: image %s not found in %s, skipped", record.xml_path,
+                           record.filename or record.xml_path.stem, images_folder)
+            summary.skipped_images += 1
+            continue
+        width, height = record.width, record.height
+        if width <= 0 or height <= 0:
+            width, height = image_header_size(image_path)
+        rows = []
+        for name, xmin, ymin, xmax, ymax, difficult in record.objects:
+            row = None
+            if name in class_index and (keep_difficult or not difficult):
+                row = yolo_row(class_index[name], xmin - 1, ymin - 1, xmax - 1, ymax - 1, width, height)
+                if row is None:
+                    LOGGER.warning("%s: %s box has no area inside the %gx%g image, dropped",
+                                   record.xml_path, name, width, height)
+            unknown[name] += name not in class_index
+            summary.skipped_boxes += row is None
+            rows.extend([row] if row else [])
+        _write_sample(out_dir, splits[record.xml_path.stem], image_path, rows, mode, summary)
+    for name, count in unknown.items():
+        if count:
+            LOGGER.warning("%s: %d objects of class %r (not in the given names) skipped", annotations, count, name)
+    summary.yaml_path = write_data_yaml(out_dir, names)
+    LOGGER.info("VOC import: %s", summary.line())
+    return summary
+
+
+def _write_sample(out_dir: Path, split: str, image_path: Path, rows: list[tuple], mode: str,
+                  summary: ImportSummary) -> None:
+    place_image(image_path, out_dir / "images" / split / image_path.name, mode)
+    write_labels(out_dir / "labels" / split / f"{image_path.stem}.txt", rows)
+    summary.images[split] += 1
+    summary.boxes += len(rows)
+
+
+# ----------------------------------------------------------------------------- COCO
+
+
+def _load_coco(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AnnotationError(f"{path}: malformed JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise AnnotationError(f"{path}: top level must be an object with images, annotations, categories")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key, [] if key == "annotations" else None), list):
+            raise AnnotationError(f"{path}: missing or non-list {key!r}")
+    return data
+
+
+def _field(entry, key: str, kind, path: Path, where: str):
+    """entry[key] checked against ``kind`` (a type or tuple), else an AnnotationError naming the entry."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise AnnotationError(f"{path}: {where} has no valid {key!r} (got {value!r})")
+    return value
+
+
+def _coco_categories(data: dict, path: Path) -> tuple[dict[int, int], list[str]]:
+    """category id -> 0..nc-1 in sorted id order, and the names in that order."""
+    categories = {}
+    for index, entry in enumerate(data["categories"]):
+        category_id = _field(entry, "id", int, path, f"categories[{index}]")
+        categories[category_id] = str(_field(entry, "name", (str, int), path, f"categories[{index}]"))
+    if not categories:
+        raise AnnotationError(f"{path}: no categories")
+    ordered = sorted(categories)
+    return {category_id: index for index, category_id in enumerate(ordered)}, [categories[i] for i in ordered]
+
+
+def _coco_boxes(data: dict, path: Path, class_of: dict[int, int], image_ids: set,
+                summary: ImportSummary) -> dict[int, list[tuple[int, float, float, float, float]]]:
+    """image id -> [(class, x0, y0, x1, y1) pixels], crowd annotations skipped."""
+    boxes: dict[int, list] = {}
+    for index, entry in enumerate(data.get("annotations", [])):
+        where = f"annotations[{index}]"
+        image_id = _field(entry, "image_id", (int, str), path, where)
+        category_id = _field(entry, "category_id", int, path, where)
+        bbox = _field(entry, "bbox", list, path, where)
+        if len(bbox) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
+            raise AnnotationError(f"{path}: {where} bbox must be 4 numbers, got {bbox!r}")
+        if image_id not in image_ids or category_id not in class_of:
+            raise AnnotationError(f"{path}: {where} refers to unknown image_id {image_id!r} "
+                                  f"or category_id {category_id!r}")
+        if entry.get("iscrowd"):
+            summary.skipped_boxes += 1
+            continue
+        x, y, w, h = (float(v) for v in bbox)
+        boxes.setdefault(image_id, []).append((class_of[category_id], x, y, x + w, y + h))
+    return boxes
+
+
+def coco_to_yolo(coco_json: str | os.PathLike, images_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                 split: str = "train", mode: str = "hardlink") -> ImportSummary:
+    """Import one COCO JSON file (one split) whose ``file_name``s are relative to ``images_dir``.
+
+    Run once per split into the same ``out_dir``; data.yaml lists every split present and refuses a
+    second import whose categories differ.
+    """
+    path, images_dir, out_dir = Path(coco_json), Path(images_dir), Path(out_dir)
+    data = _load_coco(path)
+    class_of, names = _coco_categories(data, path)
+    check_existing_names(out_dir, names)
+    images = {}
+    for index, entry in enumerate(data["images"]):
+        image_id = _field(entry, "id", (int, str), path, f"images[{index}]")
+        images[image_id] = (_field(entry, "file_name", str, path, f"images[{index}]"), entry)
+    summary = ImportSummary(out_dir / "data.yaml", names)
+    boxes = _coco_boxes(data, path, class_of, set(images), summary)
+    written: dict[str, object] = {}
+    for image_id, (file_name, entry) in images.items():
+        image_path = find_image(images_dir, file_name, Path(file_name).stem)
+        if image_path is None:
+            LOGGER.warning("%s: image %s not found in %s, skipped", path, file_name, images_dir)
+            summary.skipped_images += 1
+            continue
+        if written.setdefault(image_path.name, image_id) != image_id:
+            raise AnnotationError(f"{path}: two images share the file name {image_path.name!r}")
+        width, height = entry.get("width"), entry.get("height")
+        if not (isinstance(width, (int, float)) and isinstance(height, (int, float)) and width > 0 and height > 0):
+            width, height = image_header_size(image_path)
+        rows = []
+        for cls, x0, y0, x1, y1 in boxes.get(image_id, []):
+            row = yolo_row(cls, x0, y0, x1, y1, width, height)
+            if row is None:
+                LOGGER.warning("%s: image %s has a box with no area inside the image, dropped", path, file_name)
+            summary.skipped_boxes += row is None
+            rows.extend([row] if row else [])
+        _write_sample(out_dir, split, image_path, rows, mode, summary)
+    summary.yaml_path = write_data_yaml(out_dir, names)
+    LOGGER.info("COCO import: %s", summary.line())
+    return summary

@@ -1,0 +1,64 @@
+"""Exponential moving average of model weights (YOLOv5 v7 ModelEMA semantics).
+
+After ``updates`` optimizer steps the decay is ``decay * (1 - exp(-updates / tau))``: it ramps up
+from 0, so early averages follow the model closely. Every floating-point state entry (parameters
+and buffers such as BatchNorm running statistics) is averaged; integer buffers
+(``num_batches_tracked``) keep the value copied at construction.
+"""
+from __future__ import annotations
+
+import math
+from copy import deepcopy
+
+import torch
+from torch import nn
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model inside DataParallel / DistributedDataParallel."""
+    parallel = (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel)
+    return model.module if isinstance(model, parallel) else model
+
+
+class ModelEMA:
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0):
+        self.ema = deepcopy(unwrap_model(model)).eval()
+        for parameter in self.ema.parameters():
+            parameter.requires_grad_(False)
+        self.base_decay = decay
+        self.tau = tau
+        self.updates = updates
+        self._float_keys = None
+
+    def decay(self, updates: int) -> float:
+        return self.base_decay * (1 - math.exp(-updates / self.tau))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """One step: ema = d * ema + (1 - d) * model for floating-point entries."""
+        self.updates += 1
+        d = self.decay(self.updates)
+        ema_state = self.ema.state_dict()
+        if self._float_keys is None:
+            self._float_keys = [k for k, v in ema_state.items() if v.dtype.is_floating_point]
+        model_state = unwrap_model(model).state_dict()
+        ema_tensors = [ema_state[k] for k in self._float_keys]
+        model_tensors = [model_state[k].detach().to(ema_state[k].dtype) for k in self._float_keys]
+        torch._foreach_lerp_(ema_tensors, model_tensors, 1.0 - d)
+
+    def update_attr(self, model: nn.Module, include: tuple[str, ...] = (),
+                    exclude: tuple[str, ...] = ("process_group", "reducer")) -> None:
+        """Copy public plain attributes (e.g. ``names``, ``stride``, ``yaml``) from ``model``;
+        only those in ``include`` when it is given."""
+        for key, value in vars(unwrap_model(model)).items():
+            if (include and key not in include) or key.startswith("_") or key in exclude:
+                continue
+            setattr(self.ema, key, value)
+
+    def state_dict(self) -> dict:
+        """EMA weights and update count, for checkpoints and resume."""
+        return {"ema": self.ema.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state["ema"])
+        self.updates = int(state["updates"])

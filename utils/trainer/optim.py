@@ -1,0 +1,125 @@
+"""Optimizer, learning-rate schedule, warmup and gradient accumulation (YOLOv5 v7 semantics).
+
+Parameter groups, in ``optimizer.param_groups`` order (results.csv ``x/lr0, x/lr1, x/lr2``):
+
+- group 0: every bias (no weight decay); the only group warmed up from ``warmup_bias_lr``
+- group 1: other weights, e.g. conv weights (weight decay)
+- group 2: normalisation-layer weights, e.g. BatchNorm (no weight decay)
+
+Gradients are accumulated to a nominal batch of 64 images, and the hyp weight decay is scaled by
+``batch * accumulate / 64`` so the effective decay per image seen does not depend on the batch.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from utils.config import ConfigError, Hyp
+
+LOGGER = logging.getLogger(__name__)
+
+NOMINAL_BATCH = 64
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+MIN_WARMUP_ITERATIONS = 100
+NORM_LAYERS = tuple(getattr(nn, name) for name in (
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "GroupNorm", "LayerNorm",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm", "RMSNorm") if hasattr(nn, name))
+
+
+def accumulate_steps(batch_size: int, nominal_batch: int = NOMINAL_BATCH) -> int:
+    """Batches whose gradients are summed before each optimizer step."""
+    return max(round(nominal_batch / batch_size), 1)
+
+
+def scaled_weight_decay(weight_decay: float, batch_size: int, accumulate: int,
+                        nominal_batch: int = NOMINAL_BATCH) -> float:
+    return weight_decay * batch_size * accumulate / nominal_batch
+
+
+def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
+    """(biases, decayed weights, normalisation weights), each parameter listed once.
+
+    Frozen parameters are included like YOLOv5 does; they never get a gradient, so never move.
+    """
+    biases, weights, norm_weights = [], [], []
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if name == "bias":
+                biases.append(parameter)
+            elif name == "weight" and isinstance(module, NORM_LAYERS):
+                norm_weights.append(parameter)
+            else:
+                weights.append(parameter)
+    return biases, weights, norm_weights
+
+
+def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
+                    weight_decay: float = 1e-5) -> torch.optim.Optimizer:
+    """SGD (Nesterov) / Adam / AdamW (betas = (momentum, 0.999)) over the three groups above.
+
+    ``weight_decay`` is applied to group 1 only; pass the already scaled value."""
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
+    biases, weights, norm_weights = parameter_groups(model)
+    if name == "SGD":
+        optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0)
+    elif name == "Adam":
+        optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        optimizer = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    optimizer.add_param_group({"params": weights, "weight_decay": weight_decay})
+    optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
+    LOGGER.info("optimizer: %s(lr=%g) with parameter groups %d bias, %d weight(decay=%g), %d norm weight",
+                name, lr, len(biases), len(weights), weight_decay, len(norm_weights))
+    return optimizer
+
+
+def lr_lambda(epochs: int, lrf: float, cos: bool = False) -> Callable[[float], float]:
+    """Per-epoch lr multiplier for LambdaLR: 1 at epoch 0, ``lrf`` at ``epochs``.
+
+    Linear by default, one-cycle cosine with ``cos``."""
+    if cos:
+        def factor(epoch: float) -> float:
+            return ((1 - math.cos(epoch * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    else:
+        def factor(epoch: float) -> float:
+            return (1 - epoch / epochs) * (1.0 - lrf) + lrf
+    return factor
+
+
+def warmup_iterations(warmup_epochs: float, batches_per_epoch: int) -> int:
+    """Warmup length in optimizer iterations (batches).
+
+    As in YOLOv5 at least 100 iterations, even when ``warmup_epochs`` is 0."""
+    return max(round(warmup_epochs * batches_per_epoch), MIN_WARMUP_ITERATIONS)
+
+
+def apply_warmup(optimizer: torch.optim.Optimizer, global_step: int, warmup_iters: int, epoch: int,
+                 lf: Callable[[float], float], hyp: Hyp, batch_size: int,
+                 nominal_batch: int = NOMINAL_BATCH) -> int:
+    """Set warmup lr and momentum for ``global_step`` (batches since the start of training) and
+    return the accumulation count to use now.
+
+    While ``global_step <= warmup_iters`` each quantity is interpolated linearly over
+    [0, warmup_iters]: lr from ``warmup_bias_lr`` (group 0, biases) or 0 (other groups) to
+    ``initial_lr * lf(epoch)`` (``initial_lr`` is set by the LambdaLR scheduler, create it first);
+    momentum from ``warmup_momentum`` to ``hyp.momentum`` in groups that have a ``momentum`` key
+    (SGD; Adam/AdamW betas are left alone, as in YOLOv5); accumulation from 1 to
+    ``nominal_batch / batch_size``, rounded half to even as numpy does, at least 1.
+    After warmup nothing is changed and the full accumulation count is returned.
+    """
+    if global_step > warmup_iters:
+        return accumulate_steps(batch_size, nominal_batch)
+    span = [0, warmup_iters]
+    accumulate = max(1, round(float(np.interp(global_step, span, [1, nominal_batch / batch_size]))))
+    for index, group in enumerate(optimizer.param_groups):
+        start_lr = hyp.warmup_bias_lr if index == 0 else 0.0
+        group["lr"] = float(np.interp(global_step, span, [start_lr, group["initial_lr"] * lf(epoch)]))
+        if "momentum" in group:
+            group["momentum"] = float(np.interp(global_step, span, [hyp.warmup_momentum, hyp.momentum]))
+    return accumulate
