@@ -76,18 +76,22 @@ def clip_boxes(boxes, shape) -> None:
 def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
     """Map xyxy boxes from a letterboxed image (``img1_shape``) back to the original (``img0_shape``).
 
-    ``ratio_pad`` is ``((ratio_h, ratio_w), (pad_w, pad_h))`` as recorded by the loader; when absent
-    it is recomputed for a centred letterbox. Boxes are modified in place and returned, clipped.
+    ``ratio_pad`` is ``((ratio_h, ratio_w), (pad_w, pad_h))`` as recorded by the loader (separate gains,
+    since the resized size is rounded per axis); when absent it is recomputed for a centred letterbox.
+    Boxes are modified in place and returned, clipped to the original image.
     """
     if ratio_pad is None:
         gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
+        gain_h = gain_w = gain
         pad = ((img1_shape[1] - img0_shape[1] * gain) / 2, (img1_shape[0] - img0_shape[0] * gain) / 2)
     else:
-        gain = ratio_pad[0][0]
+        gains = ratio_pad[0] if isinstance(ratio_pad[0], (tuple, list)) else (ratio_pad[0], ratio_pad[0])
+        gain_h, gain_w = gains
         pad = ratio_pad[1]
     boxes[..., [0, 2]] -= pad[0]
     boxes[..., [1, 3]] -= pad[1]
-    boxes[..., :4] /= gain
+    boxes[..., [0, 2]] /= gain_w
+    boxes[..., [1, 3]] /= gain_h
     clip_boxes(boxes, img0_shape)
     return boxes
 

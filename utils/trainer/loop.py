@@ -37,6 +37,7 @@ class EpochStats:
     compute_time: float = 0.0          # forward + loss + backward
     optimizer_time: float = 0.0        # unscale, clip, step, EMA
     skipped_steps: int = 0
+    validation_time: float = 0.0       # set by the trainer after validating
 
 
 @dataclass

@@ -106,11 +106,12 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
         final_epoch = epoch + 1 == config.epochs
         values, fitness = None, None
         if dist.is_main_process():
+            val_start = time.perf_counter()
+            metrics = None
             if not config.noval or final_epoch:
                 metrics = validate_epoch(ema.ema, val_loader, names, device, compute_loss, save_dir,
                                          plots=final_epoch and not config.noplots)
-            else:
-                metrics = None
+            stats.validation_time = time.perf_counter() - val_start
             values = _epoch_values(stats, metrics, learning_rates)
             fitness = fitness_of(values) if metrics is not None else 0.0
             csv_logger.log(epoch, values)
@@ -128,7 +129,7 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
                 if config.save_period > 0 and (epoch + 1) % config.save_period == 0:
                     save_checkpoint(checkpoint, weights_dir / f"epoch{epoch}.pt")
                 callbacks.run("on_model_save", epoch=epoch, last=last, best=best if improved else None)
-            callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness)
+            callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
         stop = dist.broadcast_object(patience_left <= 0 if dist.is_main_process() else None)
         if stop and not final_epoch:
             LOGGER.info("Stopping training early as no improvement observed in last %d epochs. "

@@ -1,0 +1,167 @@
+"""val.py: validate() on an oracle model with known answers, pycocotools agreement end to end, the CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import val
+from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("val")
+    return root, make_tiny_dataset(root / "data", num_train=1, num_val=12)
+
+
+@pytest.fixture(scope="module")
+def loader(tiny):
+    from utils.data.dataset_yaml import load_data_config
+    from utils.data.loader import create_dataloader
+    config = load_data_config(tiny[1])
+    return create_dataloader(config.val, 64, 4, 32, rect=True, pad=0.5, workers=0, names=config.names)[0]
+
+
+class OracleModel(nn.Module):
+    """Predicts the loader's own labels (optionally jittered, plus false positives) in eval-mode output form.
+
+    It replays the targets of ``loader`` batch by batch, so it only works for an unshuffled loader.
+    """
+
+    def __init__(self, loader, nc=2, jitter=0.0, false_positives=0, seed=0):
+        super().__init__()
+        self.targets = [targets.clone() for _, targets, _, _ in loader]
+        self.nc, self.jitter, self.false_positives = nc, jitter, false_positives
+        self.rng = np.random.default_rng(seed)
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.batch = 0
+
+    def forward(self, images):
+        targets = self.targets[self.batch % len(self.targets)]
+        self.batch += 1
+        batch, _, height, width = images.shape
+        rows = [self._image_rows(targets[targets[:, 0] == i, 1:], width, height) for i in range(batch)]
+        size = max(len(r) for r in rows)
+        pred = torch.zeros(batch, size, 5 + self.nc)
+        for i, image_rows in enumerate(rows):
+            pred[i, :len(image_rows)] = image_rows
+        return pred, []
+
+    def _image_rows(self, labels, width, height):
+        boxes = labels[:, 1:5].numpy() * [width, height, width, height]
+        boxes = boxes + self.rng.normal(0, self.jitter, boxes.shape) * boxes[:, [2, 3, 2, 3]]
+        scores = 1.0 - self.rng.uniform(0, 0.9, len(boxes)) * (self.jitter > 0)
+        classes = labels[:, 0].long().numpy()
+        fakes = self.rng.uniform(8, [width - 8, height - 8, 30, 30], (self.false_positives, 4))
+        boxes = np.concatenate([boxes, fakes])
+        scores = np.concatenate([scores, self.rng.uniform(0.01, 0.9, self.false_positives)])
+        classes = np.concatenate([classes, self.rng.integers(0, self.nc, self.false_positives)])
+        rows = torch.zeros(len(boxes), 5 + self.nc)
+        rows[:, :4] = torch.from_numpy(boxes)
+        rows[:, 4] = torch.from_numpy(scores)
+        rows[torch.arange(len(rows)), 5 + torch.from_numpy(classes)] = 1.0
+        return rows
+
+
+def test_perfect_oracle_gives_map_one_and_pycocotools_agrees(loader, tmp_path):
+    pytest.importorskip("pycocotools")
+    model = OracleModel(loader)
+    result = val.validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False,
+                          save_json=True, save_txt=True, save_conf=True)
+    assert result.map == pytest.approx(1.0) and result.map50 == pytest.approx(1.0)
+    assert result.mp == pytest.approx(1.0, abs=1e-3) and result.mr == pytest.approx(1.0, abs=1e-3)
+    assert result.maps.tolist() == pytest.approx([1.0, 1.0]) and result.fitness == pytest.approx(1.0)
+    assert result.seen == 12 and result.instances == sum(len(t) for t in model.targets)
+    assert result.coco == pytest.approx((1.0, 1.0))
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    truth = json.loads((tmp_path / "annotations.json").read_text())
+    assert len(predictions) == len(truth["annotations"]) == result.instances
+    assert {image["id"] for image in truth["images"]} == {f"im{i}" for i in range(12)}
+    label_file = (tmp_path / "labels" / "im0.txt").read_text().split("\n")[0].split()
+    assert len(label_file) == 6 and float(label_file[-1]) == pytest.approx(1.0)  # class, xywhn, conf
+    assert not model.training or isinstance(model, OracleModel)
+
+
+def test_jittered_oracle_agrees_with_pycocotools(loader, tmp_path):
+    pytest.importorskip("pycocotools")
+    model = OracleModel(loader, jitter=0.08, false_positives=6, seed=1)
+    result = val.validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False, save_json=True)
+    assert 0.05 < result.map < 0.95
+    assert result.coco is not None
+    assert abs(result.map - result.coco[0]) < 0.002
+    assert abs(result.map50 - result.coco[1]) < 0.002
+
+
+def test_validate_losses_speed_and_mode(loader):
+    model = OracleModel(loader).train()
+
+    def compute_loss(raw, targets):
+        return torch.ones(1), torch.tensor([1.0, 2.0, 3.0])
+
+    result = val.validate(model, loader, {0: "class0", 1: "class1"}, torch.device("cpu"), compute_loss=compute_loss,
+                          plots=False)
+    assert result.losses.tolist() == pytest.approx([1.0, 2.0, 3.0])  # mean over batches
+    assert len(result.speed) == 3 and all(s >= 0 for s in result.speed)
+    assert model.training  # mode restored
+
+
+def test_single_cls_merges_classes(loader):
+    model = OracleModel(loader)
+    for targets in model.targets:
+        targets[:, 1] = 1 - targets[:, 1]  # every class wrong: only agnostic scoring finds them
+    result = val.validate(model, loader, ["class0", "class1"], "cpu", plots=False)
+    assert result.map == pytest.approx(0.0)
+    model.batch = 0
+    result = val.validate(model, loader, ["item"], "cpu", plots=False, single_cls=True)
+    assert result.map == pytest.approx(1.0)  # predictions and labels all become class 0
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny):
+    import yaml
+
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+    torch.manual_seed(0)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+    path = tiny[0] / "tiny.pt"
+    save_checkpoint({"format": "yolo-trainer/1", "model": model_state(model), "ema": None}, path)
+    return path
+
+
+@pytest.mark.slow
+def test_cli_run_writes_outputs(tiny, checkpoint, capsys):
+    root, data = tiny
+    args = ["--data", str(data), "--weights", str(checkpoint), "--img", "64", "--batch-size", "4", "--workers", "0",
+            "--device", "cpu", "--project", str(root / "runs"), "--save-json", "--save-txt", "--verbose"]
+    assert val.main(args) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    table = [i for i, line in enumerate(lines) if line.split()[:1] == ["all"]]
+    assert table, out
+    assert lines[table[0] + 1].split()[0] == "class0"  # --verbose: per-class rows follow
+    assert "Speed:" in out and "at shape (4, 3, 64, 64)" in out and "pycocotools" in out
+    save_dir = root / "runs" / "exp"
+    for name in ("confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+                 "tiny_predictions.json", "annotations.json"):
+        assert (save_dir / name).exists(), name
+    assert list((save_dir / "labels").glob("*.txt"))
+    assert val.main(args[:-3] + ["--task", "speed"]) == 0  # timing only, a new run folder
+    assert (root / "runs" / "exp2").is_dir() and not (root / "runs" / "exp2" / "PR_curve.png").exists()
+
+
+def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
+    root, data = tiny
+    base = ["--device", "cpu", "--project", str(tmp_path / "runs"), "--workers", "0"]
+    assert val.main(["--data", str(tmp_path / "missing.yaml"), "--weights", str(checkpoint), *base]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("val.py: error:") and "missing.yaml" in err[0]
+    assert val.main(["--data", str(data), "--weights", str(tmp_path / "nope.pt"), *base]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.pt" in err[0]
+    assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 2
+    assert "no 'test' split" in capsys.readouterr().err

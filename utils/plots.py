@@ -1,0 +1,158 @@
+"""Metric plots: PR / F1 / P / R curves, the confusion matrix and results.png from results.csv.
+
+Matplotlib is imported inside each function with the Agg backend so importing this module (and
+plotting in a headless process or a worker thread) never touches a display.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+import numpy as np
+
+LOGGER = logging.getLogger(__name__)
+
+# results.csv columns drawn in results.png (YOLOv5's order): train losses, P, R, val losses, mAPs
+RESULTS_COLUMNS = ("train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+                   "val/box_loss", "val/obj_loss", "val/cls_loss", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=200)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_pr_curve(px, py, ap, save_path, names=()) -> Path:
+    """Precision-recall curve per class (legend with AP@0.5 when < 21 classes) and their mean."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    py, ap = np.asarray(py), np.asarray(ap)
+    if 0 < len(names) < 21:
+        for i, curve in enumerate(py):
+            ax.plot(px, curve, linewidth=1, label=f"{names[i]} {ap[i, 0]:.3f}")
+    else:
+        ax.plot(px, py.T, linewidth=1, color="grey")
+    if len(py):
+        ax.plot(px, py.mean(0), linewidth=3, color="blue", label=f"all classes {ap[:, 0].mean():.3f} mAP@0.5")
+    ax.set_xlabel("Recall")
+    ax.set_ylabel("Precision")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    ax.set_title("Precision-Recall Curve")
+    return _save(fig, save_path)
+
+
+def plot_mc_curve(px, py, save_path, names=(), xlabel: str = "Confidence", ylabel: str = "Metric") -> Path:
+    """A metric against confidence per class, plus the smoothed class mean with its best point."""
+    from utils.metrics import smooth
+    plt = _pyplot()
+    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    py = np.asarray(py)
+    if 0 < len(names) < 21:
+        for i, curve in enumerate(py):
+            ax.plot(px, curve, linewidth=1, label=f"{names[i]}")
+    else:
+        ax.plot(px, py.T, linewidth=1, color="grey")
+    if len(py):
+        mean = smooth(py.mean(0), 0.05)
+        best = int(mean.argmax())
+        ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    ax.set_title(f"{ylabel}-{xlabel} Curve")
+    return _save(fig, save_path)
+
+
+def plot_confusion_matrix(matrix, save_path, names=(), normalize: bool = True) -> Path:
+    """Heatmap of a [predicted, true] count matrix with a trailing background row/column.
+
+    Columns are normalised to sum to 1 (fractions of each true class); cells below 0.005 are left blank.
+    Class names label the axes when there are fewer than 30 classes.
+    """
+    plt = _pyplot()
+    matrix = np.asarray(matrix, dtype=float)
+    size = matrix.shape[0]
+    values = matrix / (matrix.sum(0, keepdims=True) + 1e-9) if normalize else matrix.copy()
+    values[values < 0.005] = np.nan
+    labelled = 0 < len(names) == size - 1 and size < 31
+    ticks = list(names) + ["background"] if labelled else None
+    fig, ax = plt.subplots(1, 1, figsize=(12, 9), tight_layout=True)
+    image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
+    fig.colorbar(image, ax=ax)
+    if size < 31:
+        for (row, col), value in np.ndenumerate(values):
+            if not np.isnan(value):
+                text = f"{value:.2f}" if normalize else f"{int(value)}"
+                ax.text(col, row, text, ha="center", va="center", fontsize=8,
+                        color="white" if normalize and value > 0.5 else "black")
+    if ticks:
+        ax.set_xticks(range(size), ticks, rotation=90)
+        ax.set_yticks(range(size), ticks)
+    ax.set_xlabel("True")
+    ax.set_ylabel("Predicted")
+    ax.set_title("Confusion Matrix")
+    return _save(fig, save_path)
+
+
+def gaussian_smooth(values: np.ndarray, sigma: float = 3.0) -> np.ndarray:
+    """1-D Gaussian filter with reflected edges (like scipy's gaussian_filter1d, without scipy)."""
+    values = np.asarray(values, dtype=float)
+    radius = int(4 * sigma + 0.5)
+    if len(values) < 2 or radius == 0:
+        return values
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    kernel /= kernel.sum()
+    padded = np.pad(values, radius, mode="symmetric" if len(values) > radius else "edge")
+    return np.convolve(padded, kernel, mode="valid")
+
+
+def read_results_csv(path) -> dict[str, np.ndarray]:
+    """results.csv -> {column name (stripped): float array}; non-numbers become NaN."""
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    if not rows:
+        return {}
+    header = [name.strip() for name in rows[0]]
+    columns = {name: [] for name in header}
+    for row in rows[1:]:
+        for name, cell in zip(header, row):
+            try:
+                columns[name].append(float(cell))
+            except ValueError:
+                columns[name].append(np.nan)
+    return {name: np.asarray(values) for name, values in columns.items()}
+
+
+def plot_results(file="results.csv", save_path=None) -> Path:
+    """results.png beside ``file``: 2 x 5 panels (train losses, P, R, val losses, mAPs), points + smoothed line."""
+    plt = _pyplot()
+    file = Path(file)
+    data = read_results_csv(file)
+    epochs = data.get("epoch")
+    fig, axes = plt.subplots(2, 5, figsize=(12, 6), tight_layout=True)
+    for ax, column in zip(axes.ravel(), RESULTS_COLUMNS):
+        values = data.get(column)
+        if values is not None and len(values):
+            x = epochs if epochs is not None else np.arange(len(values))
+            ax.plot(x, values, marker=".", label=file.parent.name, linewidth=2, markersize=8)
+            finite = np.isfinite(values)
+            if finite.sum() > 1:
+                ax.plot(x[finite], gaussian_smooth(values[finite]), ":", label="smooth", linewidth=2)
+        ax.set_title(column, fontsize=12)
+    axes.ravel()[1].legend()
+    return _save(fig, save_path or file.with_name("results.png"))
