@@ -1,0 +1,15 @@
+"""Models: ``load_model`` gives an eval-mode float32 DetectionModel from any supported checkpoint."""
+from __future__ import annotations
+
+
+def load_model(path, device="cpu"):
+    """Our checkpoints (EMA weights when present, else model) and YOLOv5's; eval mode, float32.
+
+    Raises utils.checkpoint.CheckpointError (a ValueError) with a one-line message for bad files.
+    """
+    from utils.checkpoint import build_model, load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    entry = ckpt.get("ema") or ckpt["model"]
+    model = build_model(entry, source=str(path))
+    return model.float().to(device).eval()

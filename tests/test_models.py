@@ -1,0 +1,241 @@
+"""models/: YAML parsing, YOLOv5 parameter / state-dict parity, Detect decoding, fuse, info."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from models.common import Conv
+from models.yolo import Detect, DetectionModel, ModelConfigError, count_parameters, resolve_symbol
+from tests.conftest import shared_path
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+YOLOV5_PARAMS = {"n": 1872157, "s": 7235389, "m": 21190557, "l": 46563709, "x": 86749405, "n6": 3246940,
+                 "s6": 12626620, "m6": 35731932, "l6": 76770172, "x6": 140794780}
+
+
+def tiny_config(name="yolov5n.yaml", **overrides) -> dict:
+    config = yaml.safe_load((MODELS / name).read_text())
+    config.update({"depth_multiple": 0.33, "width_multiple": 0.125, **overrides})
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    return DetectionModel(tiny_config(nc=3))
+
+
+@pytest.mark.parametrize("size", list(YOLOV5_PARAMS))
+def test_parameter_counts_match_yolov5(size):
+    with torch.device("meta"):  # shapes only: cheap even for yolov5x6
+        model = DetectionModel(MODELS / f"yolov5{size}.yaml")
+    assert count_parameters(model) == YOLOV5_PARAMS[size]
+    assert len(model.model[-1].m) == (4 if size.endswith("6") else 3)
+
+
+@pytest.mark.parametrize("size", ["n", "s"])
+def test_state_dict_keys_and_shapes_match_yolov5(size):
+    reference = json.loads(shared_path("fixtures", "yolov5", "state_dict_shapes_nc80.json").read_text())
+    expected = reference[f"models/yolov5{size}.yaml"]
+    model = DetectionModel(MODELS / f"yolov5{size}.yaml")
+    ours = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    assert list(ours) == list(expected["state_dict"])
+    assert ours == expected["state_dict"]
+    assert model.stride.tolist() == expected["stride"]
+
+
+@pytest.mark.parametrize("path", sorted((MODELS / "hub").glob("*.yaml")), ids=lambda p: p.name)
+def test_hub_yamls_build_and_run(path):
+    config = yaml.safe_load(path.read_text())
+    levels = config["head"][-1][0]
+    config.update(width_multiple=0.0625, depth_multiple=0.33)  # same topology, tiny channels
+    model = DetectionModel(config).eval()
+    strides = model.stride.tolist()
+    assert strides == sorted(strides) and len(strides) == len(levels)
+    size = int(max(strides)) * 2
+    with torch.no_grad():
+        pred, raw = model(torch.rand(1, 3, size, size))
+    expected_rows = sum(model.model[-1].na * (size // s) ** 2 for s in strides)
+    assert pred.shape == (1, expected_rows, 85)
+    assert model.anchors_placeholder == isinstance(config["anchors"], int)
+
+
+def test_hub_variants_have_their_features():
+    with torch.device("meta"):
+        panet = DetectionModel(MODELS / "hub" / "yolov5-panet.yaml")
+        p6 = DetectionModel(MODELS / "hub" / "yolov5-p6.yaml")
+    assert count_parameters(panet) == YOLOV5_PARAMS["l"]
+    assert count_parameters(p6) == YOLOV5_PARAMS["l6"] and p6.anchors_placeholder
+    leaky = DetectionModel(tiny_config("hub/yolov5s-LeakyReLU.yaml"))
+    activations = {type(m.act) for m in leaky.modules() if isinstance(m, Conv)}
+    assert activations == {nn.LeakyReLU} and leaky.model[0].act.negative_slope == 0.1
+
+
+def test_every_block_builds_from_yaml_rows():
+    config = {"nc": 2, "depth_multiple": 1.0, "width_multiple": 0.25, "anchors": [[10, 13, 16, 30], [30, 61, 62, 45]],
+              "backbone": [[-1, 1, "Focus", [64, 3]],                      # 0 /2
+                           [-1, 1, "Conv", [128, 3, 2]],                   # 1 /4
+                           [-1, 2, "BottleneckCSP", [128]],                # 2
+                           [-1, 1, "DWConv", [128, 3, 1]],                 # 3
+                           [-1, 1, "GhostBottleneck", [256, 3, 2]],        # 4 /8
+                           [-1, 2, "C3x", [256]],                          # 5
+                           [-1, 1, "CrossConv", [256, 3, 1]],              # 6
+                           [-1, 1, "Contract", [2]],                       # 7 /16
+                           [-1, 1, "Expand", [2]],                         # 8 /8
+                           [-1, 1, "nn.ZeroPad2d", [[0, 1, 0, 1]]],        # 9
+                           [-1, 1, "nn.MaxPool2d", [2, 1, 0]],             # 10
+                           [-1, 1, "SPP", [256, [5, 9, 13]]],              # 11
+                           [-1, 1, "C3SPP", [256, [3, 5]]],                # 12
+                           [-1, 2, "C3Ghost", [256]],                      # 13
+                           [-1, 1, "Conv", [256, 3, 2, None, 1, 1, "nn.ReLU()"]]],  # 14 /16
+              "head": [[-1, 1, "C3TR", [256]],                             # 15
+                       [-1, 1, "nn.BatchNorm2d", []],                      # 16
+                       [[13, 16], 1, "Detect", ["nc", "anchors"]]]}
+    model = DetectionModel(config).eval()
+    assert model.stride.tolist() == [8.0, 16.0]
+    assert isinstance(model.model[14].act, nn.ReLU)
+    assert model.model[7].type == "Contract" and model.model[2].m[1].cv1.conv.in_channels == 16
+    with torch.no_grad():
+        pred, raw = model(torch.rand(2, 3, 64, 64))
+    assert pred.shape == (2, 2 * (8 * 8 + 4 * 4), 7)
+    assert [r.shape for r in raw] == [(2, 2, 8, 8, 7), (2, 2, 4, 4, 7)]
+
+
+def test_train_mode_returns_raw_maps(tiny_model):
+    tiny_model.train()
+    raw = tiny_model(torch.rand(2, 3, 64, 96))
+    assert [tuple(r.shape) for r in raw] == [(2, 3, 8, 12, 8), (2, 3, 4, 6, 8), (2, 3, 2, 3, 8)]
+
+
+def test_eval_decoding_follows_yolov5_formulas(tiny_model):
+    tiny_model.eval()
+    with torch.no_grad():
+        pred, raw = tiny_model(torch.rand(1, 3, 64, 64))
+    detect = tiny_model.model[-1]
+    level, anchor, gy, gx = 1, 2, 3, 1
+    logits = raw[level][0, anchor, gy, gx]
+    s = detect.stride[level]
+    anchor_pixels = detect.anchors[level, anchor] * s
+    expected_xy = (logits[:2].sigmoid() * 2 - 0.5 + torch.tensor([gx, gy])) * s
+    expected_wh = (logits[2:4].sigmoid() * 2) ** 2 * anchor_pixels
+    row = 3 * 8 * 8 + anchor * 4 * 4 + gy * 4 + gx
+    assert torch.allclose(pred[0, row, :2], expected_xy, atol=1e-5)
+    assert torch.allclose(pred[0, row, 2:4], expected_wh, atol=1e-5)
+    assert torch.allclose(pred[0, row, 4:], logits[4:].sigmoid(), atol=1e-6)
+
+
+def test_grids_are_cached_per_shape(tiny_model):
+    tiny_model.eval()
+    detect = tiny_model.model[-1]
+    with torch.no_grad():
+        tiny_model(torch.rand(1, 3, 64, 64))
+        first = detect._grids[0]
+        tiny_model(torch.rand(1, 3, 64, 64))
+        assert detect._grids[0] is first
+        tiny_model(torch.rand(1, 3, 32, 64))
+        assert detect._grids[0].shape[2:4] == (4, 8)
+
+
+def test_anchors_in_grid_units_biases_and_batchnorm(tiny_model):
+    detect = tiny_model.model[-1]
+    pixels = (detect.anchors * detect.stride.view(-1, 1, 1)).view(3, -1).tolist()
+    assert pixels == [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]
+    for conv, stride in zip(detect.m, detect.stride.tolist()):
+        bias = conv.bias.view(detect.na, -1)
+        bound = 1 / math.sqrt(conv.in_channels)  # default Conv2d bias init range
+        assert (bias[:, 4] - math.log(8 / (640 / stride) ** 2)).abs().max() <= bound
+        assert (bias[:, 5:] - math.log(0.6 / (3 - 0.99999))).abs().max() <= bound
+    norms = [m for m in tiny_model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms and all(m.eps == 1e-3 and m.momentum == 0.03 for m in norms)
+
+
+def test_reversed_anchors_are_flipped_to_match_strides():
+    config = tiny_config(anchors=[[116, 90, 156, 198, 373, 326], [30, 61, 62, 45, 59, 119], [10, 13, 16, 30, 33, 23]])
+    detect = DetectionModel(config).model[-1]
+    assert (detect.anchors[0] * 8).view(-1).tolist() == [10, 13, 16, 30, 33, 23]
+
+
+def test_overrides_names_and_placeholder_anchors(caplog):
+    with caplog.at_level("INFO"):
+        model = DetectionModel(tiny_config(), nc=5, anchors=2)
+    assert model.yaml["nc"] == 5 and model.names == ["0", "1", "2", "3", "4"]
+    assert model.model[-1].na == 2 and model.anchors_placeholder
+    assert "Overriding model.yaml nc=80 with nc=5" in caplog.text
+
+
+def test_fuse_keeps_outputs(tiny_model):
+    tiny_model.eval()
+    image = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = tiny_model(image)[0]
+        fused = DetectionModel(tiny_config(nc=3))
+        fused.load_state_dict(tiny_model.state_dict())
+        fused.fuse().eval()
+        after = fused(image)[0]
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+    assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
+
+
+def test_info_summary_line():
+    model = DetectionModel(MODELS / "yolov5n.yaml")
+    summary = model.info()
+    assert re.fullmatch(r"YOLOv5n summary: 214 layers, 1872157 parameters, 1872157 gradients, \d+\.\d GFLOPs",
+                        summary)
+    gflops = float(summary.split(", ")[-1].split()[0])
+    assert 4.0 <= gflops <= 4.6  # YOLOv5 reports 4.1-4.5 for yolov5n at 640
+
+
+@pytest.mark.parametrize("row, problem", [
+    ([-1, 1, "Nope", [64]], "unknown module 'Nope'"),
+    ([-1, 1, "Conv"], "expected [from, number, module, args]"),
+    ([7, 1, "Conv", [64]], "'from' 7 does not name an earlier layer"),
+    ([-1, 0, "Conv", [64]], "'number' must be a positive integer"),
+    ([-1, 1, "Conv", ["nn.Evil(1)"]], "'nn.Evil' is not an allowed constructor"),
+    ([-1, 1, "Conv", [64, "x", 2]], "Conv"),  # constructor rejects the argument
+])
+def test_bad_rows_give_one_line_errors(row, problem):
+    config = tiny_config()
+    config["backbone"][2] = row
+    with pytest.raises(ModelConfigError) as error:
+        DetectionModel(config)
+    message = str(error.value)
+    assert "\n" not in message and "layer 2 (backbone row 2)" in message and problem in message
+
+
+def test_bad_files_and_keys(tmp_path):
+    with pytest.raises(ModelConfigError, match="model YAML not found"):
+        DetectionModel(tmp_path / "missing.yaml")
+    config = tiny_config()
+    del config["head"]
+    with pytest.raises(ModelConfigError, match="missing key"):
+        DetectionModel(config)
+    with pytest.raises(ModelConfigError, match="not an allowed constructor"):
+        DetectionModel(tiny_config(activation="os.system('true')"))
+
+
+def test_symbols_are_parsed_without_eval(tmp_path):
+    marker = tmp_path / "ran"
+    assert resolve_symbol("nc", {"nc": 7}) == 7
+    assert resolve_symbol("None", {}) is None and resolve_symbol("nearest", {}) == "nearest"
+    assert resolve_symbol("-0.5", {}) == -0.5
+    act = resolve_symbol("nn.LeakyReLU(0.1, inplace=True)", {})
+    assert isinstance(act, nn.LeakyReLU) and act.negative_slope == 0.1
+    payload = f"__import__('os').system('touch {marker}')"
+    assert resolve_symbol(payload, {}) == payload  # left as an inert string
+    with pytest.raises(ValueError):
+        resolve_symbol(f"exec('open(\"{marker}\", \"w\")')", {})
+    assert not marker.exists()
+
+
+def test_detect_is_last_layer_with_contract_attributes(tiny_model):
+    detect = tiny_model.model[-1]
+    assert isinstance(detect, Detect) and (detect.nc, detect.no, detect.nl, detect.na) == (3, 8, 3, 3)
+    assert tiny_model.save == [4, 6, 10, 14, 17, 20, 23]
+    assert all(hasattr(layer, attr) for layer in tiny_model.model for attr in ("i", "f", "type", "np"))
