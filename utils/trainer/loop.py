@@ -112,9 +112,9 @@ def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: to
     num_batches = len(loader)
     totals = torch.zeros(3)
     stats = EpochStats(mean_losses=totals)
+    LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
     bar = tqdm(enumerate(loader), total=num_batches, disable=not dist.is_main_process(),
                bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
-    LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
     step.optimizer.zero_grad(set_to_none=True)
     tick = time.perf_counter()
     for batch_index, (images, targets, _paths, _shapes) in bar:
