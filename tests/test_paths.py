@@ -12,3 +12,8 @@ def test_increment_path_never_reuses(tmp_path):
 def test_exist_ok_reuses(tmp_path):
     increment_path(tmp_path / "exp", mkdir=True)
     assert increment_path(tmp_path / "exp", exist_ok=True, mkdir=True).name == "exp"
+
+
+def test_file_names_keep_their_suffix(tmp_path):
+    (tmp_path / "crop.jpg").write_bytes(b"x")
+    assert increment_path(tmp_path / "crop.jpg").name == "crop2.jpg"

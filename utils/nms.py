@@ -14,6 +14,7 @@ from utils.boxes import xywh2xyxy
 
 MAX_WH = 7680  # class offset for class-aware NMS in one call; larger than any image side
 MAX_NMS = 30000  # candidates per image passed to NMS at most (highest confidence kept)
+NMS_CHUNK = 1024  # candidates per greedy-NMS chunk (see _greedy_nms)
 
 
 def _check_thresholds(conf_thres: float, iou_thres: float) -> None:
@@ -23,30 +24,44 @@ def _check_thresholds(conf_thres: float, iou_thres: float) -> None:
         raise ValueError(f"iou_thres={iou_thres} is invalid: use a value in [0, 1]")
 
 
-def _candidates(rows: torch.Tensor, conf_thres: float, multi_label: bool) -> torch.Tensor:
-    """Rows (m, 5 + nc) already past the objectness filter -> (k, 6) candidates above conf_thres.
+def _candidates(rows: torch.Tensor, conf_thres: float, multi_label: bool):
+    """Rows (m, 5 + nc) past the objectness filter -> (row index, confidence, class) above conf_thres.
 
     Single-label keeps each box's best class; multi-label keeps every (box, class) pair above it.
     """
-    boxes = xywh2xyxy(rows[:, :4])
     scores = rows[:, 5:] * rows[:, 4:5]
     if multi_label and scores.shape[1] > 1:
-        box_index, class_index = (scores > conf_thres).nonzero(as_tuple=True)
-        conf = scores[box_index, class_index]
-        return torch.cat((boxes[box_index], conf[:, None], class_index[:, None].to(rows.dtype)), 1)
-    conf, class_index = scores.max(1, keepdim=True)
-    keep = conf[:, 0] > conf_thres
-    return torch.cat((boxes, conf, class_index.to(rows.dtype)), 1)[keep]
+        row_index, class_index = (scores > conf_thres).nonzero(as_tuple=True)
+        return row_index, scores[row_index, class_index], class_index
+    conf, class_index = scores.max(1)
+    row_index = (conf > conf_thres).nonzero().squeeze(1)
+    return row_index, conf[row_index], class_index[row_index]
 
 
-def _suppress(det: torch.Tensor, iou_thres: float, agnostic: bool, max_det: int) -> torch.Tensor:
-    """Class-aware (or agnostic) NMS of (k, 6) candidates, keeping at most max_det, best first."""
-    if det.shape[0] > MAX_NMS:
-        det = det[det[:, 4].topk(MAX_NMS).indices]
-    # Offsetting boxes by class * MAX_WH puts each class in its own region: one NMS call, no cross-class overlap.
-    offsets = 0.0 if agnostic else det[:, 5:6] * MAX_WH
-    keep = torchvision.ops.nms(det[:, :4] + offsets, det[:, 4], iou_thres)
-    return det[keep[:max_det]]
+def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max_det: int) -> torch.Tensor:
+    """Indices kept by greedy NMS (best first), stopping early once ``max_det`` boxes are kept.
+
+    The best ``NMS_CHUNK`` candidates go through torchvision NMS first; only when fewer than
+    ``max_det`` survive do the rest follow, chunk by chunk, with the boxes kept so far placed first
+    (score +inf) so they suppress the new chunk. This equals greedy NMS over all candidates, but
+    its cost stops growing at ``max_det`` kept boxes.
+    """
+    count = scores.shape[0]
+    chunk = max(NMS_CHUNK, min(max_det, MAX_NMS))
+    if count <= chunk:
+        return torchvision.ops.nms(boxes, scores, iou_thres)[:max_det]
+    best = scores.topk(chunk).indices  # sorted, best first; a full sort is rarely needed
+    keep = best[torchvision.ops.nms(boxes[best], scores[best], iou_thres)]
+    if keep.shape[0] >= max_det:
+        return keep[:max_det]
+    order = scores.argsort(descending=True)[:MAX_NMS]
+    for start in range(chunk, order.shape[0], chunk):
+        index = torch.cat((keep, order[start:start + chunk]))
+        ranked = torch.cat((torch.full_like(scores[keep], float("inf")), scores[index[keep.shape[0]:]]))
+        keep = index[torchvision.ops.nms(boxes[index], ranked, iou_thres)]
+        if keep.shape[0] >= max_det:
+            break
+    return keep[:max_det]
 
 
 def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45, classes=None,
@@ -68,10 +83,16 @@ def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45,
     objectness_mask = pred[..., 4] > conf_thres  # whole batch at once
     output = []
     for image_pred, mask in zip(pred, objectness_mask):
-        det = _candidates(image_pred[mask], conf_thres, multi_label)
-        if class_filter is not None and det.shape[0]:
-            det = det[(det[:, 5:6] == class_filter.to(det.dtype)).any(1)]
-        if det.shape[0]:
-            det = _suppress(det, iou_thres, agnostic, max_det)
-        output.append(det)
+        rows = image_pred[mask]
+        row_index, conf, class_index = _candidates(rows, conf_thres, multi_label)
+        if class_filter is not None:
+            wanted = (class_index[:, None] == class_filter).any(1)
+            row_index, conf, class_index = row_index[wanted], conf[wanted], class_index[wanted]
+        boxes = xywh2xyxy(rows[row_index, :4])
+        if conf.shape[0]:
+            # Offsetting boxes by class * MAX_WH puts each class in its own region: one NMS pass.
+            offset_boxes = boxes if agnostic else boxes + class_index[:, None].to(boxes.dtype) * MAX_WH
+            keep = _greedy_nms(offset_boxes, conf, iou_thres, max_det)
+            boxes, conf, class_index = boxes[keep], conf[keep], class_index[keep]
+        output.append(torch.cat((boxes, conf[:, None], class_index[:, None].to(boxes.dtype)), 1))
     return output

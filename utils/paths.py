@@ -16,8 +16,9 @@ def increment_path(path: str | os.PathLike, exist_ok: bool = False, mkdir: bool 
         if mkdir:
             path.mkdir(parents=True, exist_ok=True)
         return path
-    candidates = [path] + [path.with_name(f"{path.name}{n}") for n in range(2, 100000)]
-    for candidate in candidates:
+    stem, suffix = (path.stem, path.suffix) if path.suffix and not mkdir else (path.name, "")
+    for number in range(1, 100000):
+        candidate = path if number == 1 else path.with_name(f"{stem}{number}{suffix}")
         if candidate.exists():
             continue
         if not mkdir:
@@ -25,7 +26,7 @@ def increment_path(path: str | os.PathLike, exist_ok: bool = False, mkdir: bool 
         candidate.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(candidate)
-        except FileExistsError:
+        except FileExistsError:  # another process took it between the check and the mkdir
             continue
         return candidate
     raise RuntimeError(f"no free run folder next to {path}")

@@ -1,0 +1,224 @@
+"""detect.py end to end on a tiny model, plus its sources (utils/sources.py) and drawing (utils/drawing.py)."""
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import detect
+from tests.conftest import SHARED
+from utils.drawing import colors, draw_box_label, output_to_target, plot_images, save_one_box
+from utils.sources import SourceError, Sources
+
+NAMES = ["RBC", "WBC", "Platelets"]
+IMGSZ = (96, 96)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """yolov5n at nc=3 with objectness and class biases raised so every image yields detections."""
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(Path(detect.__file__).parent / "models" / "yolov5n.yaml", nc=3)
+    model.names = list(NAMES)
+    detect_layer = model.model[-1]
+    with torch.no_grad():
+        for conv in detect_layer.m:
+            conv.bias.view(detect_layer.na, -1)[:, 4:] += 12.0
+    path = tmp_path_factory.mktemp("weights") / "tiny.pt"
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+def make_images(folder: Path, count: int = 3) -> list[Path]:
+    """A few BCCD test images when ../shared is present, else generated ones."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bccd = SHARED / "datasets" / "bccd" / "images" / "test"
+    originals = sorted(bccd.glob("*.jpg"))[:count] if bccd.is_dir() else []
+    paths = []
+    for i in range(count):
+        target = folder / (originals[i].name if i < len(originals) else f"generated_{i}.jpg")
+        if i < len(originals):
+            shutil.copy(originals[i], target)
+        else:
+            image = np.full((120 + 10 * i, 160, 3), 200, np.uint8)
+            cv2.circle(image, (60, 60), 25, (80, 40, 160), -1)
+            cv2.imwrite(str(target), image)
+        paths.append(target)
+    return paths
+
+
+def config(weights, source, tmp_path, **overrides):
+    base = detect.DetectConfig(weights=str(weights), source=str(source), imgsz=IMGSZ, conf_thres=0.25,
+                               max_det=20, project=str(tmp_path / "runs" / "detect"), device="cpu")
+    return replace(base, **overrides)
+
+
+def test_detect_folder_saves_drawn_images_and_logs(weights, tmp_path, caplog):
+    images = make_images(tmp_path / "images")
+    caplog.set_level(logging.INFO, logger="detect")
+    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path))
+    assert save_dir == tmp_path / "runs" / "detect" / "exp"
+    for path in images:
+        out = cv2.imread(str(save_dir / path.name))
+        assert out is not None and out.shape == cv2.imread(str(path)).shape
+        assert not np.array_equal(out, cv2.imread(str(path)))  # boxes were drawn
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith(f"image 1/3 {images[0]}: ") and "ms" in line for line in lines)
+    assert any(line.startswith("Speed: ") and "per image at shape (1, 3, 96, 96)" in line for line in lines)
+    assert any(line == f"Results saved to {save_dir}" for line in lines)
+    second = detect.run(config(weights, images[0], tmp_path, nosave=True))
+    assert second == save_dir.with_name("exp2") and list(second.iterdir()) == []  # --nosave writes nothing
+
+
+def test_unreadable_image_in_folder_warns_and_continues(weights, tmp_path, caplog):
+    make_images(tmp_path / "images", 2)
+    (tmp_path / "images" / "broken.jpg").write_bytes(b"not a jpeg")
+    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("broken.jpg" in w for w in warnings)
+    assert len(list(save_dir.glob("*.jpg"))) == 2
+
+
+def test_save_txt_writes_normalised_yolo_labels_with_conf(weights, tmp_path):
+    images = make_images(tmp_path / "images", 2)
+    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path, save_txt=True, save_conf=True, max_det=7))
+    for path in images:
+        rows = np.loadtxt(save_dir / "labels" / f"{path.stem}.txt", ndmin=2)
+        assert rows.shape[1] == 6 and 1 <= rows.shape[0] <= 7
+        assert set(rows[:, 0]) <= {0, 1, 2} and np.all(rows[:, 0] == rows[:, 0].round())
+        assert np.all((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1))
+        assert np.all((rows[:, 5] > 0.25) & (rows[:, 5] <= 1))
+        assert np.all(np.diff(rows[:, 5]) <= 0)  # sorted by confidence
+
+
+def test_save_txt_without_conf_crops_and_classes_filter(weights, tmp_path):
+    image = make_images(tmp_path / "images", 1)[0]
+    save_dir = detect.run(config(weights, image, tmp_path, save_txt=True, save_crop=True, nosave=True,
+                                 classes=[1], max_det=3))
+    rows = np.loadtxt(save_dir / "labels" / f"{image.stem}.txt", ndmin=2)
+    assert rows.shape[1] == 5 and set(rows[:, 0]) == {1}
+    crops = list((save_dir / "crops").rglob("*.jpg"))
+    assert len(crops) == rows.shape[0] and all(c.parent.name == "WBC" for c in crops)
+    assert not list(save_dir.glob("*.jpg"))  # --nosave: no drawn image
+
+
+def test_video_source_writes_annotated_mp4_and_frame_labels(weights, tmp_path):
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (128, 96))
+    for i in range(5):
+        frame = np.full((96, 128, 3), 40 * i, np.uint8)
+        cv2.rectangle(frame, (20 + 5 * i, 20), (70 + 5 * i, 70), (0, 200, 255), -1)
+        writer.write(frame)
+    writer.release()
+    save_dir = detect.run(config(weights, video, tmp_path, save_txt=True))
+    capture = cv2.VideoCapture(str(save_dir / "clip.mp4"))
+    frames = 0
+    while capture.read()[0]:
+        frames += 1
+    capture.release()
+    assert frames == 5
+    assert sorted(p.name for p in (save_dir / "labels").glob("*.txt")) == [f"clip_{i}.txt" for i in range(1, 6)]
+    strided = detect.run(config(weights, video, tmp_path, save_txt=True, nosave=True, vid_stride=2))
+    assert sorted(p.name for p in (strided / "labels").glob("*.txt")) == ["clip_1.txt", "clip_2.txt"]
+
+
+def test_missing_source_and_weights_are_one_line_errors(weights, tmp_path, capsys):
+    code = detect.main(["--weights", str(weights), "--source", str(tmp_path / "nope"), "--project", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1] == f"detect.py: error: source not found: {tmp_path / 'nope'}"
+    make_images(tmp_path / "images", 1)
+    code = detect.main(["--weights", str(tmp_path / "missing.pt"), "--source", str(tmp_path / "images"),
+                        "--project", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("detect.py: error: weights not found:") and "--weights" in err[-1]
+    not_weights = tmp_path / "fake.pt"
+    not_weights.write_text("hello")
+    code = detect.main(["--weights", str(not_weights), "--source", str(tmp_path / "images"), "--project", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("detect.py: error: ") and "fake.pt" in err[-1]
+
+
+def test_flags_and_defaults_match_yolov5():
+    cfg = detect.config_from_args(detect.parse_args([]))
+    assert (cfg.weights, cfg.source, cfg.imgsz, cfg.conf_thres, cfg.iou_thres, cfg.max_det) == \
+        ("yolov5s.pt", "data/images", (640, 640), 0.25, 0.45, 1000)
+    assert (cfg.project, cfg.name, cfg.line_thickness, cfg.vid_stride) == ("runs/detect", "exp", 3, 1)
+    cfg = detect.config_from_args(detect.parse_args(["--img", "320", "480", "--classes", "0", "2", "--half"]))
+    assert cfg.imgsz == (320, 480) and cfg.classes == [0, 2] and cfg.half
+
+
+# --- sources -------------------------------------------------------------------------------------
+
+def test_sources_txt_list_relative_to_its_folder_and_glob(tmp_path):
+    images = make_images(tmp_path / "data" / "images", 3)
+    listing = tmp_path / "data" / "list.txt"
+    listing.write_text(f"images/{images[1].name}\n\n{images[0]}\n")
+    assert Sources(str(listing)).files == [images[1], images[0]]
+    found = Sources(str(tmp_path / "data" / "images" / "*.jpg"))
+    assert found.files == sorted(images)
+    items = list(found)
+    assert [(i.index, i.count, i.is_video) for i in items] == [(1, 3, False), (2, 3, False), (3, 3, False)]
+    assert items[0].image.dtype == np.uint8 and items[0].image.ndim == 3
+
+
+def test_sources_errors(tmp_path):
+    with pytest.raises(SourceError, match="source not found"):
+        Sources(str(tmp_path / "missing.jpg"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no images or videos found"):
+        Sources(str(tmp_path / "empty"))
+    (tmp_path / "notes.csv").write_text("x")
+    with pytest.raises(SourceError, match="not an image or video"):
+        Sources(str(tmp_path / "notes.csv"))
+    with pytest.raises(SourceError, match="not supported"):
+        Sources("0")
+    (tmp_path / "bad.jpg").write_bytes(b"junk")
+    with pytest.raises(SourceError, match="bad.jpg"):
+        list(Sources(str(tmp_path / "bad.jpg")))
+
+
+# --- drawing -------------------------------------------------------------------------------------
+
+def test_colors_fixed_and_bgr_reversed():
+    assert colors(0) == colors(20) and colors(0) != colors(1)
+    assert colors(3, bgr=True) == colors(3)[::-1]
+
+
+def test_draw_box_label_draws_box_and_filled_label():
+    image = np.zeros((100, 100, 3), np.uint8)
+    draw_box_label(image, [20, 40, 80, 90], "cell 0.9", (255, 255, 255), line_width=2)
+    assert image[40, 50].tolist() == [255, 255, 255]  # top edge
+    assert image[65, 50].tolist() == [0, 0, 0]  # inside untouched
+    label_area = image[25:39, 20:40]
+    assert (label_area == 255).mean() > 0.3 and (label_area < 128).any()  # filled background, dark text
+
+
+def test_plot_images_labels_and_predictions(tmp_path):
+    images = torch.zeros(3, 3, 64, 80)
+    images[:, 0] = 1.0  # red in RGB
+    labels = torch.tensor([[0, 0, 0.5, 0.5, 0.5, 0.5], [2, 1, 0.25, 0.25, 0.2, 0.2]])
+    mosaic = plot_images(images, labels, paths=["a.jpg", "b.jpg", "c.jpg"], fname=tmp_path / "labels.jpg",
+                         names=NAMES)
+    assert mosaic.shape == (128, 160, 3) and (tmp_path / "labels.jpg").is_file()
+    assert mosaic[30, 120].tolist() == [0, 0, 255]  # tile 1 interior is red (BGR)
+    assert (mosaic[64:, 80:] == 255).all()  # the unused 4th tile stays white
+    output = [torch.tensor([[10.0, 10.0, 50.0, 40.0, 0.9, 2.0]]), torch.zeros(0, 6), torch.zeros(0, 6)]
+    rows = output_to_target(output)
+    assert rows.tolist() == [[0, 2, 10, 10, 50, 40, pytest.approx(0.9)]]
+    predicted = plot_images(images, rows, fname=tmp_path / "pred.jpg", names=NAMES)
+    assert not np.array_equal(predicted[:64, :80], mosaic[:64, :80])
+
+
+def test_save_one_box_crops_and_never_overwrites(tmp_path):
+    image = np.arange(100 * 100 * 3, dtype=np.uint8).reshape(100, 100, 3)
+    crop = save_one_box([20, 30, 60, 50], image, tmp_path / "crops" / "x.jpg", gain=1.0, pad=0)
+    assert crop.shape == (20, 40, 3) and np.array_equal(crop, image[30:50, 20:60])
+    save_one_box([20, 30, 60, 50], image, tmp_path / "crops" / "x.jpg")
+    assert sorted(p.name for p in (tmp_path / "crops").iterdir()) == ["x.jpg", "x2.jpg"]

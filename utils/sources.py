@@ -1,0 +1,162 @@
+"""Inputs for detect: an image, a folder, a glob pattern, a .txt list of paths, or a video file.
+
+``Sources(source, vid_stride)`` resolves the files up front (so a missing source is an error before
+any model work) and iterates ``SourceItem``s: one per image, one per kept video frame.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import cv2
+import numpy as np
+
+from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS, ImageError, read_image
+
+LOGGER = logging.getLogger(__name__)
+
+
+class SourceError(ValueError):
+    """A --source that cannot be used (missing, empty, unsupported); one line naming it."""
+
+
+@dataclass
+class SourceItem:
+    path: str  # the file the image came from
+    image: np.ndarray  # original BGR uint8 HxWx3
+    index: int  # 1-based position of the file among the source's files
+    count: int  # number of files in the source
+    is_video: bool = False
+    frame: int = 0  # 1-based number of this frame among the video's kept frames (videos only)
+    frames: int = 0  # kept frames in the video (frame count / vid_stride; 0 when unknown)
+    fps: float = 0.0  # video frame rate (videos only)
+
+
+def _kind(path: Path) -> str | None:
+    suffix = path.suffix[1:].lower()
+    if suffix in IMG_EXTENSIONS:
+        return "image"
+    if suffix in VID_EXTENSIONS:
+        return "video"
+    return None
+
+
+def _media_in_folder(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and _kind(p))
+
+
+def _resolve_entry(entry: str, base: Path | None = None) -> list[Path]:
+    """One source string (file, folder or glob; relative to ``base`` when given) -> media files."""
+    path = Path(entry).expanduser()
+    if base is not None and not path.is_absolute() and (base / path).exists():
+        path = base / path
+    if any(ch in entry for ch in "*?["):
+        pattern = entry if base is None or Path(entry).is_absolute() else str(base / entry)
+        return sorted(p for p in map(Path, glob.glob(pattern, recursive=True)) if p.is_file() and _kind(p))
+    if path.is_dir():
+        return _media_in_folder(path)
+    if path.is_file():
+        if _kind(path) is None:
+            supported = ", ".join(IMG_EXTENSIONS + VID_EXTENSIONS)
+            raise SourceError(f"{path}: not an image or video file (supported extensions: {supported})")
+        return [path]
+    raise SourceError(f"source not found: {entry}")
+
+
+def _read_list(txt: Path) -> list[Path]:
+    """A .txt of paths, one per line; relative lines are relative to the .txt's folder."""
+    files = []
+    for line in txt.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            files += _resolve_entry(line, base=txt.parent)
+        except SourceError as e:
+            LOGGER.warning(f"{txt}: skipping entry: {e}")
+    return files
+
+
+def resolve_source(source: str) -> list[Path]:
+    """``--source`` value -> sorted media files; SourceError when missing, unsupported or empty."""
+    text = str(source).strip()
+    if text.isnumeric() or text.lower().startswith(("rtsp://", "rtmp://", "http://", "https://", "screen")):
+        raise SourceError(f"--source {text}: webcams, streams, URLs and screenshots are not supported; "
+                          "pass an image, folder, glob, .txt list or video file")
+    path = Path(text).expanduser()
+    files = _read_list(path) if path.suffix.lower() == ".txt" and path.is_file() else _resolve_entry(text)
+    if not files:
+        raise SourceError(f"no images or videos found in {text} "
+                          f"(supported extensions: {', '.join(IMG_EXTENSIONS + VID_EXTENSIONS)})")
+    return files
+
+
+class Sources:
+    """Iterate the images and (every ``vid_stride``-th) video frames of a source."""
+
+    def __init__(self, source: str, vid_stride: int = 1):
+        if vid_stride < 1:
+            raise SourceError(f"--vid-stride {vid_stride}: must be 1 or more")
+        self.source = str(source)
+        self.vid_stride = vid_stride
+        self.files = resolve_source(source)
+        self.videos = [p for p in self.files if _kind(p) == "video"]
+        self.single = len(self.files) == 1
+
+    @property
+    def num_images(self) -> int:
+        return len(self.files) - len(self.videos)
+
+    def total_items(self) -> int:
+        """Images plus kept video frames (frame counts read from the video headers)."""
+        frames = 0
+        for video in self.videos:
+            capture = cv2.VideoCapture(str(video))
+            frames += int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0) // self.vid_stride
+            capture.release()
+        return self.num_images + frames
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        for index, path in enumerate(self.files, 1):
+            if _kind(path) == "video":
+                yield from self._video_frames(path, index)
+                continue
+            try:
+                image = read_image(path)
+            except ImageError as e:
+                if self.single:
+                    raise SourceError(str(e)) from None
+                LOGGER.warning(f"skipping unreadable image {e}")
+                continue
+            yield SourceItem(str(path), image, index, len(self.files))
+
+    def _video_frames(self, path: Path, index: int) -> Iterator[SourceItem]:
+        capture = cv2.VideoCapture(str(path))
+        if not capture.isOpened():
+            capture.release()
+            if self.single:
+                raise SourceError(f"{path}: cannot open video")
+            LOGGER.warning(f"skipping unreadable video {path}")
+            return
+        fps = capture.get(cv2.CAP_PROP_FPS) or 0.0
+        frames = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0) // self.vid_stride
+        frame = 0
+        try:
+            while True:
+                for _ in range(self.vid_stride - 1):
+                    capture.grab()
+                ok, image = capture.read()
+                if not ok or image is None:
+                    break
+                frame += 1
+                yield SourceItem(str(path), image, index, len(self.files), True, frame, max(frames, frame), fps)
+        finally:
+            capture.release()
+        if frame == 0:
+            LOGGER.warning(f"{path}: no frames could be decoded")
