@@ -1,0 +1,234 @@
+"""YoloDataset / create_dataloader: glued boxes through the full pipeline, rect shapes, collate,
+reproducible seeding with 0 and 2 workers, caches, single-class, image weights, reduced decode."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from utils.boxes import scale_boxes, xywh2xyxy
+from utils.config import Hyp
+from utils.data import dataset as dataset_module
+from utils.data.dataset import (CacheError, LabelSet, YoloDataset, collate, read_jpeg, reduce_factor,
+                                rect_batch_shapes)
+from utils.data.images import read_image
+from utils.data.loader import EpochSampler, create_dataloader, set_loader_epoch, set_loader_image_weights
+
+COLOURS_RGB = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0]], np.uint8)
+SIZES = [(160, 120), (120, 160), (200, 100), (128, 128), (100, 180), (150, 90)]  # (w, h)
+
+
+def make_split(folder, sizes=SIZES, suffix=".png"):
+    """Images with one filled rectangle per class at known places; labels normalised."""
+    files, labels = [], []
+    for i, (w, h) in enumerate(sizes):
+        img = np.full((h, w, 3), 60, np.uint8)
+        rows = []
+        for cls, (fx, fy) in enumerate([(0.1, 0.1), (0.55, 0.1), (0.1, 0.55), (0.55, 0.55)][: 2 + i % 3]):
+            x1, y1, x2, y2 = int(fx * w), int(fy * h), int((fx + 0.35) * w), int((fy + 0.35) * h)
+            img[y1:y2, x1:x2] = COLOURS_RGB[cls][::-1]
+            rows.append([cls, (x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h])
+        path = folder / f"im{i}{suffix}"
+        cv2.imwrite(str(path), img)
+        files.append(str(path))
+        labels.append(np.array(rows, np.float32))
+    return LabelSet(files, labels, np.array(sizes))
+
+
+@pytest.fixture
+def split(tmp_path):
+    return make_split(tmp_path)
+
+
+def no_colour_hyp(**changes):
+    return Hyp(hsv_h=0, hsv_s=0, hsv_v=0, degrees=5, shear=2, translate=0.1, scale=0.5, flipud=0.5,
+               fliplr=0.5).replace(**changes)
+
+
+def check_glued(image, targets, min_px=6):
+    """Every box (big enough) has its class colour at its centre; returns the number checked."""
+    _, height, width = image.shape
+    checked = 0
+    for _, cls, cx, cy, w, h in targets.tolist():
+        if w * width < min_px or h * height < min_px:
+            continue
+        x, y = int(cx * width), int(cy * height)
+        colour = image[:, max(y - 1, 0):y + 2, max(x - 1, 0):x + 2].reshape(3, -1).float().median(1).values
+        distances = (torch.from_numpy(COLOURS_RGB).float() - colour).abs().sum(1)
+        assert int(distances.argmin()) == int(cls) and distances.min() < 60, (cls, cx, cy, colour)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("rect", [False, True])  # mosaic + perspective, or letterbox + perspective
+def test_training_items_keep_boxes_glued(split, rect):
+    data = YoloDataset(split, imgsz=96, batch_size=2, augment=True, rect=rect, hyp=no_colour_hyp())
+    checked = 0
+    for epoch in range(3):
+        for i in range(len(data)):
+            image, targets, path, shapes = data[(i, epoch)]
+            expected = tuple(data.batch_shapes[data.batch[i]]) if rect else (96, 96)
+            assert image.dtype == torch.uint8 and tuple(image.shape) == (3, *expected) and image.is_contiguous()
+            assert (shapes is None) != rect and targets.shape[1] == 6 and (targets[:, 2:] <= 1).all()
+            checked += check_glued(image, targets)
+    assert checked > 30
+
+
+def test_letterbox_and_rect_items_glued_and_map_back(split):
+    for rect in (False, True):
+        data = YoloDataset(split, imgsz=96, batch_size=2, augment=False, rect=rect, pad=0.5)
+        for i in range(len(data)):
+            image, targets, path, ((h0, w0), ratio_pad) = data[i]
+            assert check_glued(image, targets) == len(targets)
+            assert (w0, h0) == tuple(data.shapes[i])
+            boxes = xywh2xyxy(targets[:, 2:] * torch.tensor([image.shape[2], image.shape[1]] * 2))
+            original = scale_boxes(image.shape[1:], boxes, (h0, w0), ratio_pad)
+            expected = xywh2xyxy(torch.from_numpy(data.labels[i][:, 1:]) * torch.tensor([w0, h0] * 2))
+            assert torch.allclose(original, expected.float(), atol=1.5)
+
+
+def test_rect_batch_shapes():
+    shapes = np.array([[128, 64], [128, 96], [96, 128], [64, 128], [128, 128]])  # (w, h), sorted by h/w
+    batch_shapes, batch = rect_batch_shapes(shapes, 2, 128, 32)
+    assert batch.tolist() == [0, 0, 1, 1, 2]
+    assert batch_shapes.tolist() == [[96, 128], [128, 96], [128, 128]]  # (h, w) per batch
+    padded, _ = rect_batch_shapes(shapes, 2, 128, 32, pad=0.5)
+    assert padded.tolist() == [[128, 160], [160, 128], [160, 160]]
+
+
+def test_rect_dataset_sorts_and_batches_share_a_shape(split):
+    loader, data = create_dataloader(None, 96, 2, 32, rect=True, workers=0, labels=split)
+    aspects = data.shapes[:, 1] / data.shapes[:, 0]
+    assert (np.diff(aspects) >= 0).all()
+    for (images, _, _, _), shape in zip(loader, data.batch_shapes):
+        assert tuple(images.shape[2:]) == tuple(shape)
+
+
+def test_collate_format(split):
+    data = YoloDataset(split, imgsz=64)
+    images, targets, paths, shapes = collate([data[0], data[1], data[2]])
+    assert images.shape == (3, 3, 64, 64) and images.dtype == torch.uint8
+    counts = [len(data.labels[i]) for i in range(3)]
+    assert targets.shape == (sum(counts), 6)
+    assert targets[:, 0].tolist() == [float(i) for i, c in enumerate(counts) for _ in range(c)]
+    assert paths == data.im_files[:3] and len(shapes) == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_seeding_is_reproducible(split, workers):
+    def first_batches(epoch):
+        loader, _ = create_dataloader(None, 64, 4, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True,
+                                      seed=3, labels=split)
+        set_loader_epoch(loader, epoch)
+        return [batch for batch, _ in zip(loader, range(2))]
+
+    a, b = first_batches(1), first_batches(1)
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    other = first_batches(2)
+    assert not torch.equal(a[0][0], other[0][0])
+
+
+def test_worker_count_does_not_change_batches(split):
+    batches = []
+    for workers in (0, 2):
+        loader, _ = create_dataloader(None, 64, 3, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True,
+                                      seed=1, labels=split)
+        set_loader_epoch(loader, 4)
+        batches.append(next(iter(loader)))
+    assert torch.equal(batches[0][0], batches[1][0]) and torch.equal(batches[0][1], batches[1][1])
+
+
+def test_ram_cache_refused_when_memory_is_short(split, monkeypatch):
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 1000)
+    with pytest.raises(CacheError, match=r"need .* GB.*available 0\.0 GB"):
+        YoloDataset(split, imgsz=64, cache="ram")
+
+
+def test_ram_and_disk_caches_give_the_same_items(split, tmp_path, monkeypatch):
+    plain = YoloDataset(split, imgsz=64)
+    ram = YoloDataset(split, imgsz=64, cache="ram")
+    assert all(img is not None and max(img.shape[:2]) == 64 for img in ram.images)
+    disk = YoloDataset(split, imgsz=64, cache="disk")
+    assert all(p.exists() and p.parent == tmp_path for p in disk.npy_files)
+    for i in range(len(plain)):
+        assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
+    monkeypatch.setattr(dataset_module.os, "access", lambda *args: False)  # dataset folder read-only
+    monkeypatch.setattr(dataset_module, "NPY_FALLBACK", tmp_path / "fallback")
+    for p in disk.npy_files:
+        p.unlink()
+    fallback = YoloDataset(split, imgsz=64, cache="disk")
+    assert all(str(p).startswith(str(tmp_path / "fallback")) for p in fallback.npy_files)
+    assert torch.equal(fallback[0][0], plain[0][0])
+
+
+def test_single_cls(split):
+    data = YoloDataset(split, imgsz=64, single_cls=True)
+    assert all((lb[:, 0] == 0).all() for lb in data.labels)
+    assert (data[2][1][:, 1] == 0).all()
+
+
+def test_image_weights_sampling(split):
+    loader, data = create_dataloader(None, 64, 2, 32, workers=0, shuffle=True, labels=split)
+    weights = np.array([0.0, 0.0, 0.0, 1.0])  # only class 3 counts: images 1 and 4 have it (2 + i % 3 == 4)
+    set_loader_image_weights(loader, weights)
+    drawn = set(loader.sampler.indices().tolist())
+    assert drawn == {i for i, lb in enumerate(data.labels) if (lb[:, 0] == 3).any()}
+
+
+def test_distributed_sampler_splits_evenly():
+    parts = [EpochSampler(10, shuffle=True, seed=0, rank=r, world_size=3).indices() for r in range(3)]
+    assert [len(p) for p in parts] == [4, 4, 4]
+    assert set(np.concatenate(parts).tolist()) == set(range(10))
+
+
+def test_reduced_jpeg_decode_matches_full_decode(tmp_path):
+    split = make_split(tmp_path, sizes=[(400, 300)], suffix=".jpg")
+    assert reduce_factor(400, 300, 96, split.im_files[0]) == 4
+    assert reduce_factor(400, 300, 320, split.im_files[0]) == 1
+    assert reduce_factor(400, 300, 200, split.im_files[0]) == 2 and reduce_factor(400, 300, 201, "a.JPG") == 1
+    assert reduce_factor(400, 300, 96, "x.png") == 1
+    reduced = read_jpeg(split.im_files[0], 4)
+    assert reduced.shape == (75, 100, 3)
+    full = cv2.resize(read_image(split.im_files[0]), (100, 75), interpolation=cv2.INTER_AREA)
+    assert np.abs(reduced.astype(int) - full).mean() < 6
+    image, targets, _, _ = YoloDataset(split, imgsz=96)[0]
+    assert image.shape == (3, 96, 96) and check_glued(image, targets) == len(targets)
+
+
+@pytest.mark.parametrize("orientation", [1, 6, 3])
+def test_fast_jpeg_decode_equals_read_image_with_exif(tmp_path, orientation):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = np.kron(rng.integers(0, 255, (6, 8, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 96x128 blocks
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"exif{orientation}.jpg"
+    image.save(path, exif=exif, quality=95)
+    expected = read_image(path)
+    assert np.array_equal(read_jpeg(str(path)), expected)
+    assert np.array_equal(read_jpeg(str(path), 1, orientation), expected)
+    assert read_jpeg(str(path), 2).shape[:2] == (expected.shape[0] // 2, expected.shape[1] // 2)
+    height, width = expected.shape[:2]
+    data = YoloDataset(LabelSet([str(path)], [np.zeros((0, 5), np.float32)], np.array([[width, height]])), imgsz=128)
+    assert np.array_equal(data.decode(0), expected) and data.orientations == {0: orientation}
+
+
+def test_augmenting_never_changes_the_ram_cache(split):
+    hyp = Hyp(mosaic=0, degrees=0, translate=0, scale=0, shear=0, fliplr=0)  # HSV only
+    data = YoloDataset(split, imgsz=128, augment=True, hyp=hyp, cache="ram")
+    cached = data.images[3].copy()  # 128 x 128: letterbox returns the cached array itself
+    first, second = data[(3, 0)][0], data[(3, 1)][0]
+    assert np.array_equal(data.images[3], cached) and not torch.equal(first, second)
+
+
+def test_collate_pads_mixed_sizes_and_keeps_boxes_glued(split):
+    data = YoloDataset(split, imgsz=96, batch_size=2, rect=True)
+    items = [data[0], data[len(data) - 1]]  # first and last rect batches differ in shape
+    assert items[0][0].shape != items[1][0].shape
+    images, targets, _, _ = collate(items)
+    for i in range(2):
+        assert check_glued(images[i], targets[targets[:, 0] == i]) == (targets[:, 0] == i).sum()

@@ -1,0 +1,190 @@
+"""Augmentations keep boxes glued to pixels; box filter rules; HSV, mixup, copy-paste, multi-scale."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from utils.data.transforms import (augment_hsv, box_candidates, copy_paste, flip_lr, flip_ud, mixup, mosaic4,
+                                   mosaic_placements, multi_scale_size, random_perspective, warp_image)
+
+COLOURS = np.array([[0, 0, 255], [0, 255, 0], [255, 0, 0], [0, 255, 255]], np.uint8)  # BGR per class
+BACKGROUND = 60
+
+
+def painted(height, width, boxes):
+    """Grey image with filled rectangles; boxes (n, 5) [class, x1, y1, x2, y2] pixels."""
+    img = np.full((height, width, 3), BACKGROUND, np.uint8)
+    for cls, x1, y1, x2, y2 in boxes.astype(int):
+        img[y1:y2, x1:x2] = COLOURS[cls]
+    return img
+
+
+def centre_class(img, box):
+    """Class whose colour is nearest to the median colour of the 3x3 patch at the box centre."""
+    cx, cy = int((box[0] + box[2]) / 2), int((box[1] + box[3]) / 2)
+    patch = img[max(cy - 1, 0):cy + 2, max(cx - 1, 0):cx + 2, :3].reshape(-1, 3)
+    colour = np.median(patch, 0)
+    distances = np.abs(COLOURS.astype(float) - colour).sum(1)
+    return int(distances.argmin()), distances.min()
+
+
+def assert_glued(img, labels, min_size=8):
+    checked = 0
+    for cls, *box in labels:
+        if box[2] - box[0] < min_size or box[3] - box[1] < min_size:
+            continue
+        found, distance = centre_class(img, box)
+        assert found == int(cls) and distance < 60, (cls, box, found, distance)
+        checked += 1
+    return checked
+
+
+BOXES = np.array([[0, 20, 30, 70, 90], [1, 100, 20, 180, 60], [2, 40, 120, 90, 190], [3, 130, 110, 190, 180]], float)
+
+
+def test_box_candidates_rules():
+    before = np.array([[0, 0, 10, 10]] * 5, float)
+    after = np.array([[0, 0, 10, 10],      # unchanged: kept
+                      [0, 0, 1.5, 10],     # narrower than 2 px: dropped
+                      [0, 0, 3, 3],        # 9% of the area left: dropped
+                      [0, 0, 2, 2],        # exactly 2 px and 4% of the area: dropped by area
+                      [0, 0, 4, 4]], float)  # 16% of the area: kept
+    assert box_candidates(before, after).tolist() == [True, False, False, False, True]
+    long_before = np.array([[0, 0, 1000, 10]], float)
+    thin = np.array([[0, 0, 500, 4.9]], float)  # aspect > 100
+    assert not box_candidates(long_before, thin)[0]
+    assert box_candidates(long_before, np.array([[0, 0, 500, 5.1]]))[0]
+    assert box_candidates(np.array([[0, 0, 10, 10.0]]), np.array([[0, 0, 2, 6.0]]), area_thr=0.1)[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("perspective", [0.0, 0.0005])
+def test_random_perspective_keeps_boxes_glued(seed, perspective):
+    img = painted(200, 200, BOXES)
+    out, labels, _ = random_perspective(img, BOXES, (), degrees=10, translate=0.1, scale=0.4, shear=3,
+                                        perspective=perspective, rng=np.random.default_rng(seed))
+    assert out.shape == img.shape and out.dtype == np.uint8
+    assert (labels[:, 1:] >= 0).all() and (labels[:, [1, 3]] <= 200).all() and (labels[:, [2, 4]] <= 200).all()
+    assert assert_glued(out, labels) >= 2
+
+
+def test_random_perspective_identity_is_a_no_op():
+    img = painted(64, 96, BOXES[:1] / 3)
+    out, labels, _ = random_perspective(img, BOXES[:1] / 3, (), 0, 0, 0, 0, 0, rng=np.random.default_rng(0))
+    assert out is img and np.allclose(labels, BOXES[:1] / 3)
+
+
+def test_warp_three_and_four_channels_agree():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (50, 70, 3), dtype=np.uint8)
+    matrix = np.array([[0.9, 0.1, 3.0], [-0.1, 1.1, -2.0], [0, 0, 1]])
+    three = warp_image(img, matrix, (60, 40), False)
+    four = warp_image(np.dstack((img, img[:, :, :1])), matrix, (60, 40), False)
+    assert three.shape == (40, 60, 3) and np.array_equal(three, four[:, :, :3])
+
+
+def test_flips_keep_boxes_glued():
+    img = painted(200, 200, BOXES)
+    for flip in (flip_lr, flip_ud):
+        out, labels = flip(img, BOXES)
+        assert assert_glued(out, labels) == len(BOXES)
+    assert np.allclose(flip_lr(img, BOXES)[1][0], [0, 130, 30, 180, 90])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mosaic_then_perspective_keeps_boxes_glued(seed):
+    rng = np.random.default_rng(seed)
+    s = 128
+    sizes = [(128, 96), (100, 128), (128, 128), (64, 128)]
+    images, labels = [], []
+    for h, w in sizes:
+        boxes = BOXES.copy()
+        boxes[:, [1, 3]] *= w / 200
+        boxes[:, [2, 4]] *= h / 200
+        images.append(painted(h, w, boxes))
+        normalised = np.stack((boxes[:, 0], (boxes[:, 1] + boxes[:, 3]) / 2 / w, (boxes[:, 2] + boxes[:, 4]) / 2 / h,
+                               (boxes[:, 3] - boxes[:, 1]) / w, (boxes[:, 4] - boxes[:, 2]) / h), 1)
+        labels.append(normalised.astype(np.float32))
+    centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
+    canvas, boxes, _ = mosaic4(images, labels, [[]] * 4, s, centre)
+    assert canvas.shape == (2 * s, 2 * s, 4)
+    covered = np.zeros(canvas.shape[:2], bool)
+    for a, _ in mosaic_placements(centre, [im.shape[:2] for im in images], s):
+        covered[a[1]:a[3], a[0]:a[2]] = True
+    assert (canvas[~covered] == 114).all() and (canvas[covered][:, :3] != 114).all()
+    assert assert_glued(canvas, boxes, min_size=4) >= 4
+    out, boxes, _ = random_perspective(canvas, boxes, (), degrees=5, translate=0.1, scale=0.5, shear=2,
+                                       border=(-s // 2, -s // 2), rng=rng)
+    assert out.shape == (s, s, 4)
+    assert assert_glued(out, boxes) >= 1
+
+
+def test_mosaic_placements_cover_the_centre():
+    places = mosaic_placements((100, 80), [(50, 60)] * 4, 64)
+    assert [a for a, _ in places] == [(40, 30, 100, 80), (100, 30, 128, 80), (40, 80, 100, 128), (100, 80, 128, 128)]
+    for a, b in places:  # canvas and image rectangles have the same size
+        assert (a[2] - a[0], a[3] - a[1]) == (b[2] - b[0], b[3] - b[1])
+
+
+def test_augment_hsv_in_place_and_reproducible():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    first, second = img.copy(), img.copy()
+    augment_hsv(first, 0.015, 0.7, 0.4, np.random.default_rng(5))
+    augment_hsv(second, 0.015, 0.7, 0.4, np.random.default_rng(5))
+    assert np.array_equal(first, second) and not np.array_equal(first, img)
+    untouched = img.copy()
+    augment_hsv(untouched, 0, 0, 0, np.random.default_rng(5))
+    assert np.array_equal(untouched, img)
+
+
+def test_mixup_blends_and_keeps_both_label_sets():
+    a, b = np.full((8, 8, 3), 200, np.uint8), np.full((8, 8, 3), 100, np.uint8)
+    out, labels = mixup(a, BOXES[:1], b, BOXES[1:], np.random.default_rng(0))
+    assert len(labels) == len(BOXES)
+    assert 120 < out.mean() < 180  # Beta(32, 32) ratio stays near 0.5
+
+
+def test_copy_paste_adds_mirrored_object():
+    boxes = np.array([[2, 10, 10, 40, 40]], float)
+    img = painted(64, 128, boxes)
+    segment = np.array([[10, 10], [40, 10], [40, 40], [10, 40]], float)
+    out, labels, segments = copy_paste(img, boxes, [segment], probability=1.0, rng=np.random.default_rng(0))
+    assert len(labels) == 2 and len(segments) == 2
+    assert np.allclose(labels[1], [2, 88, 10, 118, 40])
+    assert assert_glued(out, labels) == 2
+
+
+def test_multi_scale_size_range_and_stride():
+    rng = np.random.default_rng(0)
+    sizes = [multi_scale_size(640, 32, rng) for _ in range(200)]
+    assert all(s % 32 == 0 and 320 <= s <= 960 for s in sizes)
+    assert len(set(sizes)) > 10
+
+
+def test_augment_hsv_bgra_matches_bgr():
+    from utils.data.dataset import to_chw_rgb
+
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 255, (16, 24, 3), dtype=np.uint8)
+    four = np.dstack((img, np.zeros((16, 24, 1), np.uint8)))
+    three = img.copy()
+    assert augment_hsv(three, 0.1, 0.7, 0.4, np.random.default_rng(2)) is three
+    result = augment_hsv(four, 0.1, 0.7, 0.4, np.random.default_rng(2))
+    assert result.shape == img.shape and np.array_equal(result, three)
+    rgb = to_chw_rgb(four).numpy()
+    assert rgb.flags.c_contiguous and np.array_equal(rgb, img.transpose(2, 0, 1)[::-1])
+
+
+def test_plot_labels_writes_jpeg(tmp_path):
+    from PIL import Image
+
+    from utils.data.plots import plot_labels
+
+    rng = np.random.default_rng(0)
+    labels = np.column_stack((rng.integers(0, 3, 50), rng.uniform(0.1, 0.9, (50, 2)), rng.uniform(0.01, 0.3, (50, 2))))
+    path = plot_labels(labels, ["a", "b", "c"], tmp_path)
+    assert path == tmp_path / "labels.jpg"
+    with Image.open(path) as im:
+        assert im.format == "JPEG" and min(im.size) > 500
+    assert plot_labels(np.zeros((0, 5)), ["a"], tmp_path / "empty").exists()

@@ -1,0 +1,429 @@
+"""YoloDataset: one image and its labels per item, with YOLOv5 v7's training augmentations.
+
+Item format (``dataset[i]``): ``(image, labels, path, shapes)`` where image is a contiguous uint8
+tensor (3, H, W) RGB, labels a float32 tensor (n, 6) ``[0, class, cx, cy, w, h]`` normalised to the
+returned image (column 0 is filled with the image's index in the batch by ``collate``), and shapes
+``((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h)))`` mapping boxes back to the original image, or
+None for a mosaic.
+
+Augmentation is a pure function of ``(seed, epoch, index)``: each item draws from its own numpy
+Generator, so results do not depend on worker count or order. The epoch reaches worker processes
+with the index itself (the loader's sampler yields ``(index, epoch)``), so persistent workers never
+need their copy of the dataset updated; ``set_epoch`` covers direct use and ``workers=0``.
+
+Image weights (``--image-weights``): the trainer computes per-class weights each epoch (e.g.
+``class_weights(labels, nc)`` times ``(1 - maps) ** 2``) and calls
+``utils.data.loader.set_loader_image_weights(loader, class_weights)``, which stores
+``dataset.image_weights(class_weights)`` in the sampler; the sampler then draws indices with those
+weights (mosaic partners stay uniform).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from utils.config import Hyp
+from utils.data.images import apply_orientation, exif_orientation, read_image
+from utils.data.transforms import (FILL, augment_hsv, copy_paste, letterbox, mixup, mosaic4, random_flips,
+                                   random_perspective)
+
+LOGGER = logging.getLogger(__name__)
+
+_REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+NPY_FALLBACK = Path.home() / ".cache" / "yolo-trainer" / "npy"
+RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
+
+
+class CacheError(ValueError):
+    """An image cache that cannot be built (e.g. not enough memory); the message has the numbers."""
+
+
+@dataclass
+class LabelSet:
+    """Minimal stand-in for ``utils.data.verify.SplitLabels`` (same fields) for in-memory datasets."""
+    im_files: list
+    labels: list
+    shapes: np.ndarray
+    segments: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding and caching
+# ---------------------------------------------------------------------------------------------
+
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+def reduce_factor(width: int, height: int, target_long: int, path: str) -> int:
+    """Largest JPEG DCT reduction (1, 2, 4, 8) that still decodes at least the size we resize to."""
+    if not str(path).lower().endswith(JPEG_SUFFIXES):
+        return 1
+    ratio = target_long / max(width, height)
+    if ratio > 0.5:
+        return 1
+    need_w, need_h = math.ceil(width * ratio), math.ceil(height * ratio)
+    long0, short0 = max(width, height), min(width, height)
+    long1, short1 = max(need_w, need_h), min(need_w, need_h)
+    for factor in (8, 4, 2):
+        if factor * long1 <= long0 and factor * short1 <= short0:
+            return factor
+    return 1
+
+
+def read_jpeg(path: str, factor: int = 1, orientation: int | None = None) -> np.ndarray:
+    """Fast JPEG decode with the same result as ``read_image`` (at 1/``factor`` size when > 1).
+
+    Decodes 8-bit BGR ignoring EXIF, then applies ``orientation`` with the images module's own
+    helper (read from the header when not given; callers cache it, since parsing the header with
+    PIL costs about as much as half a decode). DCT-scaled decoding (factor 2/4/8) is several times
+    faster than decode + resize. Non-JPEG files and any failure go through ``read_image``.
+    """
+    if not str(path).lower().endswith(JPEG_SUFFIXES):
+        return read_image(path)
+    flags = (_REDUCED_FLAGS[factor] if factor > 1 else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
+    try:
+        img = cv2.imdecode(np.fromfile(path, dtype=np.uint8), flags)
+    except (OSError, cv2.error):
+        img = None
+    if img is None or img.size == 0:
+        return read_image(path)
+    orientation = exif_orientation(path) if orientation is None else orientation
+    return np.ascontiguousarray(apply_orientation(img, orientation))
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (/proc/meminfo MemAvailable, else sysconf)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def resized_size(width: int, height: int, imgsz: int) -> tuple[int, int]:
+    """(w, h) after resizing the long side to ``imgsz`` (ceil, as YOLOv5)."""
+    ratio = imgsz / max(width, height)
+    return math.ceil(width * ratio), math.ceil(height * ratio)
+
+
+def ram_cache_bytes(shapes: np.ndarray, imgsz: int) -> int:
+    """Exact bytes of all resized uint8 BGR images (sizes are known from the label scan)."""
+    return int(sum(w * h * 3 for w, h in (resized_size(int(a), int(b), imgsz) for a, b in shapes)))
+
+
+def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
+    """Raise CacheError (one line, both numbers) when the RAM cache would not fit with a margin."""
+    need, free = ram_cache_bytes(shapes, imgsz), available_memory()
+    if need * RAM_SAFETY > free:
+        raise CacheError(f"{prefix}--cache ram: need {need / 1e9:.1f} GB (+{RAM_SAFETY - 1:.0%} margin), "
+                         f"available {free / 1e9:.1f} GB; use --cache disk or no cache")
+
+
+def fallback_npy_path(im_file: str) -> Path:
+    """Per-folder .npy location under ~/.cache/yolo-trainer/npy/<hash of the image folder>/."""
+    import hashlib
+
+    digest = hashlib.sha1(str(Path(im_file).parent.resolve()).encode()).hexdigest()[:16]
+    return NPY_FALLBACK / digest / f"{Path(im_file).stem}.npy"
+
+
+def npy_path(im_file: str) -> Path:
+    """Where the .npy copy of an image lives: beside it, or the fallback folder when read-only."""
+    beside = Path(im_file).with_suffix(".npy")
+    if beside.exists() or os.access(beside.parent, os.W_OK):
+        return beside
+    return fallback_npy_path(im_file)
+
+
+def save_npy(img: np.ndarray, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f"{target.stem}.{os.getpid()}.tmp.npy")
+    np.save(temp, img, allow_pickle=False)
+    os.replace(temp, target)
+
+
+def write_npy(im_file: str) -> Path:
+    """Decode once and save an up-to-date .npy (atomic, fallback folder if needed); returns its path."""
+    target = npy_path(im_file)
+    if target.exists() and target.stat().st_mtime >= Path(im_file).stat().st_mtime:
+        return target
+    img = read_image(im_file)
+    try:
+        save_npy(img, target)
+    except OSError:  # writable by permission bits but not in fact (read-only mount)
+        target = fallback_npy_path(im_file)
+        save_npy(img, target)
+    return target
+
+
+def parallel_map(function, items, desc: str):
+    """Run ``function`` over ``items`` in a thread pool (cv2 and file IO release the GIL), with a bar."""
+    from multiprocessing.pool import ThreadPool
+
+    from tqdm import tqdm
+
+    from utils.device import usable_cpus
+
+    with ThreadPool(max(1, min(8, usable_cpus()))) as pool:
+        return list(tqdm(pool.imap(function, items), total=len(items), desc=desc, leave=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rectangular batches, weights, collate, tensor conversion
+# ---------------------------------------------------------------------------------------------
+
+def rect_batch_shapes(shapes: np.ndarray, batch_size: int, imgsz: int, stride: int, pad: float = 0.0):
+    """For images already sorted by aspect (h/w): per-batch (h, w) canvas, stride multiples (YOLOv5)."""
+    aspect = shapes[:, 1] / shapes[:, 0]
+    batch = np.floor(np.arange(len(shapes)) / batch_size).astype(int)
+    ratios = np.ones((batch[-1] + 1, 2))
+    for i in range(len(ratios)):
+        group = aspect[batch == i]
+        low, high = group.min(), group.max()
+        if high < 1:
+            ratios[i] = high, 1
+        elif low > 1:
+            ratios[i] = 1, 1 / low
+    return np.ceil(ratios * imgsz / stride + pad).astype(int) * stride, batch
+
+
+def class_weights(labels, nc: int) -> np.ndarray:
+    """Class weights = 1 / instance frequency (absent classes count once), normalised to sum 1."""
+    classes = np.concatenate([lb[:, 0] for lb in labels], 0).astype(int) if len(labels) else np.zeros(0, int)
+    counts = np.bincount(classes, minlength=nc).astype(np.float64)
+    counts[counts == 0] = 1
+    weights = 1 / counts
+    return weights / weights.sum()
+
+
+def to_chw_rgb(img: np.ndarray) -> torch.Tensor:
+    """HxWx3 BGR (or HxWx4 BGRA) uint8 -> contiguous (3, H, W) RGB uint8 tensor, one cv2 pass."""
+    out = np.empty((3, *img.shape[:2]), np.uint8)
+    cv2.mixChannels([img], [out[0], out[1], out[2]], [2, 0, 1, 1, 0, 2])
+    return torch.from_numpy(out)
+
+
+def collate(batch):
+    """Stack images (into shared memory inside workers) and write each label row's image index.
+
+    Images of different sizes (only possible when a distributed rank's share of a --rect split
+    straddles two rect batches) are padded bottom/right to the largest, labels rescaled to match.
+    """
+    images, labels, paths, shapes = zip(*batch)
+    images = list(images)
+    height, width = max(im.shape[1] for im in images), max(im.shape[2] for im in images)
+    for i, item_labels in enumerate(labels):
+        item_labels[:, 0] = i
+        h, w = images[i].shape[1:]
+        if (h, w) != (height, width):
+            images[i] = torch.nn.functional.pad(images[i], (0, width - w, 0, height - h), value=FILL)
+            item_labels[:, [2, 4]] *= w / width
+            item_labels[:, [3, 5]] *= h / height
+    return default_collate(images), torch.cat(labels, 0), list(paths), shapes
+
+
+def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):
+    """(n, 5) [class, cx, cy, w, h] normalised -> [class, x1, y1, x2, y2] pixels (+ padding)."""
+    out = np.empty((len(labels), 5))
+    out[:, 0] = labels[:, 0]
+    out[:, 1] = width * (labels[:, 1] - labels[:, 3] / 2) + padw
+    out[:, 2] = height * (labels[:, 2] - labels[:, 4] / 2) + padh
+    out[:, 3] = width * (labels[:, 1] + labels[:, 3] / 2) + padw
+    out[:, 4] = height * (labels[:, 2] + labels[:, 4] / 2) + padh
+    return out
+
+
+def normalised_targets(labels: np.ndarray, width: int, height: int, eps: float = 1e-3) -> torch.Tensor:
+    """[class, x1, y1, x2, y2] pixels -> (n, 6) tensor [0, class, cx, cy, w, h] normalised, clipped."""
+    out = np.zeros((len(labels), 6), np.float32)
+    if len(labels):
+        x1, x2 = labels[:, 1].clip(0, width - eps), labels[:, 3].clip(0, width - eps)
+        y1, y2 = labels[:, 2].clip(0, height - eps), labels[:, 4].clip(0, height - eps)
+        out[:, 1] = labels[:, 0]
+        out[:, 2], out[:, 3] = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height
+        out[:, 4], out[:, 5] = (x2 - x1) / width, (y2 - y1) / height
+    return torch.from_numpy(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset
+# ---------------------------------------------------------------------------------------------
+
+class YoloDataset(Dataset):
+    """Images + YOLO labels of one split, resized (long side = imgsz) and augmented like YOLOv5 v7.
+
+    ``source`` is a ``SplitLabels`` from ``utils.data.verify.scan_split`` (or anything with
+    ``im_files, labels, segments, shapes``), or the split's sources (folders / .txt lists), which
+    are then scanned with ``nc`` classes. ``cache`` is None, "ram" or "disk".
+    """
+
+    def __init__(self, source, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
+                 cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None):
+        split = source if hasattr(source, "im_files") else self._scan(source, nc, prefix, single_cls)
+        self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
+        self.hyp = hyp if hyp is not None else Hyp()
+        self.mosaic = augment and not rect
+        self.image_weights, self.seed, self.epoch, self.prefix = image_weights, seed, 0, prefix
+        self.im_files = [str(f) for f in split.im_files]
+        self.labels = [np.asarray(lb, np.float32).reshape(-1, 5) for lb in split.labels]
+        self.segments = list(split.segments) if len(split.segments) else [[] for _ in self.im_files]
+        self.shapes = np.asarray(split.shapes, np.int64).reshape(-1, 2)
+        if not self.im_files:
+            raise ValueError(f"{prefix}no images in {source if not hasattr(source, 'im_files') else 'split'}")
+        if single_cls:
+            for lb in self.labels:
+                lb[:, 0] = 0
+        self.n = len(self.im_files)
+        self.indices = np.arange(self.n)
+        self.batch_shapes, self.batch = None, np.zeros(self.n, int)
+        if rect:
+            self._sort_by_aspect(batch_size, pad)
+        self.images = [None] * self.n  # RAM cache: resized BGR images
+        self.orientations = {}  # index -> EXIF orientation, filled lazily in each process
+        self.canvas = None  # mosaic buffer, one per process
+        self.npy_files = None
+        if cache:
+            self.cache_images(cache)
+
+    @staticmethod
+    def _scan(sources, nc, prefix, single_cls):
+        from utils.data.verify import scan_split
+
+        if nc is None:
+            raise ValueError(f"{prefix}YoloDataset needs nc (the number of classes) to scan {sources}")
+        return scan_split(sources, nc, prefix=prefix, single_cls=single_cls)
+
+    @classmethod
+    def from_labels(cls, im_files, labels, shapes, segments=None, **kwargs) -> "YoloDataset":
+        """Dataset from in-memory labels: (n, 5) normalised arrays per image and (w, h) shapes."""
+        split = LabelSet(list(im_files), list(labels), np.asarray(shapes), list(segments or []))
+        return cls(split, **kwargs)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch used when items are requested by a bare index (workers get it with the index)."""
+        self.epoch = int(epoch)
+
+    def image_weights_for(self, weights_per_class: np.ndarray) -> np.ndarray:
+        """Per-image sampling weight = sum of its labels' class weights (images without labels: 0)."""
+        weights = np.asarray(weights_per_class, np.float64)
+        return np.array([weights[lb[:, 0].astype(int)].sum() for lb in self.labels])
+
+    def _sort_by_aspect(self, batch_size: int, pad: float) -> None:
+        order = (self.shapes[:, 1] / self.shapes[:, 0]).argsort(kind="stable")
+        self.im_files = [self.im_files[i] for i in order]
+        self.labels = [self.labels[i] for i in order]
+        self.segments = [self.segments[i] for i in order]
+        self.shapes = self.shapes[order]
+        self.batch_shapes, self.batch = rect_batch_shapes(self.shapes, batch_size, self.imgsz, self.stride, pad)
+
+    def cache_images(self, cache: str) -> None:
+        """'ram': keep every resized image in memory (after a fit check); 'disk': .npy beside images."""
+        if cache == "ram":
+            check_ram_cache(self.shapes, self.imgsz, self.prefix)
+            results = parallel_map(self._load_resized, range(self.n), f"{self.prefix}caching images (ram)")
+            self.images = [img for img, _, _ in results]
+            size = sum(img.nbytes for img in self.images)
+            LOGGER.info("%scached %d images in RAM (%.2f GB)", self.prefix, self.n, size / 1e9)
+        elif cache == "disk":
+            self.npy_files = parallel_map(write_npy, self.im_files, f"{self.prefix}caching images (disk)")
+            LOGGER.info("%scached %d images as .npy (%s)", self.prefix, self.n, self.npy_files[0].parent)
+        else:
+            raise CacheError(f"{self.prefix}unknown cache mode {cache!r} (use ram or disk)")
+
+    def load_image(self, i: int):
+        """Image i resized so its long side is imgsz: (img BGR, (h0, w0) original, (h, w) resized)."""
+        width0, height0 = (int(v) for v in self.shapes[i])
+        if self.images[i] is not None:
+            img = self.images[i]
+            return img, (height0, width0), img.shape[:2]
+        img, _, size = self._load_resized(i)
+        return img, (height0, width0), size
+
+    def decode(self, i: int, factor: int = 1) -> np.ndarray:
+        """Decode image i (JPEG: fast path with this process's cached EXIF orientation)."""
+        path = self.im_files[i]
+        if path.lower().endswith(JPEG_SUFFIXES) and i not in self.orientations:
+            self.orientations[i] = exif_orientation(path)
+        return read_jpeg(path, factor, self.orientations.get(i))
+
+    def _load_resized(self, i: int):
+        width0, height0 = (int(v) for v in self.shapes[i])
+        width, height = resized_size(width0, height0, self.imgsz)
+        if self.npy_files is not None:
+            img = np.load(self.npy_files[i], allow_pickle=False)
+        else:
+            img = self.decode(i, reduce_factor(width0, height0, self.imgsz, self.im_files[i]))
+        if img.shape[:2] != (height, width):
+            upscale = width > img.shape[1]
+            interpolation = cv2.INTER_LINEAR if (self.augment or upscale) else cv2.INTER_AREA
+            img = cv2.resize(img, (width, height), interpolation=interpolation)
+        return img, (height0, width0), (height, width)
+
+    def __getitem__(self, item):
+        index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
+        index = int(index)
+        rng = np.random.default_rng((self.seed, int(epoch), index))
+        hyp = self.hyp
+        if self.mosaic and rng.random() < hyp.mosaic:
+            img, labels = self.load_mosaic(index, rng)
+            shapes = None
+            if hyp.mixup and rng.random() < hyp.mixup:
+                img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(self.n)), rng), rng)
+        else:
+            img, labels, shapes = self.load_letterboxed(index, rng)
+        if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV / to_chw_rgb take both
+            if img is self.images[index]:
+                img = img.copy()  # HSV works in place: never on the RAM cache
+            img = augment_hsv(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
+            img, labels = random_flips(img, labels, hyp.flipud, hyp.fliplr, rng)
+        targets = normalised_targets(labels, img.shape[1], img.shape[0])
+        return to_chw_rgb(img), targets, self.im_files[index], shapes
+
+    def load_letterboxed(self, index: int, rng):
+        """Non-mosaic path: letterbox to the rect batch shape or imgsz (+ random perspective if training)."""
+        img, (h0, w0), (h, w) = self.load_image(index)
+        shape = tuple(self.batch_shapes[self.batch[index]]) if self.rect else self.imgsz
+        img, (ratio_w, ratio_h), pad = letterbox(img, shape, color=(FILL,) * 3, auto=False, scaleup=self.augment)
+        shapes = (h0, w0), ((h * ratio_h / h0, w * ratio_w / w0), pad)
+        labels = pixel_boxes(self.labels[index], ratio_w * w, ratio_h * h, pad[0], pad[1])
+        if self.augment:
+            hyp = self.hyp
+            img, labels, _ = random_perspective(img, labels, (), hyp.degrees, hyp.translate, hyp.scale, hyp.shear,
+                                                hyp.perspective, rng=rng)
+        return img, labels, shapes
+
+    def load_mosaic(self, index: int, rng):
+        """4-image mosaic on a 2*imgsz BGRA canvas, random centre, then random perspective back to imgsz."""
+        s, hyp = self.imgsz, self.hyp
+        picks = [index, *(int(k) for k in rng.integers(0, self.n, 3))]
+        rng.shuffle(picks)
+        centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
+        images = (self.load_image(k)[0] for k in picks)  # placed one by one as decoded
+        if self.canvas is None:
+            self.canvas = np.empty((2 * s, 2 * s, 4), np.uint8)  # reused: warped into a new array below
+        canvas, labels, segments = mosaic4(images, [self.labels[k] for k in picks],
+                                           [self.segments[k] for k in picks], s, centre, out=self.canvas)
+        if len(segments) != len(labels):
+            segments = []
+        canvas, labels, segments = copy_paste(canvas, labels, segments, hyp.copy_paste, rng)
+        canvas, labels, _ = random_perspective(canvas, labels, segments, hyp.degrees, hyp.translate, hyp.scale,
+                                               hyp.shear, hyp.perspective, border=(-s // 2, -s // 2), rng=rng)
+        return canvas, labels
