@@ -14,7 +14,8 @@ from utils import dist
 from utils.checkpoint import load_checkpoint, save_checkpoint
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import load_data_config
-from utils.data.loader import create_dataloader, set_loader_epoch
+from utils.data.dataset import class_weights
+from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
 from utils.trainer.setup import build_training_model, check_img_size, resolve_data
 
 LOGGER = logging.getLogger(__name__)
@@ -30,10 +31,17 @@ class RunData:
     grid_stride: int
     workers: int
     seed: int
+    class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
 
     def set_epoch(self, epoch: int) -> None:
         set_loader_epoch(self.train_loader, epoch)
         self._rng = random.Random(self.seed * 1000 + epoch)
+
+    def update_image_weights(self, maps: np.ndarray | None) -> None:
+        """--image-weights: favour images holding classes with low validation mAP (YOLOv5's rule)."""
+        nc = len(self.names)
+        maps = np.zeros(nc) if maps is None else np.asarray(maps, np.float64)
+        set_loader_image_weights(self.train_loader, self.class_weights * (1 - maps) ** 2 / nc)
 
     def multi_scale_size(self) -> int:
         """A random training size in [0.5, 1.5] x imgsz, a multiple of the grid stride."""
@@ -73,7 +81,8 @@ def build_loaders(config: TrainConfig, hyp: Hyp, info) -> RunData:
 
             plot_labels(labels, names, Path(config.save_dir))
     workers = getattr(train_loader, "num_workers", 0)
-    run_data = RunData(model, train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed)
+    run_data = RunData(model, train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed,
+                       class_weights(dataset.labels, len(names)))
     run_data.set_epoch(0)
     return run_data
 

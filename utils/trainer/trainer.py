@@ -97,9 +97,11 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
     LOGGER.info("Image sizes %d train, %d val\nUsing %d dataloader workers\nLogging results to %s\n"
                 "Starting training for %d epochs...", data.imgsz, data.imgsz, data.workers, save_dir, config.epochs)
     start = time.time()
-    epoch = -1
+    epoch, maps = -1, None
     for epoch in range(config.epochs):
         data.set_epoch(epoch)
+        if config.image_weights:
+            data.update_image_weights(maps)
         stats = train_one_epoch(step, train_loader, epoch, config.epochs, device, warmup, multi_scale, batch_hook)
         learning_rates = [group["lr"] for group in optimizer.param_groups]
         scheduler.step()
@@ -113,6 +115,7 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
                                          plots=final_epoch and not config.noplots)
             stats.validation_time = time.perf_counter() - val_start
             values = _epoch_values(stats, metrics, learning_rates)
+            maps = metrics.maps if metrics is not None else maps
             fitness = fitness_of(values) if metrics is not None else 0.0
             csv_logger.log(epoch, values)
             tb_logger.log(epoch, values)
@@ -130,7 +133,7 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
                     save_checkpoint(checkpoint, weights_dir / f"epoch{epoch}.pt")
                 callbacks.run("on_model_save", epoch=epoch, last=last, best=best if improved else None)
             callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
-        stop = dist.broadcast_object(patience_left <= 0 if dist.is_main_process() else None)
+        stop, maps = dist.broadcast_object((patience_left <= 0, maps) if dist.is_main_process() else None)
         if stop and not final_epoch:
             LOGGER.info("Stopping training early as no improvement observed in last %d epochs. "
                         "Best results observed at epoch %d.", config.patience, epoch + 1 - config.patience)
