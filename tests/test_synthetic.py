@@ -60,7 +60,7 @@ def test_boxes_are_the_bounds_of_each_objects_visible_pixels(monkeypatch):
     """Flat black background, each object painted in its own colour: box == bounds of that colour."""
     painted = []
 
-    def flat_texture(rng, height, width, under):
+    def flat_texture(rng, height, width, cls):
         painted.append(len(painted) + 1)
         colour = np.array([255, 8 * len(painted), 255 - 8 * len(painted)], np.float32)
         return np.broadcast_to(colour, (height, width, 3))
@@ -107,9 +107,9 @@ def test_objects_span_classes_sizes_and_overlap():
 
 def test_ensure_builds_once_then_reuses(tmp_path, monkeypatch):
     yaml_path = ensure_default_dataset(tmp_path, train_count=3, val_count=2)
-    assert yaml_path == tmp_path / "shapes-v1" / "data.yaml" and yaml_path.is_file()
-    assert yaml.safe_load(yaml_path.read_text())["path"] == str((tmp_path / "shapes-v1").resolve())
-    assert [p.name for p in tmp_path.iterdir()] == ["shapes-v1"]  # no build folder left behind
+    assert yaml_path == tmp_path / "shapes-v2" / "data.yaml" and yaml_path.is_file()
+    assert yaml.safe_load(yaml_path.read_text())["path"] == str((tmp_path / "shapes-v2").resolve())
+    assert [p.name for p in tmp_path.iterdir()] == ["shapes-v2"]  # no build folder left behind
 
     def no_generation(*args, **kwargs):
         raise AssertionError("a complete dataset must be reused")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from utils.boxes import xywhn2xyxy
 from utils.config import Hyp
 from utils.data.images import apply_orientation, exif_orientation, read_image
 from utils.data.transforms import (FILL, augment_hsv, copy_paste, letterbox, mixup, mosaic4, random_flips,
@@ -239,13 +240,8 @@ def collate(batch):
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):
     """(n, 5) [class, cx, cy, w, h] normalised -> [class, x1, y1, x2, y2] pixels (+ padding)."""
-    out = np.empty((len(labels), 5))
-    out[:, 0] = labels[:, 0]
-    out[:, 1] = width * (labels[:, 1] - labels[:, 3] / 2) + padw
-    out[:, 2] = height * (labels[:, 2] - labels[:, 4] / 2) + padh
-    out[:, 3] = width * (labels[:, 1] + labels[:, 3] / 2) + padw
-    out[:, 4] = height * (labels[:, 2] + labels[:, 4] / 2) + padh
-    return out
+    labels = np.asarray(labels, np.float64).reshape(-1, 5)
+    return np.concatenate([labels[:, :1], xywhn2xyxy(labels[:, 1:5], width, height, padw, padh)], 1)
 
 
 def normalised_targets(labels: np.ndarray, width: int, height: int, eps: float = 1e-3) -> torch.Tensor:

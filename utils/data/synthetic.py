@@ -1,15 +1,16 @@
 """The embedded default dataset: coloured, textured shapes on cluttered backgrounds, made by our own code.
 
-``ensure_default_dataset()`` returns the data YAML of ``shapes-v1``, generating it on first use (no
+``ensure_default_dataset()`` returns the data YAML of ``shapes-v2``, generating it on first use (no
 network, deterministic: the same seed gives the same bytes, whatever the order images are made in).
-It lives outside the git tree, in ``~/.cache/yolo-trainer/datasets/shapes-v1`` (the environment
+It lives outside the git tree, in ``~/.cache/yolo-trainer/datasets/shapes-v2`` (the environment
 variable ``YOLO_TRAINER_DATASETS`` replaces the parent folder). It is built in a temporary sibling
 folder that is renamed into place only once complete, so an interrupted run never leaves half a
 dataset; a ``generator.json`` marker records what was built and makes reuse safe.
 
 Content, per image: a smooth colour field, blotchy noise, blurred irregular blobs and thin lines
-(clutter, never labelled), then 3..10 objects of six classes told apart by shape only (colour and
-texture are random: solid, stripes, gradient, noise), long side 8 px to half the short image side,
+(clutter, never labelled), then 3..10 objects of six classes told apart by shape and by a class hue band (each class owns a
+sixth of the hue circle, +/- 8 degrees of OpenCV hue; saturation, brightness and texture vary: solid,
+stripes, gradient, noise; backgrounds are half-desaturated), long side 8 px to half the short image side,
 varied aspect ratio and rotation, then mild sensor noise and JPEG encoding. Objects may overlap and
 run off the image edge. Labelling rule: every object keeps at least ``MIN_VISIBLE`` of its pixels
 visible (a placement that would hide more of any object, or show less of itself, is retried
@@ -32,10 +33,10 @@ import numpy as np
 
 LOGGER = logging.getLogger(__name__)
 
-DATASET_NAME = "shapes-v1"
-GENERATOR_VERSION = 1
+DATASET_NAME = "shapes-v2"
+GENERATOR_VERSION = 2
 CLASS_NAMES = ("circle", "rectangle", "triangle", "star", "cross", "ring")
-MIN_VISIBLE = 0.6  # fraction of an object's pixels that must stay visible
+MIN_VISIBLE = 0.7  # fraction of an object's pixels that must stay visible
 ENV_VAR = "YOLO_TRAINER_DATASETS"
 MARKER = "generator.json"
 SPLIT_IDS = {"train": 0, "val": 1}
@@ -99,20 +100,17 @@ def _shape_mask(polygons: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- textures
 
 
-def _contrasting_colour(rng: np.random.Generator, under: np.ndarray, min_distance: float = 90.0):
-    """A random BGR colour at least ``min_distance`` (Euclidean) from the colour ``under``."""
-    colour = rng.uniform(0, 255, 3)
-    for _ in range(20):
-        if np.linalg.norm(colour - under) >= min_distance:
-            break
-        colour = rng.uniform(0, 255, 3)
-    return colour.astype(np.float32)
+def _class_colour(rng: np.random.Generator, cls: int, value_scale: float = 1.0) -> np.ndarray:
+    """A BGR colour in class ``cls``'s hue band with random saturation and brightness."""
+    hue = (cls * 180 / len(CLASS_NAMES) + rng.uniform(-8, 8)) % 180
+    hsv = np.array([[[hue, rng.uniform(150, 255), rng.uniform(150, 255) * value_scale]]], np.float32)
+    return cv2.cvtColor(hsv.clip(0, [179, 255, 255]).astype(np.uint8), cv2.COLOR_HSV2BGR)[0, 0].astype(np.float32)
 
 
-def _texture(rng: np.random.Generator, height: int, width: int, under: np.ndarray) -> np.ndarray:
-    """A (height, width, 3) float32 patch: solid, stripes, gradient or noisy colour."""
-    first, second = _contrasting_colour(rng, under), _contrasting_colour(rng, under)
-    kind = rng.integers(4)
+def _texture(rng: np.random.Generator, height: int, width: int, cls: int) -> np.ndarray:
+    """A (height, width, 3) float32 patch in the class hue band: solid, stripes, gradient or noisy colour."""
+    first, second = _class_colour(rng, cls), _class_colour(rng, cls, value_scale=rng.uniform(0.45, 0.8))
+    kind = rng.choice(4, p=[0.4, 0.2, 0.2, 0.2])
     if kind == 0:
         return np.broadcast_to(first, (height, width, 3))
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -126,7 +124,7 @@ def _texture(rng: np.random.Generator, height: int, width: int, under: np.ndarra
         span = max(float(along.max() - along.min()), 1.0)
         weight = ((along - along.min()) / span)[..., None]
         return first * (1 - weight) + second * weight
-    noise = rng.normal(0, rng.uniform(15, 40), (height, width, 1)).astype(np.float32)
+    noise = rng.normal(0, rng.uniform(10, 30), (height, width, 1)).astype(np.float32)
     return first + noise
 
 
@@ -156,7 +154,8 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
         colour = rng.uniform(0, 255, 3).tolist()
         cv2.line(image, tuple(map(int, start)), tuple(map(int, end)), colour, int(rng.integers(1, 3)),
                  cv2.LINE_AA)
-    return image
+    gray = image.mean(2, keepdims=True)
+    return 0.5 * image + 0.5 * gray  # half-desaturated, so class hues stand out from the clutter
 
 
 # ----------------------------------------------------------------------------- one image
@@ -173,7 +172,7 @@ class _Scene:
         self.regions: list[tuple[slice, slice]] = []
         self.classes: list[int] = []
 
-    def try_place(self, rng: np.random.Generator, mask: np.ndarray, offset: np.ndarray) -> bool:
+    def try_place(self, rng: np.random.Generator, mask: np.ndarray, offset: np.ndarray, cls: int) -> bool:
         """Draw ``mask`` at a random spot that keeps every object >= MIN_VISIBLE visible (5 tries)."""
         height, width = self.owner.shape
         area = int(mask.sum())
@@ -192,17 +191,17 @@ class _Scene:
             remaining = np.asarray(self.visible, np.int64) - hidden
             if np.any(remaining < MIN_VISIBLE * np.asarray(self.areas)):
                 continue
-            self._draw(rng, region, crop, remaining, area, shown)
+            self._draw(rng, region, crop, remaining, area, shown, cls)
             return True
         return False
 
-    def _draw(self, rng, region, crop, remaining, area, shown) -> None:
+    def _draw(self, rng, region, crop, remaining, area, shown, cls) -> None:
         self.visible = remaining.tolist() + [shown]
         self.areas.append(area)
         self.regions.append(region)
         self.owner[region][crop] = len(self.areas)
         patch = self.image[region]
-        texture = _texture(rng, patch.shape[0], patch.shape[1], patch[crop].mean(0))
+        texture = _texture(rng, patch.shape[0], patch.shape[1], cls)
         patch[crop] = texture[crop]
 
     def labels(self) -> np.ndarray:
@@ -231,11 +230,11 @@ def render_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     scene = _Scene(_background(rng, height, width))
     for _ in range(rng.integers(3, 11)):
         cls = int(rng.integers(len(CLASS_NAMES)))
-        lowest = 8.0 if rng.random() < 0.15 else 16.0
+        lowest = 8.0 if rng.random() < 0.1 else 16.0
         length = float(np.exp(rng.uniform(np.log(lowest), np.log(min(width, height) / 2))))
         polygons = _shape_polygons(rng, cls, length)
         mask, offset = _shape_mask(polygons)
-        if scene.try_place(rng, mask, offset):
+        if scene.try_place(rng, mask, offset, cls):
             scene.classes.append(cls)
     _add_sensor_noise(rng, scene.image)
     return np.clip(scene.image, 0, 255).astype(np.uint8), scene.labels()
@@ -358,7 +357,7 @@ def _remove_abandoned_builds(parent: Path, max_age_s: float = 3600.0) -> None:
 
 def ensure_default_dataset(root: str | os.PathLike | None = None, train_count: int = 500, val_count: int = 100,
                            seed: int = 0, workers: int | None = None) -> Path:
-    """Data YAML of the default dataset in ``<root>/shapes-v1``, generated on first use.
+    """Data YAML of the default dataset in ``<root>/shapes-v2``, generated on first use.
 
     ``root`` is the parent folder (default ``default_datasets_dir()``). The build goes to a temporary
     sibling folder, gets its marker last, and is renamed into place, so readers only ever see a

@@ -6,6 +6,8 @@ import math
 import cv2
 import numpy as np
 
+from utils.boxes import xywhn2xyxy
+
 
 def letterbox(img: np.ndarray, new_shape=640, color=(114, 114, 114), auto: bool = True,
               scale_fill: bool = False, scaleup: bool = True, stride: int = 32):
@@ -327,13 +329,8 @@ def mosaic4(images, labels_list, segments_list, s: int, centre, out: np.ndarray 
             cv2.cvtColor(img[b[1]:b[3], b[0]:b[2]], cv2.COLOR_BGR2BGRA, dst=canvas[a[1]:a[3], a[0]:a[2]])
         h, w = img.shape[:2]
         padw, padh = a[0] - b[0], a[1] - b[1]
-        boxes = np.empty((len(labels), 5))
-        boxes[:, 0] = labels[:, 0]
-        boxes[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + padw
-        boxes[:, 2] = h * (labels[:, 2] - labels[:, 4] / 2) + padh
-        boxes[:, 3] = w * (labels[:, 1] + labels[:, 3] / 2) + padw
-        boxes[:, 4] = h * (labels[:, 2] + labels[:, 4] / 2) + padh
-        all_labels.append(boxes)
+        rows = np.asarray(labels, np.float64).reshape(-1, 5)
+        all_labels.append(np.concatenate([rows[:, :1], xywhn2xyxy(rows[:, 1:5], w, h, padw, padh)], 1))
         all_segments += [seg * (w, h) + (padw, padh) for seg in segments]
     labels = np.concatenate(all_labels, 0)
     np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
