@@ -149,7 +149,8 @@ def _describe(det: torch.Tensor, names: list[str]) -> str:
     text = ""
     for cls in det[:, 5].unique():
         count = int((det[:, 5] == cls).sum())
-        text += f"{count} {_name(names, cls)}{'s' * (count > 1)}, "
+        name = _name(names, cls)
+        text += f"{count} {name}{'s' * (count > 1 and not name.endswith('s'))}, "
     return text
 
 

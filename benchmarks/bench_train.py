@@ -79,7 +79,7 @@ def compute_floor(config, iterations: int) -> float:
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     loader, _ = create_dataloader(data.train, config.imgsz, config.batch_size, 32, hyp=hyp, augment=True,
-                                  workers=config.workers, shuffle=True)
+                                  workers=config.workers, shuffle=True, names=data.names)
     batches = [(images.float() / 255, targets) for images, targets, _, _ in loader]
     accumulate = accumulate_steps(config.batch_size)
     optimizer = build_optimizer(model, "SGD", hyp.lr0, hyp.momentum,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from utils.boxes import clip_boxes, xywh2xyxy, xyxy2xywh
+from utils.paths import increment_path
 
 LOGGER = logging.getLogger(__name__)
 
@@ -151,17 +152,6 @@ def output_to_target(output, max_det: int = 300) -> np.ndarray:
     return np.concatenate(rows, 0) if rows else np.zeros((0, 7), dtype=np.float32)
 
 
-def _free_file(path: Path) -> Path:
-    """``path`` if unused, else the first unused ``stem2.ext``, ``stem3.ext``, ... (folder created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    number = 2
-    candidate = path
-    while candidate.exists():
-        candidate = path.with_name(f"{path.stem}{number}{path.suffix}")
-        number += 1
-    return candidate
-
-
 def save_one_box(xyxy, img: np.ndarray, file, gain: float = 1.02, pad: int = 10, square: bool = False,
                  save: bool = True) -> np.ndarray:
     """Crop ``xyxy`` (grown by ``gain`` and ``pad`` px, optionally squared) from BGR ``img``; save as a new JPEG.
@@ -177,7 +167,8 @@ def save_one_box(xyxy, img: np.ndarray, file, gain: float = 1.02, pad: int = 10,
     x1, y1, x2, y2 = corners[0].long().tolist()
     crop = img[y1:y2, x1:x2]
     if save and crop.size:
-        path = _free_file(Path(file).with_suffix(".jpg"))
+        path = increment_path(Path(file).with_suffix(".jpg"))
+        path.parent.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(path), crop)
     elif save:
         LOGGER.warning(f"{file}: empty crop for box {list(map(float, xyxy[:4]))}, not saved")

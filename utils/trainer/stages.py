@@ -95,11 +95,12 @@ def _check_anchors(model, config: TrainConfig) -> None:
         LOGGER.info("AutoAnchor: not available yet; training with the model's anchors (pass --noautoanchor to silence)")
 
 
-def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False):
+def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
+                   half: bool = False):
     from val import validate
 
     return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
-                    plots=plots, verbose=verbose)
+                    plots=plots, verbose=verbose, half=half)
 
 
 def strip_training_state(path: Path) -> None:

@@ -94,7 +94,8 @@ def _end_epoch(recorder, step, data, stats, epoch, final_epoch, learning_rates, 
     metrics = None
     if not config.noval or final_epoch:
         metrics = validate_epoch(step.ema.ema, data.val_loader, data.names, device, step.compute_loss, save_dir,
-                                 plots=final_epoch and not config.noplots)
+                                 plots=final_epoch and not config.noplots,
+                                 half=step.precision.dtype == torch.float16)  # CUDA AMP runs validate in fp16
     stats.validation_time = time.perf_counter() - val_start
     values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
     recorder.end_epoch(epoch, values, metrics is not None, final_epoch, state)
