@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from utils.boxes import scale_boxes, xyxy2xywh
+from utils.cli import add_device_flag, add_half_flag, add_run_folder_flags
 from utils.data.transforms import letterbox
 from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
@@ -306,7 +307,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--conf-thres", type=float, default=0.25, help="confidence threshold")
     add("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
     add("--max-det", type=int, default=1000, help="maximum detections per image")
-    add("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    add_device_flag(parser)
     add("--view-img", action="store_true", help="show results (needs a display; not available headless)")
     add("--save-txt", action="store_true", help="save results to labels/*.txt")
     add("--save-conf", action="store_true", help="save confidences in --save-txt labels")
@@ -316,13 +317,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     add("--augment", action="store_true", help="augmented inference (not supported; ignored)")
     add("--visualize", action="store_true", help="visualize features (not supported; ignored)")
-    add("--project", default="runs/detect", help="save results to project/name")
-    add("--name", default="exp", help="save results to project/name")
-    add("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    add_run_folder_flags(parser, "runs/detect")
     add("--line-thickness", default=3, type=int, help="bounding box thickness (pixels)")
     add("--hide-labels", action="store_true", help="hide labels")
     add("--hide-conf", action="store_true", help="hide confidences")
-    add("--half", action="store_true", help="FP16 half-precision inference (CUDA only)")
+    add_half_flag(parser)
     add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
     add("--vid-stride", type=int, default=1, help="video frame-rate stride")
     return parser.parse_args(argv)

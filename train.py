@@ -27,6 +27,8 @@ NOT_AVAILABLE_YET = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from utils.cli import add_device_flag, add_run_folder_flags
+
     parser = argparse.ArgumentParser(description="Train a YOLOv5-style detector")
     parser.add_argument("--weights", type=str, default="", help="initial weights path ('' to train from --cfg)")
     parser.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/yolov5n.yaml")
@@ -45,15 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cache", type=str, nargs="?", const="ram", choices=("ram", "disk"),
                         help="cache images in 'ram' (default) or 'disk'")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
-    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
     parser.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
     parser.add_argument("--workers", type=int, default=8, help="max dataloader workers (per process in DDP mode)")
-    parser.add_argument("--project", default="runs/train", help="save to project/name")
-    parser.add_argument("--name", default="exp", help="save to project/name")
-    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
+    add_run_folder_flags(parser, "runs/train")
     parser.add_argument("--quad", action="store_true", help="quad dataloader (accepted; not used)")
     parser.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
     parser.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon")

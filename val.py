@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from utils.boxes import scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh  # noqa: E402
+from utils.cli import add_device_flag, add_half_flag, add_run_folder_flags  # noqa: E402
 from utils.metrics import (ConfusionMatrix, ap_per_class, fitness, iou_thresholds, keep_top_per_class,  # noqa: E402
                            match_predictions_coco)
 
@@ -423,7 +424,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
     parser.add_argument("--task", default="val", choices=("val", "test", "speed"), help="val, test or speed")
-    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    add_device_flag(parser)
     parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class dataset")
     parser.add_argument("--augment", action="store_true", help="augmented inference (not supported)")
@@ -432,10 +433,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-hybrid", action="store_true", help="save label+prediction hybrid (not supported)")
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file")
-    parser.add_argument("--project", default=str(ROOT / "runs/val"), help="save to project/name")
-    parser.add_argument("--name", default="exp", help="save to project/name")
-    parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
-    parser.add_argument("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    add_run_folder_flags(parser, str(ROOT / "runs/val"))
+    add_half_flag(parser)
     parser.add_argument("--dnn", action="store_true", help="use OpenCV DNN for ONNX inference (ignored)")
     args = parser.parse_args(argv)
     args.save_json |= bool(args.data) and str(args.data).endswith("coco.yaml")
