@@ -117,13 +117,13 @@ def _check_image_size(imgsz, stride: int) -> tuple[int, int]:
 
 
 def _load_model(config: DetectConfig, device: torch.device):
-    from models import load_model
+    from models import for_inference, load_model
 
     weights = Path(config.weights)
     if not weights.is_file():
         raise DetectError(f"weights not found: {weights} (nothing is downloaded; pass --weights "
                           "path/to/weights.pt, e.g. runs/train/exp/weights/best.pt)")
-    model = load_model(weights, device).fuse()
+    model = for_inference(load_model(weights, device))
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
@@ -214,7 +214,7 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     tensor = _prepare(item.image, context["imgsz"], context["stride"], device, context["half"])
     loaded = _now(device)
     with torch.inference_mode():
-        output = model(tensor)
+        output = model(tensor.contiguous(memory_format=torch.channels_last))
     inferred = _now(device)
     det = non_max_suppression(output, config.conf_thres, config.iou_thres, config.classes,
                               config.agnostic_nms, max_det=config.max_det)[0]

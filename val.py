@@ -332,7 +332,7 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
     (and the data/checkpoint/device errors, all ValueErrors) for user mistakes.
     """
-    from models import load_model
+    from models import for_inference, load_model
     from utils.data.loader import create_dataloader
     from utils.device import select_device
     from utils.paths import increment_path
@@ -349,7 +349,7 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
         raise ValError(f"{weights}: weights file not found")
     device = select_device(device)
     half = half and device.type == "cuda"
-    model = _fuse(load_model(weights, device=device))
+    model = for_inference(load_model(weights, device=device))
     if half:
         model.half()
     names = ["item"] if single_cls and config.nc != 1 else config.names
@@ -390,10 +390,6 @@ def _load_data(data):
         from utils.data.synthetic import ensure_default_dataset
         data = ensure_default_dataset()
     return load_data_config(data)
-
-
-def _fuse(model):
-    return model.fuse() if hasattr(model, "fuse") else model
 
 
 def _check_imgsz(imgsz, stride: int) -> int:

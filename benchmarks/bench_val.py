@@ -23,13 +23,13 @@ if str(ROOT) not in sys.path:
 YOLOV5_MS = (0.7, 11.7, 7.4)
 
 
-def build_model(weights: str | None, nc: int, device):
-    from models import load_model
+def build_model(weights: str | None, nc: int, device, channels_last: bool):
+    """The model as val.py prepares it (fused, channels_last), or fused only for comparison."""
+    from models import for_inference, load_model
     from models.yolo import DetectionModel
-    if weights:
-        return load_model(weights, device=device).fuse()
-    model = DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=nc)
-    return model.to(device).eval().fuse()
+    model = load_model(weights, device=device) if weights else \
+        DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=nc).to(device).eval()
+    return for_inference(model) if channels_last else model.fuse()
 
 
 def main(argv=None) -> int:
@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--channels-last", action="store_true", help="convert the model to channels_last")
+    parser.add_argument("--no-channels-last", action="store_true",
+                        help="keep contiguous (NCHW) weights instead of val.py's channels_last, for comparison")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
@@ -58,9 +59,7 @@ def main(argv=None) -> int:
     device = select_device(args.device)
     config = load_data_config(args.data)
     torch.manual_seed(0)
-    model = build_model(args.weights, config.nc, device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = build_model(args.weights, config.nc, device, channels_last=not args.no_channels_last)
     stride = int(model.stride.max())
     loader, dataset = create_dataloader(config.val, args.imgsz, args.batch_size, stride, rect=True, pad=0.5,
                                         workers=args.workers, names=config.names, prefix="val: ")
