@@ -1,6 +1,6 @@
 """Eval-mode inference time per image for yolov5n / yolov5s at 640 on this machine's CPU.
 
-Batch 1, Conv+BN fused, float32, torch's default thread count, warm-up runs first, then the
+Batch 1, Conv+BN fused, channels_last (as val.py and detect.py run it), float32, torch's default thread count, warm-up runs first, then the
 median of N timed runs. Random weights: speed does not depend on the values.
 
     python benchmarks/bench_inference.py [--models n s] [--imgsz 640] [--runs 20] [--warmup 3]
@@ -20,14 +20,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models import for_inference  # noqa: E402
 from models.yolo import DetectionModel  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 def time_model(size: str, imgsz: int, runs: int, warmup: int) -> dict:
-    model = DetectionModel(MODELS / f"yolov5{size}.yaml").fuse().eval()
-    image = torch.rand(1, 3, imgsz, imgsz)
+    model = for_inference(DetectionModel(MODELS / f"yolov5{size}.yaml").eval())  # as val.py / detect.py
+    image = torch.rand(1, 3, imgsz, imgsz).contiguous(memory_format=torch.channels_last)
     times = []
     with torch.inference_mode():
         for _ in range(warmup):
@@ -62,7 +63,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     print(f"CPU: {cpu_name()} ({os.cpu_count()} logical), torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, batch 1, {args.imgsz}x{args.imgsz}, fused, float32, "
+          f"threads {torch.get_num_threads()}, batch 1, {args.imgsz}x{args.imgsz}, fused, channels_last, float32, "
           f"median of {args.runs} runs after {args.warmup} warm-up")
     print(f"{'model':<10}{'median ms':>11}{'min ms':>9}{'max ms':>9}   summary")
     for size in args.models:
