@@ -391,11 +391,13 @@ class DetectionModel(nn.Module):
         return x
 
     def fuse(self) -> DetectionModel:
-        """Fold every Conv's BatchNorm into its convolution (for inference)."""
+        """Fold every Conv's BatchNorm into its convolution. The result is for inference only, so no
+        parameter keeps requiring gradients (the summary then reports 0 gradients)."""
         for module in self.modules():
             if isinstance(module, Conv) and module.bn is not None:
                 module.conv = fuse_conv_and_bn(module.conv, module.bn)
                 module.bn = None
+        self.requires_grad_(False)
         LOGGER.info("Fused Conv + BatchNorm layers")
         return self
 
