@@ -45,7 +45,7 @@ def test_two_epoch_run_writes_every_output(tiny):
     assert checkpoint["ema"] is None and "optimizer" not in checkpoint  # stripped at the end
     assert checkpoint["model"]["names"] == ["class0", "class1"]
     # a second run never overwrites the first
-    assert run_train(tiny, "--epochs", "1", "--noplots", "--image-weights") == 0
+    assert run_train(tiny, "--epochs", "1", "--noplots", "--image-weights", "--multi-scale") == 0
     assert (root / "runs" / "exp2" / "weights" / "last.pt").exists()
 
 

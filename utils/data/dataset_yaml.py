@@ -100,6 +100,12 @@ def parse_names(content: dict[str, Any], label: str) -> list[str]:
     return [str(name) for name in names]
 
 
+def _absolute(value, base: Path) -> Path:
+    """``value`` (~ expanded) as an absolute path; relative paths are taken from ``base``."""
+    path = Path(value).expanduser()
+    return Path(os.path.abspath(path if path.is_absolute() else base / path))
+
+
 def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
     folder = Path(os.path.abspath(file.parent))
     value = content.get("path")
@@ -107,8 +113,7 @@ def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
         return folder
     if not isinstance(value, (str, Path)):
         raise DataConfigError(f"{label}: path: expected a folder path, got {value!r}")
-    root = Path(value).expanduser()
-    root = Path(os.path.abspath(root if root.is_absolute() else folder / root))
+    root = _absolute(value, folder)
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
     return root
@@ -126,8 +131,7 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
     for entry in entries:
         if not isinstance(entry, (str, Path)):
             raise DataConfigError(f"{label}: {key}: expected a path, got {entry!r}")
-        source = Path(entry).expanduser()
-        source = Path(os.path.abspath(source if source.is_absolute() else root / source))
+        source = _absolute(entry, root)
         if not source.exists():
             raise DataConfigError(f"{label}: {key}: {source} does not exist")
         sources.append(str(source))

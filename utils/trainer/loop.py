@@ -95,19 +95,20 @@ class TrainStep:
         self.counters.last_optimizer_step = self.counters.global_step
 
 
-def scale_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """--multi-scale: resize a batch so its long side is ``size`` (a stride multiple)."""
+def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tensor:
+    """--multi-scale: resize a batch so its long side is ``size``, both sides multiples of ``stride``."""
     scale = size / max(images.shape[2:])
     if scale == 1:
         return images
-    shape = [math.ceil(x * scale / 32) * 32 for x in images.shape[2:]]
+    shape = [math.ceil(x * scale / stride) * stride for x in images.shape[2:]]
     return F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
 
 
 def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: torch.device, warmup,
                     multi_scale_size=None, batch_hook=None) -> EpochStats:
     """Train over ``loader`` once. ``warmup`` is a callable(global_step, epoch) -> accumulate count;
-    ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics)."""
+    ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics);
+    ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch."""
     step.model.train()
     num_batches = len(loader)
     totals = torch.zeros(3)
@@ -124,7 +125,8 @@ def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: to
         accumulate = warmup(step.counters.global_step, epoch)
         images = images.to(device, non_blocking=True).float() / 255
         if multi_scale_size is not None:
-            images = scale_batch(images, multi_scale_size())
+            size, stride = multi_scale_size()
+            images = scale_batch(images, size, stride)
         compute_start = time.perf_counter()
         items, finite = step.forward_backward(images, targets.to(device))
         stats.compute_time += time.perf_counter() - compute_start

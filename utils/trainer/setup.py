@@ -89,5 +89,3 @@ def resolve_data(data: str) -> str:
     from utils.data.synthetic import ensure_default_dataset
 
     return str(ensure_default_dataset())
-
-

@@ -3,7 +3,6 @@ and the final validation of best.pt."""
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
+from utils.data.transforms import multi_scale_size
 from utils.trainer.setup import build_training_model, check_img_size, resolve_data
 
 LOGGER = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class RunData:
 
     def set_epoch(self, epoch: int) -> None:
         set_loader_epoch(self.train_loader, epoch)
-        self._rng = random.Random(self.seed * 1000 + epoch)
+        self._rng = np.random.default_rng((self.seed, epoch))
 
     def update_image_weights(self, maps: np.ndarray | None) -> None:
         """--image-weights: favour images holding classes with low validation mAP (YOLOv5's rule)."""
@@ -43,11 +43,9 @@ class RunData:
         maps = np.zeros(nc) if maps is None else np.asarray(maps, np.float64)
         set_loader_image_weights(self.train_loader, self.class_weights * (1 - maps) ** 2 / nc)
 
-    def multi_scale_size(self) -> int:
-        """A random training size in [0.5, 1.5] x imgsz, a multiple of the grid stride."""
-        low, high = int(self.imgsz * 0.5), int(self.imgsz * 1.5 + self.grid_stride)
-        size = self._rng.randrange(low, high)
-        return max(self.grid_stride, size // self.grid_stride * self.grid_stride)
+    def multi_scale_size(self) -> tuple[int, int]:
+        """(random training size in [0.5, 1.5] x imgsz, the grid stride it is a multiple of)."""
+        return multi_scale_size(self.imgsz, self.grid_stride, self._rng), self.grid_stride
 
 
 def build_loaders(config: TrainConfig, hyp: Hyp, info) -> RunData:
