@@ -123,7 +123,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss)):
             with timers[0]:
                 images = images.to(device, non_blocking=True)
-                images = images.to(memory_format=torch.channels_last) if channels_last else images
+                images = images.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
                 images = images.to(input_dtype).div_(255)
                 targets = targets.to(device)
             with timers[1]:

@@ -94,7 +94,7 @@ STAGES = {  # label: (function name, file suffix)
     "boxes": ("transform_boxes", "transforms.py"),
     "hsv": ("augment_hsv", "transforms.py"),
     "flips": ("random_flips", "transforms.py"),
-    "to tensor": ("to_chw_rgb", "dataset.py"),
+    "to tensor": ("to_rgb_tensor", "dataset.py"),
     "collate": ("collate", "dataset.py"),
 }
 

@@ -69,7 +69,8 @@ def test_training_items_keep_boxes_glued(split, rect):
         for i in range(len(data)):
             image, targets, path, shapes = data[(i, epoch)]
             expected = tuple(data.batch_shapes[data.batch[i]]) if rect else (96, 96)
-            assert image.dtype == torch.uint8 and tuple(image.shape) == (3, *expected) and image.is_contiguous()
+            assert image.dtype == torch.uint8 and tuple(image.shape) == (3, *expected)
+            assert image.permute(1, 2, 0).is_contiguous()  # stored channels-last
             assert (shapes is None) != rect and targets.shape[1] == 6 and (targets[:, 2:] <= 1).all()
             checked += check_glued(image, targets)
     assert checked > 30
@@ -109,6 +110,8 @@ def test_collate_format(split):
     data = YoloDataset(split, imgsz=64)
     images, targets, paths, shapes = collate([data[0], data[1], data[2]])
     assert images.shape == (3, 3, 64, 64) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(images[1], data[1][0])
     counts = [len(data.labels[i]) for i in range(3)]
     assert targets.shape == (sum(counts), 6)
     assert targets[:, 0].tolist() == [float(i) for i, c in enumerate(counts) for _ in range(c)]
@@ -124,6 +127,7 @@ def test_loader_seeding_is_reproducible(split, workers):
         return [batch for batch, _ in zip(loader, range(2))]
 
     a, b = first_batches(1), first_batches(1)
+    assert a[0][0].is_contiguous(memory_format=torch.channels_last)  # also when stacked inside workers
     for x, y in zip(a, b):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
     other = first_batches(2)

@@ -1,6 +1,7 @@
 """Augmentations keep boxes glued to pixels; box filter rules; HSV, mixup, copy-paste, multi-scale."""
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -138,6 +139,16 @@ def test_augment_hsv_in_place_and_reproducible():
     assert np.array_equal(untouched, img)
 
 
+def test_augment_hsv_applies_the_drawn_gains_per_hsv_plane():
+    img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    gains = np.random.default_rng(7).uniform(-1, 1, 3) * (0.1, 0.7, 0.4) + 1  # what augment_hsv draws
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV).astype(np.float64)
+    hsv[..., 0] = (hsv[..., 0] * gains[0]) % 180
+    hsv[..., 1:] = np.clip(hsv[..., 1:] * gains[1:], 0, 255)
+    expected = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2BGR)
+    assert np.array_equal(augment_hsv(img.copy(), 0.1, 0.7, 0.4, np.random.default_rng(7)), expected)
+
+
 def test_mixup_blends_and_keeps_both_label_sets():
     a, b = np.full((8, 8, 3), 200, np.uint8), np.full((8, 8, 3), 100, np.uint8)
     out, labels = mixup(a, BOXES[:1], b, BOXES[1:], np.random.default_rng(0))
@@ -163,7 +174,7 @@ def test_multi_scale_size_range_and_stride():
 
 
 def test_augment_hsv_bgra_matches_bgr():
-    from utils.data.dataset import to_chw_rgb
+    from utils.data.dataset import to_rgb_tensor
 
     rng = np.random.default_rng(1)
     img = rng.integers(0, 255, (16, 24, 3), dtype=np.uint8)
@@ -172,8 +183,12 @@ def test_augment_hsv_bgra_matches_bgr():
     assert augment_hsv(three, 0.1, 0.7, 0.4, np.random.default_rng(2)) is three
     result = augment_hsv(four, 0.1, 0.7, 0.4, np.random.default_rng(2))
     assert result.shape == img.shape and np.array_equal(result, three)
-    rgb = to_chw_rgb(four).numpy()
-    assert rgb.flags.c_contiguous and np.array_equal(rgb, img.transpose(2, 0, 1)[::-1])
+    rgb = to_rgb_tensor(four)
+    assert rgb.shape == (3, 16, 24) and rgb.permute(1, 2, 0).is_contiguous()  # channels-last storage
+    assert np.array_equal(rgb.numpy(), img.transpose(2, 0, 1)[::-1])
+    as_rgb = augment_hsv(four, 0.1, 0.7, 0.4, np.random.default_rng(2), rgb=True)
+    assert np.array_equal(as_rgb, three[:, :, ::-1])
+    assert np.array_equal(augment_hsv(img.copy(), 0, 0, 0, rgb=True), img[:, :, ::-1])
 
 
 def test_plot_labels_writes_jpeg(tmp_path):

@@ -1,7 +1,7 @@
 """YoloDataset: one image and its labels per item, with YOLOv5 v7's training augmentations.
 
-Item format (``dataset[i]``): ``(image, labels, path, shapes)`` where image is a contiguous uint8
-tensor (3, H, W) RGB, labels a float32 tensor (n, 6) ``[0, class, cx, cy, w, h]`` normalised to the
+Item format (``dataset[i]``): ``(image, labels, path, shapes)`` where image is a uint8 tensor
+(3, H, W) RGB stored channels-last (``to_rgb_tensor``), labels a float32 tensor (n, 6) ``[0, class, cx, cy, w, h]`` normalised to the
 returned image (column 0 is filled with the image's index in the batch by ``collate``), and shapes
 ``((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h)))`` mapping boxes back to the original image, or
 None for a mosaic.
@@ -212,30 +212,37 @@ def class_weights(labels, nc: int) -> np.ndarray:
     return weights / weights.sum()
 
 
-def to_chw_rgb(img: np.ndarray) -> torch.Tensor:
-    """HxWx3 BGR (or HxWx4 BGRA) uint8 -> contiguous (3, H, W) RGB uint8 tensor, one cv2 pass."""
-    out = np.empty((3, *img.shape[:2]), np.uint8)
-    cv2.mixChannels([img], [out[0], out[1], out[2]], [2, 0, 1, 1, 0, 2])
-    return torch.from_numpy(out)
+def to_rgb_tensor(img: np.ndarray, is_rgb: bool = False) -> torch.Tensor:
+    """HxWx3 BGR (or HxWx4 BGRA, or RGB when ``is_rgb``) uint8 -> (3, H, W) RGB uint8 tensor.
+
+    The tensor is a channel-first view of an HxWx3 array, i.e. stored channels-last: ``collate``
+    stacks such items with plain copies into a channels_last batch, which the channels_last model
+    takes as it is (no per-item transpose, no per-batch layout conversion in the training process).
+    """
+    if not is_rgb:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
 
 
 def collate(batch):
-    """Stack images (into shared memory inside workers) and write each label row's image index.
+    """Stack images into a (B, 3, H, W) channels_last uint8 batch and write each label row's image index.
 
-    Images of different sizes (only possible when a distributed rank's share of a --rect split
-    straddles two rect batches) are padded bottom/right to the largest, labels rescaled to match.
+    Inside workers the stacked storage is shared memory (``default_collate``), so the batch reaches the
+    training process without another copy. Images of different sizes (only possible when a distributed
+    rank's share of a --rect split straddles two rect batches) are padded bottom/right to the largest,
+    labels rescaled to match.
     """
     images, labels, paths, shapes = zip(*batch)
-    images = list(images)
-    height, width = max(im.shape[1] for im in images), max(im.shape[2] for im in images)
+    hwc = [im.permute(1, 2, 0) for im in images]  # items are channels-last views: these are plain arrays
+    height, width = max(im.shape[0] for im in hwc), max(im.shape[1] for im in hwc)
     for i, item_labels in enumerate(labels):
         item_labels[:, 0] = i
-        h, w = images[i].shape[1:]
+        h, w = hwc[i].shape[:2]
         if (h, w) != (height, width):
-            images[i] = torch.nn.functional.pad(images[i], (0, width - w, 0, height - h), value=FILL)
+            hwc[i] = torch.nn.functional.pad(hwc[i], (0, 0, 0, width - w, 0, height - h), value=FILL)
             item_labels[:, [2, 4]] *= w / width
             item_labels[:, [3, 5]] *= h / height
-    return default_collate(images), torch.cat(labels, 0), list(paths), shapes
+    return default_collate(hwc).permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
 
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):
@@ -385,13 +392,16 @@ class YoloDataset(Dataset):
                 img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(self.n)), rng), rng)
         else:
             img, labels, shapes = self.load_letterboxed(index, rng)
-        if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV / to_chw_rgb take both
+        if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV and to_rgb_tensor take both
             if img is self.images[index]:
                 img = img.copy()  # HSV works in place: never on the RAM cache
-            img = augment_hsv(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
+            img = augment_hsv(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng, rgb=True)  # HSV -> RGB in one pass
             img, labels = random_flips(img, labels, hyp.flipud, hyp.fliplr, rng)
+            image = to_rgb_tensor(img, is_rgb=True)
+        else:
+            image = to_rgb_tensor(img)
         targets = normalised_targets(labels, img.shape[1], img.shape[0])
-        return to_chw_rgb(img), targets, self.im_files[index], shapes
+        return image, targets, self.im_files[index], shapes
 
     def load_letterboxed(self, index: int, rng):
         """Non-mosaic path: letterbox to the rect batch shape or imgsz (+ random perspective if training)."""

@@ -173,15 +173,20 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, segments=(), degrees
     return img, labels, segments
 
 
-def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng=None) -> np.ndarray:
-    """Random hue/saturation/value gains on a uint8 image via one 3-channel LUT on its HSV form.
+def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng=None,
+                rgb: bool = False) -> np.ndarray:
+    """Random hue/saturation/value gains on a uint8 BGR (or BGRA) image via one 3-channel LUT on its HSV form.
 
     Hue is multiplied (mod 180, OpenCV's hue range), saturation and value multiplied and clipped.
-    A 3-channel BGR image is changed in place; a 4-channel BGRA one (mosaic canvas) gives a new
-    3-channel BGR image. Returns the result.
+    The result is BGR, or RGB with ``rgb`` (the conversion back from HSV writes either order at the
+    same cost, which saves the loader a separate BGR -> RGB pass). A 3-channel input is overwritten
+    and returned; a 4-channel BGRA one (mosaic canvas) gives a new 3-channel image.
     """
+    back = cv2.COLOR_HSV2RGB if rgb else cv2.COLOR_HSV2BGR
     if not (hgain or sgain or vgain):
-        return img
+        if rgb:
+            return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
+        return img if img.shape[2] == 3 else cv2.cvtColor(img, cv2.COLOR_BGRA2BGR)
     rng = rng if rng is not None else np.random.default_rng()
     gains = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
     x = np.arange(256, dtype=np.float64)
@@ -189,12 +194,12 @@ def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: 
     lut[:, 0, 0] = ((x * gains[0]) % 180).astype(np.uint8)
     lut[:, 0, 1] = np.clip(x * gains[1], 0, 255).astype(np.uint8)
     lut[:, 0, 2] = np.clip(x * gains[2], 0, 255).astype(np.uint8)
-    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
-    cv2.LUT(hsv, lut, dst=hsv)
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # takes BGRA too (alpha ignored)
+    cv2.LUT(hsv, lut, dst=hsv)  # one 3-channel table: hue, saturation, value
     if img.shape[2] == 3:
-        cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=img)
+        cv2.cvtColor(hsv, back, dst=img)
         return img
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)
+    return cv2.cvtColor(hsv, back)
 
 
 def flip_lr(img: np.ndarray, labels: np.ndarray):

@@ -61,8 +61,8 @@ class TrainStep:
 
     def forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Forward, loss and backward; returns (loss items, finite)."""
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        # loader batches are already channels_last (then this is free); 'off' gets plain NCHW
+        images = images.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         with self.precision.autocast():
             predictions = self.model(images)
         loss, items = self.compute_loss([p.float() for p in predictions], targets)
