@@ -102,3 +102,20 @@ def test_half_input_gives_float_output():
     pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0)]).half()
     (det,) = non_max_suppression(pred)
     assert det.dtype == torch.float32 and det.shape[0] == 1
+
+
+@pytest.mark.parametrize("iou_thres,max_det", [(0.6, 300), (0.45, 1000), (0.7, 50)])
+def test_chunked_greedy_nms_equals_one_torchvision_pass(iou_thres, max_det):
+    import torchvision
+
+    from utils.nms import NMS_CHUNK, _greedy_nms
+
+    g = torch.Generator().manual_seed(0)
+    n = NMS_CHUNK * 8 + 37  # many chunks, dense clusters (many suppressions) and loners
+    centres = torch.rand(40, 2, generator=g) * 300
+    xy = centres[torch.randint(0, 40, (n,), generator=g)] + torch.randn(n, 2, generator=g) * 6
+    wh = 10 + torch.rand(n, 2, generator=g) * 30
+    boxes = torch.cat((xy - wh / 2, xy + wh / 2), 1)
+    scores = torch.rand(n, generator=g)
+    expected = torchvision.ops.nms(boxes, scores, iou_thres)[:max_det]
+    assert torch.equal(_greedy_nms(boxes, scores, iou_thres, max_det), expected)
