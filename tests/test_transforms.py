@@ -5,8 +5,9 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.transforms import (augment_hsv, box_candidates, copy_paste, flip_lr, flip_ud, mixup, mosaic4,
-                                   mosaic_placements, multi_scale_size, random_perspective, warp_image)
+from utils.data.transforms import (apply_warp, augment_hsv, box_candidates, copy_paste, flip_lr, flip_ud, mixup,
+                                   mosaic4, mosaic_placements, multi_scale_size, perspective_matrix,
+                                   random_perspective, source_window, warp_image)
 
 COLOURS = np.array([[0, 0, 255], [0, 255, 0], [255, 0, 0], [0, 255, 255]], np.uint8)  # BGR per class
 BACKGROUND = 60
@@ -107,7 +108,7 @@ def test_mosaic_then_perspective_keeps_boxes_glued(seed):
                                (boxes[:, 3] - boxes[:, 1]) / w, (boxes[:, 4] - boxes[:, 2]) / h), 1)
         labels.append(normalised.astype(np.float32))
     centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
-    canvas, boxes, _ = mosaic4(images, labels, [[]] * 4, s, centre)
+    canvas, boxes, _ = mosaic4(images.__getitem__, sizes, labels, [[]] * 4, s, centre)
     assert canvas.shape == (2 * s, 2 * s, 4)
     covered = np.zeros(canvas.shape[:2], bool)
     for a, _ in mosaic_placements(centre, [im.shape[:2] for im in images], s):
@@ -118,6 +119,40 @@ def test_mosaic_then_perspective_keeps_boxes_glued(seed):
                                        border=(-s // 2, -s // 2), rng=rng)
     assert out.shape == (s, s, 4)
     assert assert_glued(out, boxes) >= 1
+
+
+@pytest.mark.parametrize("degrees, shear", [(0.0, 0.0), (10.0, 5.0)])
+def test_windowed_mosaic_warps_to_the_same_pixels_and_labels_without_loading_hidden_images(degrees, shear):
+    """Building only the canvas part the warp reads (and skipping images outside it) changes nothing."""
+    s, skipped = 96, 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        sizes = [(int(rng.integers(40, s + 1)), s) if k % 2 else (s, int(rng.integers(40, s + 1))) for k in range(4)]
+        images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+        labels = [np.array([[k, 0.5, 0.5, 0.4, 0.3], [k, 0.2, 0.3, 0.2, 0.2]], np.float32) for k in range(4)]
+        centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
+        matrix, zoom = perspective_matrix((2 * s, 2 * s), (s, s), degrees, 0.1, 0.5, shear, 0.0, rng)
+        window = source_window(matrix, (s, s), (2 * s, 2 * s))
+        loaded = []
+
+        def load(position):
+            loaded.append(position)
+            return images[position]
+
+        stale = np.full((2 * s, 2 * s, 4), 7, np.uint8)  # a reused buffer holding an older mosaic
+        full, full_labels, _ = mosaic4(images.__getitem__, sizes, labels, [[]] * 4, s, centre)
+        part, part_labels, _ = mosaic4(load, sizes, labels, [[]] * 4, s, centre, out=stale, window=window)
+        np.testing.assert_array_equal(part_labels, full_labels)
+        x1, y1, x2, y2 = window
+        np.testing.assert_array_equal(part[y1:y2, x1:x2], full[y1:y2, x1:x2])
+        out_full, kept_full, _ = apply_warp(full, full_labels, [], matrix, zoom, (s, s), False)
+        out_part, kept_part, _ = apply_warp(part, part_labels, [], matrix, zoom, (s, s), False)
+        np.testing.assert_array_equal(out_part, out_full)
+        np.testing.assert_array_equal(kept_part, kept_full)
+        for position in set(range(4)) - set(loaded):  # never loaded: none of its labels survive the warp
+            skipped += 1
+            assert position not in kept_full[:, 0]
+    assert skipped > 0
 
 
 def test_mosaic_placements_cover_the_centre():

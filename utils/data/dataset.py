@@ -33,8 +33,8 @@ from torch.utils.data import Dataset, default_collate
 from utils.boxes import xywhn2xyxy
 from utils.config import Hyp
 from utils.data.images import apply_orientation, exif_orientation, read_image
-from utils.data.transforms import (FILL, augment_hsv, copy_paste, letterbox, mixup, mosaic4, random_flips,
-                                   random_perspective)
+from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
+                                   perspective_matrix, random_flips, random_perspective, source_window)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -360,6 +360,13 @@ class YoloDataset(Dataset):
         img, _, size = self._load_resized(i)
         return img, (height0, width0), size
 
+    def resized_shape(self, i: int) -> tuple[int, int]:
+        """(h, w) of image i as ``load_image`` returns it, without loading it."""
+        if self.images[i] is not None:
+            return self.images[i].shape[:2]
+        width, height = resized_size(*(int(v) for v in self.shapes[i]), self.imgsz)
+        return height, width
+
     def decode(self, i: int, factor: int = 1) -> np.ndarray:
         """Decode image i (JPEG: fast path with this process's cached EXIF orientation)."""
         path = self.im_files[i]
@@ -417,19 +424,29 @@ class YoloDataset(Dataset):
         return img, labels, shapes
 
     def load_mosaic(self, index: int, rng):
-        """4-image mosaic on a 2*imgsz BGRA canvas, random centre, then random perspective back to imgsz."""
+        """4-image mosaic on a 2*imgsz BGRA canvas, random centre, then random perspective back to imgsz.
+
+        The warp is drawn first, so that only the part of the canvas it reads is built and images
+        wholly outside that part are not decoded (a third of the canvas on average with
+        hyp.scratch-low's scale 0.5). Not with a projective warp or copy-paste (which reads the
+        mirrored canvas): then the whole canvas is built.
+        """
         s, hyp = self.imgsz, self.hyp
         picks = [index, *(int(k) for k in rng.integers(0, self.n, 3))]
         rng.shuffle(picks)
         centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
-        images = (self.load_image(k)[0] for k in picks)  # placed one by one as decoded
+        out_size, projective = (s, s), hyp.perspective > 0
+        matrix, zoom = perspective_matrix((2 * s, 2 * s), out_size, hyp.degrees, hyp.translate, hyp.scale, hyp.shear,
+                                          hyp.perspective, rng)
+        pasting = hyp.copy_paste > 0 and any(len(self.segments[k]) for k in picks)
+        window = None if projective or pasting else source_window(matrix, out_size, (2 * s, 2 * s))
         if self.canvas is None:
             self.canvas = np.empty((2 * s, 2 * s, 4), np.uint8)  # reused: warped into a new array below
-        canvas, labels, segments = mosaic4(images, [self.labels[k] for k in picks],
-                                           [self.segments[k] for k in picks], s, centre, out=self.canvas)
+        canvas, labels, segments = mosaic4(lambda position: self.load_image(picks[position])[0],
+                                           [self.resized_shape(k) for k in picks], [self.labels[k] for k in picks],
+                                           [self.segments[k] for k in picks], s, centre, out=self.canvas, window=window)
         if len(segments) != len(labels):
             segments = []
         canvas, labels, segments = copy_paste(canvas, labels, segments, hyp.copy_paste, rng)
-        canvas, labels, _ = random_perspective(canvas, labels, segments, hyp.degrees, hyp.translate, hyp.scale,
-                                               hyp.shear, hyp.perspective, border=(-s // 2, -s // 2), rng=rng)
+        canvas, labels, _ = apply_warp(canvas, labels, segments, matrix, zoom, out_size, projective)
         return canvas, labels

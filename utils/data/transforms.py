@@ -149,14 +149,22 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, segments=(), degrees
     """Random rotation/scale/shear/translation/perspective as one matrix and one cv2 warp.
 
     ``labels`` (n, 5) [class, x1, y1, x2, y2] pixels; ``border`` (rows, cols) grows (+) or shrinks (-)
-    the output on each side (mosaic uses -imgsz/2 to come back from the 2x canvas). Warped boxes are
-    clipped to the image, then those failing ``box_candidates`` are dropped (with segments, the 10%
-    area rule becomes 1% since the tight outline box is more reliable). Returns (img, labels, segments).
+    the output on each side (mosaic uses -imgsz/2 to come back from the 2x canvas). Returns
+    (img, labels, segments) as ``apply_warp``.
     """
     out_size = (img.shape[1] + border[1] * 2, img.shape[0] + border[0] * 2)  # (w, h)
     matrix, zoom = perspective_matrix(img.shape, out_size, degrees, translate, scale, shear, perspective, rng)
-    projective = perspective > 0
-    if border[0] or border[1] or not np.allclose(matrix, np.eye(3)):
+    return apply_warp(img, labels, segments, matrix, zoom, out_size, perspective > 0)
+
+
+def apply_warp(img: np.ndarray, labels: np.ndarray, segments, matrix: np.ndarray, zoom: float, out_size,
+               projective: bool):
+    """Warp ``img`` and its labels by ``matrix`` (from ``perspective_matrix``) to ``out_size`` (w, h).
+
+    Warped boxes are clipped to the image, then those failing ``box_candidates`` are dropped (with
+    segments, the 10% area rule becomes 1% since the tight outline box is more reliable).
+    """
+    if tuple(out_size) != (img.shape[1], img.shape[0]) or not np.allclose(matrix, np.eye(3)):
         img = warp_image(img, matrix, out_size, projective)
     if not len(labels):
         return img, labels, []
@@ -171,6 +179,20 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, segments=(), degrees
     labels[:, 1:5] = boxes[keep]
     segments = [s for s, k in zip(segments, keep) if k]
     return img, labels, segments
+
+
+def source_window(matrix: np.ndarray, out_size, shape, margin: int = 2):
+    """The rectangle (x1, y1, x2, y2) of an image of ``shape`` (h, w) that an affine warp to ``out_size``
+    (w, h) reads: the output rectangle mapped back, widened by ``margin`` px for bilinear neighbours,
+    clipped to the image. Pixels outside it never reach the output.
+    """
+    w, h = out_size
+    corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64)
+    back = corners @ np.linalg.inv(matrix).T
+    xs, ys = back[:, 0] / back[:, 2], back[:, 1] / back[:, 2]
+    x1, y1 = max(math.floor(xs.min()) - margin, 0), max(math.floor(ys.min()) - margin, 0)
+    x2, y2 = min(math.ceil(xs.max()) + margin, shape[1]), min(math.ceil(ys.max()) + margin, shape[0])
+    return x1, y1, max(x2, x1), max(y2, y1)
 
 
 def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng=None,
@@ -301,6 +323,12 @@ def mosaic_placements(centre, sizes, s: int):
     return [mosaic_placement(i, centre, size, s) for i, size in enumerate(sizes)]
 
 
+def intersect(r, q):
+    """Intersection of two (x1, y1, x2, y2) rectangles, or None when empty."""
+    x1, y1, x2, y2 = max(r[0], q[0]), max(r[1], q[1]), min(r[2], q[2]), min(r[3], q[3])
+    return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
+
+
 def fill_around(canvas: np.ndarray, outer, inner) -> None:
     """Fill the part of rectangle ``outer`` not covered by ``inner`` (x1, y1, x2, y2) with grey."""
     ox1, oy1, ox2, oy2 = outer
@@ -311,29 +339,41 @@ def fill_around(canvas: np.ndarray, outer, inner) -> None:
     canvas[y1:y2, x2:ox2] = FILL
 
 
-def mosaic4(images, labels_list, segments_list, s: int, centre, out: np.ndarray | None = None):
+def mosaic4(load, sizes, labels_list, segments_list, s: int, centre, out: np.ndarray | None = None, window=None):
     """Tile 4 BGR images on a 2s x 2s grey BGRA canvas (4 channels: faster warp afterwards).
 
-    ``images`` may be a generator: each image is placed as soon as it is produced (decoding one at
-    a time keeps memory hot and reuses allocations).
+    ``load(position)`` returns image ``position`` (0..3) of ``sizes[position]`` (h, w); it is called
+    just before the image is placed (decoding one at a time keeps memory hot). With ``window``
+    (x1, y1, x2, y2), only that part of the canvas is built, as ``source_window`` gives it for the warp
+    that follows: images that fall wholly outside it are never loaded and the rest of the canvas is
+    left unwritten (the warp never reads it).
 
     ``labels_list`` items are (n, 5) [class, cx, cy, w, h] normalised to their image and
     ``segments_list`` items lists of normalised (k, 2) polygons. Returns (canvas, labels (m, 5)
-    [class, x1, y1, x2, y2] canvas pixels clipped to the canvas, segments in canvas pixels).
+    [class, x1, y1, x2, y2] canvas pixels clipped to the canvas, segments in canvas pixels); labels
+    of unloaded images are included (the warp drops them, being outside its output).
     ``out``: a (2s, 2s, 4) uint8 buffer to reuse (saves page faults on a fresh 2s x 2s allocation).
     """
     shape = (s * 2, s * 2, 4)
     canvas = out if out is not None and out.shape == shape and out.dtype == np.uint8 else np.empty(shape, np.uint8)
+    window = window or (0, 0, 2 * s, 2 * s)
     xc, yc = centre
     quadrants = [(0, 0, xc, yc), (xc, 0, 2 * s, yc), (0, yc, xc, 2 * s), (xc, yc, 2 * s, 2 * s)]
     all_labels, all_segments = [], []
-    for position, (img, labels, segments) in enumerate(zip(images, labels_list, segments_list)):
-        a, b = mosaic_placement(position, centre, img.shape[:2], s)
-        fill_around(canvas, quadrants[position], a)
-        if a[2] > a[0] and a[3] > a[1]:
-            cv2.cvtColor(img[b[1]:b[3], b[0]:b[2]], cv2.COLOR_BGR2BGRA, dst=canvas[a[1]:a[3], a[0]:a[2]])
-        h, w = img.shape[:2]
-        padw, padh = a[0] - b[0], a[1] - b[1]
+    for position, (labels, segments) in enumerate(zip(labels_list, segments_list)):
+        h, w = sizes[position]
+        a, b = mosaic_placement(position, centre, (h, w), s)
+        padw, padh = a[0] - b[0], a[1] - b[1]  # image pixel (x, y) lands at (x + padw, y + padh)
+        part, shown = intersect(quadrants[position], window), intersect(a, window)
+        if shown:
+            img = load(position)
+            if img.shape[:2] != (h, w):
+                raise ValueError(f"mosaic image {position} is {img.shape[1]}x{img.shape[0]}, expected {w}x{h}")
+            fill_around(canvas, part, shown)
+            x1, y1, x2, y2 = shown
+            cv2.cvtColor(img[y1 - padh:y2 - padh, x1 - padw:x2 - padw], cv2.COLOR_BGR2BGRA, dst=canvas[y1:y2, x1:x2])
+        elif part:
+            canvas[part[1]:part[3], part[0]:part[2]] = FILL
         rows = np.asarray(labels, np.float64).reshape(-1, 5)
         all_labels.append(np.concatenate([rows[:, :1], xywhn2xyxy(rows[:, 1:5], w, h, padw, padh)], 1))
         all_segments += [seg * (w, h) + (padw, padh) for seg in segments]
