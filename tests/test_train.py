@@ -1,4 +1,5 @@
 """End-to-end: a two-epoch run of a tiny model on a tiny generated dataset writes every output file."""
+import math
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,19 @@ def test_two_epoch_run_writes_every_output(tiny):
     # a second run never overwrites the first
     assert run_train(tiny, "--epochs", "1", "--noplots", "--image-weights", "--multi-scale") == 0
     assert (root / "runs" / "exp2" / "weights" / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_cpu_bf16_autocast_run_trains_and_saves_float_weights(tiny):
+    root = tiny[0]
+    assert run_train(tiny, "--epochs", "1", "--noplots", "--amp", "bf16", "--name", "bf16") == 0
+    save_dir = root / "runs" / "bf16"
+    rows = (save_dir / "results.csv").read_text().splitlines()
+    losses = [float(v) for v in rows[1].split(",")[1:4]]
+    assert len(rows) == 2 and all(math.isfinite(v) and v > 0 for v in losses)
+    checkpoint = torch.load(save_dir / "weights/last.pt", weights_only=True)
+    dtypes = {v.dtype for v in checkpoint["model"]["state_dict"].values() if v.is_floating_point()}
+    assert torch.bfloat16 not in dtypes
 
 
 def test_unfinished_flags_say_not_available(tiny, capsys):

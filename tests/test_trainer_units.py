@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from utils.loggers import RESULTS_KEYS
+from utils.trainer import amp
 from utils.trainer.amp import choose_precision
 from utils.trainer.loop import MAX_NONFINITE_IN_ROW, NonFiniteLossError, TrainStep, scale_batch
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
@@ -71,6 +72,18 @@ def test_non_finite_loss_skips_step_then_stops():
     assert torch.equal(model[0].weight, before) and model[0].weight.grad is None
     with pytest.raises(NonFiniteLossError, match="in a row"):
         step.forward_backward(torch.rand(1, 3, 4, 4), torch.zeros(0, 6))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cpu_bf16_autocast_warns_only_without_native_bf16(monkeypatch, caplog, native):
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: native)
+    model = torch.nn.Conv2d(3, 4, 3)
+    with caplog.at_level("WARNING", logger=amp.__name__):
+        precision = choose_precision("bf16", torch.device("cpu"), model)
+    assert precision.dtype == torch.bfloat16 and precision.name == "bf16" and not precision.scaler.is_enabled()
+    with precision.autocast():
+        assert model(torch.rand(1, 3, 8, 8)).dtype == torch.bfloat16
+    assert ("no native bf16" in caplog.text) != native
 
 
 def test_scale_batch_keeps_stride_multiple():

@@ -155,6 +155,13 @@ def test_windowed_mosaic_warps_to_the_same_pixels_and_labels_without_loading_hid
     assert skipped > 0
 
 
+def test_source_window_of_a_singular_warp_is_the_whole_image():
+    singular = np.diag([0.0, 0.0, 1.0])  # zero zoom
+    assert source_window(singular, (64, 64), (128, 96)) == (0, 0, 96, 128)
+    zoom_in = np.array([[2.0, 0, -64], [0, 2.0, -64], [0, 0, 1]])  # output 64x64 reads canvas [32, 64) + margin
+    assert source_window(zoom_in, (64, 64), (128, 128)) == (30, 30, 66, 66)
+
+
 def test_mosaic_placements_cover_the_centre():
     places = mosaic_placements((100, 80), [(50, 60)] * 4, 64)
     assert [a for a, _ in places] == [(40, 30, 100, 80), (100, 30, 128, 80), (40, 80, 100, 128), (100, 80, 128, 128)]

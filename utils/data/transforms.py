@@ -188,7 +188,10 @@ def source_window(matrix: np.ndarray, out_size, shape, margin: int = 2):
     """
     w, h = out_size
     corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64)
-    back = corners @ np.linalg.inv(matrix).T
+    try:
+        back = corners @ np.linalg.inv(matrix).T
+    except np.linalg.LinAlgError:  # a zero zoom (hyp scale 1.0 can draw it): the warp reads one point
+        return 0, 0, shape[1], shape[0]
     xs, ys = back[:, 0] / back[:, 2], back[:, 1] / back[:, 2]
     x1, y1 = max(math.floor(xs.min()) - margin, 0), max(math.floor(ys.min()) - margin, 0)
     x2, y2 = min(math.ceil(xs.max()) + margin, shape[1]), min(math.ceil(ys.max()) + margin, shape[0])
