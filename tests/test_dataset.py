@@ -167,6 +167,20 @@ def test_ram_and_disk_caches_give_the_same_items(split, tmp_path, monkeypatch):
     assert torch.equal(fallback[0][0], plain[0][0])
 
 
+@pytest.mark.parametrize("cache", [None, "ram"])
+def test_mosaic_items_equal_a_whole_canvas_build(split, monkeypatch, cache):
+    """The dataset's windowed mosaic (only the part the warp reads, hidden images not loaded) gives the
+    same items as building the whole canvas; sizes come from the scan (or the RAM cache) before loading."""
+    hyp = Hyp(mixup=0.5)  # hyp.scratch-low's augmentation, plus mixup (two mosaics per item)
+    windowed = YoloDataset(split, imgsz=96, augment=True, hyp=hyp, cache=cache)
+    items = [windowed[(i, epoch)] for epoch in range(3) for i in range(len(windowed))]
+    monkeypatch.setattr(dataset_module, "source_window", lambda matrix, out_size, shape: None)
+    whole = YoloDataset(split, imgsz=96, augment=True, hyp=hyp, cache=cache)
+    for k, (image, targets, _, _) in enumerate(items):
+        other = whole[(k % len(whole), k // len(whole))]
+        assert torch.equal(image, other[0]) and torch.equal(targets, other[1])
+
+
 def test_single_cls(split):
     data = YoloDataset(split, imgsz=64, single_cls=True)
     assert all((lb[:, 0] == 0).all() for lb in data.labels)
