@@ -376,7 +376,7 @@ class YoloDataset(Dataset):
 
     def _load_resized(self, i: int):
         width0, height0 = (int(v) for v in self.shapes[i])
-        width, height = resized_size(width0, height0, self.imgsz)
+        height, width = self.resized_shape(i)
         if self.npy_files is not None:
             img = np.load(self.npy_files[i], allow_pickle=False)
         else:
