@@ -74,8 +74,8 @@ def measure(split, imgsz, workers, cache, epochs, hyp, batch_size):
     for epoch in range(epochs + 1):  # epoch 0 warms up (workers, page cache)
         set_loader_epoch(loader, epoch)
         iterator = iter(loader)
-        if epoch == 1:
-            pids += [w.pid for w in getattr(iterator, "_workers", [])]
+        if epoch == 1:  # persistent workers, started in epoch 0
+            pids += [w.pid for w in getattr(getattr(loader, "_iterator", None), "_workers", [])]
             cpu_start = [process_cpu_seconds(pid) for pid in pids]
             start = time.perf_counter()
         for images, _, _, _ in iterator:

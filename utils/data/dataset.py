@@ -224,11 +224,12 @@ def to_rgb_tensor(img: np.ndarray, is_rgb: bool = False) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
 
 
-def collate(batch):
+def collate(batch, slots=None):
     """Stack images into a (B, 3, H, W) channels_last uint8 batch and write each label row's image index.
 
-    Inside workers the stacked storage is shared memory (``default_collate``), so the batch reaches the
-    training process without another copy. Images of different sizes (only possible when a distributed
+    Inside workers the stacked storage is shared memory, so the batch reaches the training process
+    without another copy: a reused buffer from ``slots`` (``utils.data.batch_slots``) when one is free,
+    else a fresh one (``default_collate``). Images of different sizes (only possible when a distributed
     rank's share of a --rect split straddles two rect batches) are padded bottom/right to the largest,
     labels rescaled to match.
     """
@@ -242,7 +243,9 @@ def collate(batch):
             hwc[i] = torch.nn.functional.pad(hwc[i], (0, 0, 0, width - w, 0, height - h), value=FILL)
             item_labels[:, [2, 4]] *= w / width
             item_labels[:, [3, 5]] *= h / height
-    return default_collate(hwc).permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
+    buffer = slots.images_buffer((len(hwc), height, width, 3)) if slots is not None else None
+    stacked = torch.stack(hwc, out=buffer) if buffer is not None else default_collate(hwc)
+    return stacked.permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
 
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):

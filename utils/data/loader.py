@@ -7,6 +7,7 @@ persistent workers see the current epoch without being restarted. Call
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from utils.data.batch_slots import BatchSlots
 from utils.data.dataset import YoloDataset, collate
 from utils.device import usable_cpus
 
@@ -70,6 +72,26 @@ class EpochSampler(Sampler):
         return self.per_rank
 
 
+class SlotDataLoader(DataLoader):
+    """A DataLoader whose workers reuse shared-memory image buffers (``utils.data.batch_slots``): each
+    batch it yields hands its buffer back to the workers once the batch's images are garbage-collected."""
+
+    def __init__(self, *args, slots: BatchSlots | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slots = slots
+
+    def __iter__(self):
+        iterator = super().__iter__()
+        if self.slots is None:
+            return iterator
+        return self._tracked(iterator)
+
+    def _tracked(self, iterator):
+        for batch in iterator:
+            self.slots.track(batch[0])
+            yield batch
+
+
 def keep_freed_memory() -> None:
     """glibc only: serve large arrays from the heap and keep freed memory instead of mmap/munmap
     per array. A worker allocates and frees several 1-7 MB images per item; without this each
@@ -119,10 +141,13 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                        collate_fn=collate, pin_memory=torch.cuda.is_available(), drop_last=False,
-                        persistent_workers=num_workers > 0, worker_init_fn=seed_worker, generator=generator,
-                        prefetch_factor=4 if num_workers > 0 else None)
+    prefetch = 4 if num_workers > 0 else None
+    pin_memory = torch.cuda.is_available()  # pinning copies each batch anyway: no buffer reuse then
+    slots = BatchSlots(num_workers, prefetch + 2) if num_workers > 0 and not pin_memory else None
+    loader = SlotDataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                            collate_fn=functools.partial(collate, slots=slots), pin_memory=pin_memory,
+                            drop_last=False, persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
+                            generator=generator, prefetch_factor=prefetch, slots=slots)
     return loader, dataset
 
 
