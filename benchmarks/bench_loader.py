@@ -57,17 +57,18 @@ def list_split(folder: Path) -> LabelSet:
     return LabelSet([str(p) for p in files], labels, np.array(shapes))
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc), 0 when unavailable."""
+def process_cpu_seconds(pid: int) -> np.ndarray:
+    """(user, system) CPU seconds of a live process (Linux /proc), zeros when unavailable."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return np.array([int(fields[11]), int(fields[12])]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return np.zeros(2)
 
 
 def measure(split, imgsz, workers, cache, epochs, hyp, batch_size):
-    """(images/s wall clock, CPU ms per image over the main process and workers, of which main)."""
+    """(images/s wall clock, CPU ms per image over the main process and workers, of which system
+    (kernel: page faults, shared memory, file reads), of which main process)."""
     loader, dataset = create_dataloader(None, imgsz, batch_size, 32, hyp=hyp, augment=True, cache=cache,
                                         workers=workers, shuffle=True, seed=0, labels=split)
     count, pids = 0, [os.getpid()]
@@ -83,7 +84,8 @@ def measure(split, imgsz, workers, cache, epochs, hyp, batch_size):
                 count += images.shape[0]
     elapsed = time.perf_counter() - start
     cpu = [process_cpu_seconds(pid) - begin for pid, begin in zip(pids, cpu_start)]
-    return count / elapsed, sum(cpu) / count * 1e3, cpu[0] / count * 1e3
+    total = sum(cpu) / count * 1e3
+    return count / elapsed, total.sum(), total[1], cpu[0].sum() / count * 1e3
 
 
 STAGES = {  # label: (function name, file suffix)
@@ -153,9 +155,10 @@ def main():
     if not args.no_cache_row:
         rows += [(s, max(args.workers), "ram") for s in args.imgsz]
     for imgsz, workers, cache in rows:
-        rate, cpu_ms, main_ms = measure(split, imgsz, workers, cache, args.epochs, hyp, args.batch_size)
+        rate, cpu_ms, system_ms, main_ms = measure(split, imgsz, workers, cache, args.epochs, hyp, args.batch_size)
         print(f"imgsz {imgsz:4d}  workers {workers}  cache {cache or 'none':4s}  {rate:7.1f} images/s   "
-              f"(CPU {cpu_ms:5.2f} ms/image over all processes, main {main_ms:5.2f})", flush=True)
+              f"(CPU {cpu_ms:5.2f} ms/image over all processes, system {system_ms:4.2f}, main {main_ms:5.2f})",
+              flush=True)
     if args.profile:
         for imgsz in args.imgsz:
             profile(split, imgsz, hyp, args.batch_size)

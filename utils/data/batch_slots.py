@@ -55,7 +55,7 @@ class BatchSlots:
                 continue
             storage = self._storages.get(slot)
             if storage is None or storage.nbytes() < nbytes + TRAILER:
-                storage = torch.UntypedStorage._new_shared(nbytes + TRAILER)
+                storage = torch.empty(nbytes + TRAILER, dtype=torch.uint8).share_memory_().untyped_storage()
                 self._storages[slot] = storage
             trailer = _trailer(storage)
             trailer[0], trailer[1] = MAGIC, slot
