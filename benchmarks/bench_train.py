@@ -59,7 +59,8 @@ def run_trainer(args) -> list:
 
 
 def compute_floor(config, iterations: int) -> float:
-    """Seconds for ``iterations`` steps of forward+loss+backward+optimizer(+EMA) on in-memory batches."""
+    """Seconds for ``iterations`` steps of forward+loss+backward+optimizer(+EMA) on in-memory batches,
+    after 3 untimed warm-up steps (the trainer's epochs compared with it are steady ones too)."""
     import torch
 
     from utils.config import Hyp
@@ -87,8 +88,10 @@ def compute_floor(config, iterations: int) -> float:
     step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=config.imgsz),
                      choose_precision(config.amp, torch.device("cpu"), model), ModelEMA(model), channels_last)
     model.train()
-    start = time.perf_counter()
-    for i in range(iterations):
+    warmup = 3  # untimed: the first steps of a new model pay one-off kernel selection and allocation costs
+    for i in range(warmup + iterations):
+        if i == warmup:
+            start = time.perf_counter()
         images, targets = batches[i % len(batches)]
         step.forward_backward(images, targets)
         if (i + 1) % accumulate == 0:
