@@ -10,17 +10,8 @@ import torch
 from tests.test_dataset import SIZES, make_split
 from utils.config import Hyp
 from utils.data import batch_slots
-from utils.data.batch_slots import MAGIC, BatchSlots
+from utils.data.batch_slots import BatchSlots, slot_of
 from utils.data.loader import create_dataloader, set_loader_epoch
-
-
-def slot_of(images: torch.Tensor):
-    """The slot number a batch travelled in, or None for a fresh buffer."""
-    storage = images.untyped_storage()
-    if storage.nbytes() < images.numel() + batch_slots.TRAILER:
-        return None
-    magic, slot = batch_slots._trailer(storage).tolist()
-    return slot if magic == MAGIC else None
 
 
 def test_slot_is_released_only_when_the_last_view_dies(monkeypatch):

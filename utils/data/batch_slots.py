@@ -32,7 +32,7 @@ class BatchSlots:
 
     def __init__(self, num_workers: int, per_worker: int):
         self.per_worker = per_worker
-        self.flags = torch.zeros(max(num_workers * per_worker, 1), dtype=torch.uint8).share_memory_()
+        self.flags = torch.zeros(num_workers * per_worker, dtype=torch.uint8).share_memory_()
         self._storages = {}  # per process (worker side): slot -> UntypedStorage
 
     def __getstate__(self):  # sent to spawned workers: the shared flags only
@@ -45,7 +45,7 @@ class BatchSlots:
     def images_buffer(self, shape) -> torch.Tensor | None:
         """A uint8 tensor of ``shape`` in a free slot of this worker, or None (main process, none free)."""
         info = get_worker_info()
-        if info is None or self.per_worker == 0:
+        if info is None:
             return None
         flags = self.flags.numpy()
         nbytes = math.prod(shape)
@@ -65,14 +65,20 @@ class BatchSlots:
 
     def track(self, images: torch.Tensor) -> None:
         """Training-process side: free the slot of ``images`` (if it has one) once nothing views it."""
-        if not isinstance(images, torch.Tensor) or images.device.type != "cpu" or images.dtype != torch.uint8:
-            return
-        storage = images.untyped_storage()
-        if storage.nbytes() < images.numel() + TRAILER:
-            return
-        magic, slot = (int(v) for v in _trailer(storage))
-        if magic == MAGIC and 0 <= slot < len(self.flags):
-            weakref.finalize(storage, _release, self.flags.numpy(), slot)
+        slot = slot_of(images)
+        if slot is not None and slot < len(self.flags):
+            weakref.finalize(images.untyped_storage(), _release, self.flags.numpy(), slot)
+
+
+def slot_of(images) -> int | None:
+    """The slot a batch's images travelled in (read from the trailer), or None for any other tensor."""
+    if not isinstance(images, torch.Tensor) or images.device.type != "cpu" or images.dtype != torch.uint8:
+        return None
+    storage = images.untyped_storage()
+    if storage.nbytes() < images.numel() + TRAILER:
+        return None
+    magic, slot = (int(v) for v in _trailer(storage))
+    return slot if magic == MAGIC and slot >= 0 else None
 
 
 def _trailer(storage: torch.UntypedStorage) -> np.ndarray:
