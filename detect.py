@@ -348,6 +348,9 @@ def main(argv=None) -> int:
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    from utils.memory import keep_freed_memory
+
+    keep_freed_memory()  # whole-process choice: see utils/memory.py
     try:
         config = config_from_args(args)
         run(config)

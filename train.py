@@ -44,8 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
     parser.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for x generations")
-    parser.add_argument("--cache", type=str, nargs="?", const="ram", choices=("ram", "disk"),
-                        help="cache images in 'ram' (default) or 'disk'")
+    parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
+                        choices=("ram", "disk", "auto", "off"),
+                        help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
@@ -80,8 +81,10 @@ def config_from_args(args: argparse.Namespace):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from utils.loggers import setup_logging
+    from utils.memory import keep_freed_memory
 
     setup_logging()
+    keep_freed_memory()  # whole-process choice: see utils/memory.py
     for flag, message in NOT_AVAILABLE_YET.items():
         if getattr(args, flag):
             print(f"train.py: error: {message}", file=sys.stderr)

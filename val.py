@@ -454,8 +454,10 @@ def _user_errors() -> tuple:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from utils.loggers import setup_logging
+    from utils.memory import keep_freed_memory
 
     setup_logging()
+    keep_freed_memory()  # whole-process choice: see utils/memory.py
     options = vars(args).copy()
     weights = options.pop("weights")
     try:

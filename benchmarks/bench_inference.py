@@ -62,6 +62,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
+    from utils.memory import keep_freed_memory
+
+    keep_freed_memory()  # as detect.py does
     print(f"CPU: {cpu_name()} ({os.cpu_count()} logical), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}, batch 1, {args.imgsz}x{args.imgsz}, fused, channels_last, float32, "
           f"median of {args.runs} runs after {args.warmup} warm-up")

@@ -106,7 +106,7 @@ def profile(split, imgsz, hyp, batch_size, batches=40):
     import cv2
     import torch
 
-    from utils.data.loader import keep_freed_memory
+    from utils.memory import keep_freed_memory
 
     cv2.setNumThreads(0)  # as in a loader worker
     torch.set_num_threads(1)

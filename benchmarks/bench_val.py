@@ -52,8 +52,10 @@ def main(argv=None) -> int:
     from utils.data.dataset_yaml import load_data_config
     from utils.data.loader import create_dataloader
     from utils.device import select_device
+    from utils.memory import keep_freed_memory
     from val import validate
 
+    keep_freed_memory()  # as val.py does
     if args.threads:
         torch.set_num_threads(args.threads)
     device = select_device(args.device)

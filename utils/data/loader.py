@@ -18,8 +18,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils.data.batch_slots import BatchSlots
-from utils.data.dataset import YoloDataset, collate
+from utils.data.dataset import YoloDataset, auto_cache_fits, collate
 from utils.device import usable_cpus
+from utils.memory import keep_freed_memory
 
 LOGGER = logging.getLogger(__name__)
 
@@ -92,22 +93,8 @@ class SlotDataLoader(DataLoader):
             yield batch
 
 
-def keep_freed_memory() -> None:
-    """glibc only: serve large arrays from the heap and keep freed memory instead of mmap/munmap
-    per array. A worker allocates and frees several 1-7 MB images per item; without this each
-    one is fresh pages from the kernel (~1000 page faults per 640 mosaic, ~2 ms). No-op elsewhere."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD: the maximum glibc allows
-        libc.mallopt(-1, 256 * 1024 * 1024)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def seed_worker(worker_id: int) -> None:
-    """Worker start-up: OpenCV single-threaded, freed memory kept (see keep_freed_memory), and the
+    """Worker start-up: OpenCV single-threaded, freed memory kept (``utils.memory``), and the
     libraries a worker might use seeded from torch's per-worker seed (itself from the loader's
     generator, seeded by (seed, rank)). Augmentation itself is seeded per item, not from here."""
     cv2.setNumThreads(0)
@@ -126,6 +113,7 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
+    ``cache``: None/"off", "ram", "disk", or "auto" (RAM for small datasets, see ``auto_cache``).
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
     """
@@ -134,10 +122,15 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
         shuffle = False
     nc = len(names) if names is not None else None
     dataset = YoloDataset(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
-                          augment=augment, hyp=hyp, rect=rect, image_weights=image_weights, cache=cache,
+                          augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
+                          cache=cache if cache in ("ram", "disk") else None,
                           single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc)
     batch_size = min(batch_size, len(dataset))
     num_workers = worker_count(workers, batch_size, world_size)
+    if cache == "auto":
+        auto_cache(dataset, num_workers, world_size, prefix)
+    elif cache not in (None, "off", "ram", "disk"):
+        raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
@@ -149,6 +142,24 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                             drop_last=False, persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
                             generator=generator, prefetch_factor=prefetch, slots=slots)
     return loader, dataset
+
+
+def auto_cache(dataset: YoloDataset, num_workers: int, world_size: int, prefix: str = "") -> None:
+    """--cache auto (train.py's default): cache a small dataset's resized images in RAM before the
+    workers start. Forked workers share the cached pages; other start methods pickle the dataset into
+    every worker, so each worker's copy counts against the budget too (as does each DDP process's)."""
+    import multiprocessing
+
+    shared = multiprocessing.get_start_method(allow_none=False) == "fork"
+    copies = max(world_size, 1) * (1 if shared or num_workers == 0 else 1 + num_workers)
+    fits, need = auto_cache_fits(dataset.shapes, dataset.imgsz, copies)
+    if fits:
+        LOGGER.info("%s--cache auto: small dataset, caching its images in RAM (%.2f GB%s; --cache off to skip)",
+                    prefix, need / 1e9, f" x {copies} processes" if copies > 1 else "")
+        dataset.cache_images("ram")
+    else:
+        LOGGER.info("%s--cache auto: not caching, %.2f GB x %d processes is over the automatic limit "
+                    "(--cache ram or disk to cache anyway)", prefix, need / 1e9, copies)
 
 
 def set_loader_epoch(loader, epoch: int) -> None:
