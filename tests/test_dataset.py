@@ -167,6 +167,31 @@ def test_ram_and_disk_caches_give_the_same_items(split, tmp_path, monkeypatch):
     assert torch.equal(fallback[0][0], plain[0][0])
 
 
+def test_auto_cache_caches_small_datasets_only(split, monkeypatch):
+    """--cache auto (train.py's default) caches in RAM when every copy fits the automatic budget, and the
+    batches are the ones an uncached loader gives; over the budget nothing is cached."""
+    from utils.data import loader as loader_module
+
+    hyp = Hyp()
+    need = dataset_module.ram_cache_bytes(split.shapes, 64)
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 10 * need)  # share 0.1 -> budget = need
+    auto, auto_data = create_dataloader(None, 64, 3, 32, hyp=hyp, augment=True, shuffle=True, cache="auto",
+                                        workers=0, labels=split)
+    off, off_data = create_dataloader(None, 64, 3, 32, hyp=hyp, augment=True, shuffle=True, cache="off",
+                                      workers=0, labels=split)
+    assert all(img is not None for img in auto_data.images) and all(img is None for img in off_data.images)
+    for (a, ta, _, _), (b, tb, _, _) in zip(auto, off):
+        assert torch.equal(a, b) and torch.equal(ta, tb)
+    two_ranks, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=0, world_size=2, labels=split)
+    assert all(img is None for img in two_ranks.dataset.images)  # two processes' copies exceed the budget
+    monkeypatch.setattr(loader_module, "worker_count", lambda *args: 2)
+    monkeypatch.setattr("multiprocessing.get_start_method", lambda allow_none=False: "spawn")
+    spawned, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=2, labels=split)
+    assert all(img is None for img in spawned.dataset.images)  # each spawned worker would hold a copy
+    with pytest.raises(ValueError, match="unknown cache mode 'ssd'"):
+        create_dataloader(None, 64, 3, 32, hyp=hyp, cache="ssd", workers=0, labels=split)
+
+
 @pytest.mark.parametrize("cache", [None, "ram"])
 def test_mosaic_items_equal_a_whole_canvas_build(split, monkeypatch, cache):
     """The dataset's windowed mosaic (only the part the warp reads, hidden images not loaded) gives the

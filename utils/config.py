@@ -126,7 +126,7 @@ class TrainConfig:
     noautoanchor: bool = False
     noplots: bool = False
     evolve: int | None = None
-    cache: str | None = None
+    cache: str | None = "auto"  # ram, disk, auto (RAM for small datasets), off / None
     image_weights: bool = False
     device: str = ""
     multi_scale: bool = False

@@ -41,6 +41,8 @@ LOGGER = logging.getLogger(__name__)
 _REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 NPY_FALLBACK = Path.home() / ".cache" / "yolo-trainer" / "npy"
 RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
+AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when all copies need at most this many bytes
+AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
 
 
 class CacheError(ValueError):
@@ -133,6 +135,16 @@ def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
     if need * RAM_SAFETY > free:
         raise CacheError(f"{prefix}--cache ram: need {need / 1e9:.1f} GB (+{RAM_SAFETY - 1:.0%} margin), "
                          f"available {free / 1e9:.1f} GB; use --cache disk or no cache")
+
+
+def auto_cache_fits(shapes: np.ndarray, imgsz: int, copies: int = 1) -> tuple[bool, int]:
+    """--cache auto: (cache in RAM?, bytes of one copy). Small datasets only: ``copies`` (processes
+    holding their own copy) times the resized images within AUTO_CACHE_LIMIT and AUTO_CACHE_SHARE of
+    the available memory. Decoding is most of a loader's work (each mosaic decodes four images), so a
+    cache of a small dataset saves that work every epoch for a little memory."""
+    need = ram_cache_bytes(shapes, imgsz)
+    budget = min(AUTO_CACHE_LIMIT, AUTO_CACHE_SHARE * available_memory())
+    return need * max(copies, 1) <= budget, need
 
 
 def fallback_npy_path(im_file: str) -> Path:

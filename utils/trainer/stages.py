@@ -71,7 +71,7 @@ def build_loaders(config: TrainConfig, hyp: Hyp, info) -> RunData:
     val_loader = None
     if dist.is_main_process():
         val_loader, _ = create_dataloader(
-            data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=None,
+            data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=config.cache,
             rect=True, pad=0.5, workers=config.workers * 2, prefix="val: ", single_cls=config.single_cls,
             names=names)
         if not config.noplots:
