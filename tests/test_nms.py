@@ -119,3 +119,25 @@ def test_chunked_greedy_nms_equals_one_torchvision_pass(iou_thres, max_det):
     scores = torch.rand(n, generator=g)
     expected = torchvision.ops.nms(boxes, scores, iou_thres)[:max_det]
     assert torch.equal(_greedy_nms(boxes, scores, iou_thres, max_det), expected)
+
+
+@pytest.mark.parametrize("iou_thres,max_det", [(0.6, 300), (0.45, 1000)])
+def test_class_aware_chunked_nms_equals_one_offset_pass(iou_thres, max_det):
+    """Class by class (torchvision's batched_nms) in chunks = one greedy pass in which each class's boxes
+    are moved to their own region (boxes of different classes can then never overlap)."""
+    import torchvision
+
+    from utils.nms import NMS_CHUNK, _greedy_nms
+
+    g = torch.Generator().manual_seed(1)
+    n = NMS_CHUNK * 4 + 11
+    centres = torch.rand(30, 2, generator=g) * 300
+    xy = centres[torch.randint(0, 30, (n,), generator=g)] + torch.randn(n, 2, generator=g) * 6
+    wh = 10 + torch.rand(n, 2, generator=g) * 30
+    boxes = torch.cat((xy - wh / 2, xy + wh / 2), 1)
+    scores = torch.rand(n, generator=g)
+    classes = torch.randint(0, 3, (n,), generator=g)
+    expected = torchvision.ops.nms(boxes + classes[:, None] * 10_000.0, scores, iou_thres)[:max_det]
+    actual = _greedy_nms(boxes, scores, iou_thres, max_det, classes)
+    assert torch.equal(actual, expected)
+    assert not torch.equal(_greedy_nms(boxes, scores, iou_thres, max_det), expected)  # agnostic differs

@@ -12,7 +12,6 @@ import torchvision
 
 from utils.boxes import xywh2xyxy
 
-MAX_WH = 7680  # class offset for class-aware NMS in one call; larger than any image side
 MAX_NMS = 30000  # candidates per image passed to NMS at most (highest confidence kept)
 NMS_CHUNK = 1024  # candidates per greedy-NMS chunk (see _greedy_nms)
 
@@ -38,27 +37,40 @@ def _candidates(rows: torch.Tensor, conf_thres: float, multi_label: bool):
     return row_index, conf[row_index], class_index[row_index]
 
 
-def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max_det: int) -> torch.Tensor:
-    """Indices kept by greedy NMS (best first), stopping early once ``max_det`` boxes are kept.
+def _nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor | None, iou_thres: float) -> torch.Tensor:
+    """Indices kept by greedy NMS, best first; class by class when ``classes`` is given (torchvision's
+    batched_nms: on CPU one pass per class above 1000 boxes, which compares only boxes of one class)."""
+    if classes is None:
+        return torchvision.ops.nms(boxes, scores, iou_thres)
+    return torchvision.ops.batched_nms(boxes, scores, classes, iou_thres)
 
-    The best ``NMS_CHUNK`` candidates go through torchvision NMS first; only when fewer than
-    ``max_det`` survive do the rest follow, chunk by chunk, with the boxes kept so far placed first
-    (score +inf) so they suppress the new chunk. This equals greedy NMS over all candidates, but
-    its cost stops growing at ``max_det`` kept boxes.
+
+def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max_det: int,
+                classes: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices kept by greedy NMS (best first), stopping early once ``max_det`` boxes are kept;
+    class-aware when ``classes`` is given (boxes of different classes never suppress each other).
+
+    The best ``NMS_CHUNK`` candidates go through NMS first; only when fewer than ``max_det`` survive
+    do the rest follow, chunk by chunk, with the boxes kept so far placed first (score +inf) so they
+    suppress the new chunk. This equals greedy NMS over all candidates, but its cost stops growing at
+    ``max_det`` kept boxes.
     """
     count = scores.shape[0]
     chunk = max(NMS_CHUNK, min(max_det, MAX_NMS))
     if count <= chunk:
-        return torchvision.ops.nms(boxes, scores, iou_thres)[:max_det]
+        return _nms(boxes, scores, classes, iou_thres)[:max_det]
     best = scores.topk(chunk).indices  # sorted, best first; a full sort is rarely needed
-    keep = best[torchvision.ops.nms(boxes[best], scores[best], iou_thres)]
+    keep = best[_nms(boxes[best], scores[best], None if classes is None else classes[best], iou_thres)]
     if keep.shape[0] >= max_det:
         return keep[:max_det]
     order = scores.argsort(descending=True)[:MAX_NMS]
     for start in range(chunk, order.shape[0], chunk):
         index = torch.cat((keep, order[start:start + chunk]))
         ranked = torch.cat((torch.full_like(scores[keep], float("inf")), scores[index[keep.shape[0]:]]))
-        keep = index[torchvision.ops.nms(boxes[index], ranked, iou_thres)]
+        survivors = _nms(boxes[index], ranked, None if classes is None else classes[index], iou_thres)
+        # the kept boxes survive (they do not overlap each other); append the new survivors, best first,
+        # keeping the kept ones' order (their +inf ranks tie, and a tie's order is not defined)
+        keep = torch.cat((keep, index[survivors[survivors >= keep.shape[0]]]))
         if keep.shape[0] >= max_det:
             break
     return keep[:max_det]
@@ -90,9 +102,7 @@ def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45,
             row_index, conf, class_index = row_index[wanted], conf[wanted], class_index[wanted]
         boxes = xywh2xyxy(rows[row_index, :4])
         if conf.shape[0]:
-            # Offsetting boxes by class * MAX_WH puts each class in its own region: one NMS pass.
-            offset_boxes = boxes if agnostic else boxes + class_index[:, None].to(boxes.dtype) * MAX_WH
-            keep = _greedy_nms(offset_boxes, conf, iou_thres, max_det)
+            keep = _greedy_nms(boxes, conf, iou_thres, max_det, None if agnostic else class_index)
             boxes, conf, class_index = boxes[keep], conf[keep], class_index[keep]
         output.append(torch.cat((boxes, conf[:, None], class_index[:, None].to(boxes.dtype)), 1))
     return output
