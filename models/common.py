@@ -385,8 +385,14 @@ def fuse_conv_and_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
                       padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=True)
     fused = fused.requires_grad_(False).to(device=conv.weight.device, dtype=conv.weight.dtype)
     with torch.no_grad():
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-        fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
-        conv_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
-        fused.bias.copy_((conv_bias - bn.running_mean) * scale + bn.bias)
+        weight, bias = folded_batchnorm(conv, bn)
+        fused.weight.copy_(weight)
+        fused.bias.copy_(bias)
     return fused
+
+
+def folded_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of one convolution computing bn(conv(x)) with the BN's running statistics."""
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    conv_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    return conv.weight * scale.view(-1, 1, 1, 1), (conv_bias - bn.running_mean) * scale + bn.bias

@@ -390,7 +390,7 @@ class DetectionModel(nn.Module):
             outputs.append(x if layer.i in self.save else None)
         return x
 
-    def fuse(self) -> DetectionModel:
+    def fuse(self, verbose: bool = True) -> DetectionModel:
         """Fold every Conv's BatchNorm into its convolution. The result is for inference only, so no
         parameter keeps requiring gradients (the summary then reports 0 gradients)."""
         for module in self.modules():
@@ -398,7 +398,8 @@ class DetectionModel(nn.Module):
                 module.conv = fuse_conv_and_bn(module.conv, module.bn)
                 module.bn = None
         self.requires_grad_(False)
-        LOGGER.info("Fused Conv + BatchNorm layers")
+        if verbose:
+            LOGGER.info("Fused Conv + BatchNorm layers")
         return self
 
     def info(self, imgsz=640) -> str:

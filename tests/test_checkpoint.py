@@ -13,8 +13,8 @@ import yaml
 
 from models import load_model
 from models.yolo import DetectionModel
-from utils.checkpoint import (FORMAT, CheckpointError, build_model, load_checkpoint, model_state, pickle_globals,
-                              save_checkpoint)
+from utils.checkpoint import (FORMAT, CheckpointError, build_model, copy_checkpoint, load_checkpoint, model_state,
+                              pickle_globals, save_checkpoint)
 from tests.conftest import shared_path
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -82,6 +82,23 @@ def test_failed_save_leaves_old_file_and_no_temp(tmp_path):
         save_checkpoint({"model": model_state(tiny_model()), "bad": lambda: None}, path)  # not picklable
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_copied_checkpoint_keeps_its_bytes_when_the_source_is_rewritten(tmp_path, monkeypatch, links):
+    """best.pt is made from the last.pt just written (hard link, or a copy where links fail); writing
+    the next last.pt must not change it, and no temp file is left."""
+    import os
+
+    if not links:
+        monkeypatch.setattr(os, "link", lambda *args: (_ for _ in ()).throw(OSError("no links here")))
+    last = save_checkpoint({"model": model_state(tiny_model(0)), "ema": None, "epoch": 1}, tmp_path / "last.pt")
+    best = copy_checkpoint(last, tmp_path / "best.pt")
+    assert best.read_bytes() == last.read_bytes()
+    assert (os.stat(best).st_ino == os.stat(last).st_ino) == links
+    save_checkpoint({"model": model_state(tiny_model(1)), "ema": None, "epoch": 2}, last)
+    assert load_checkpoint(best)["epoch"] == 1 and load_checkpoint(last)["epoch"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
 def test_fuse_after_load_keeps_outputs(tmp_path, image):

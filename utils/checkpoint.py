@@ -13,6 +13,7 @@ import logging
 import os
 import pickletools
 import re
+import shutil
 import tempfile
 import zipfile
 from copy import deepcopy
@@ -89,6 +90,28 @@ def save_checkpoint(ckpt: dict, path) -> Path | None:
         os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def copy_checkpoint(source, path) -> Path | None:
+    """Make ``path`` hold ``source``'s bytes, atomically: a hard link when the filesystem has them
+    (instant: best.pt from the last.pt just written; last.pt is only ever replaced by a new file, never
+    written in place, so the link keeps this epoch's bytes), else a copy. Main process only."""
+    if not is_main_process():
+        return None
+    source, path = Path(source), Path(path)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+    try:
+        try:
+            os.link(source, temp)
+        except OSError:  # no hard links here (or across devices): copy, then fsync like save_checkpoint
+            shutil.copyfile(source, temp)
+            with open(temp, "rb+") as file:
+                os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
         raise
     return path
 

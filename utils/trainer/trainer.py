@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from models.fused import FusedCopy
 from utils import dist
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
@@ -56,6 +57,7 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
     data = build_loaders(config, hyp, info)  # also builds the model (it needs nc) and the val loader
     step, scheduler, warmup = _build_step(data.model.to(device), config, hyp, data, device, info)
     model = data.model
+    eval_model = FusedCopy(step.ema.ema) if step.ema is not None else None  # what validation runs
     recorder = Recorder(save_dir, config.patience, config.save_period, config.nosave) if dist.is_main_process() else None
     batch_hook = _batch_plotter(save_dir, data.names) if dist.is_main_process() and not config.noplots else None
     multi_scale = data.multi_scale_size if config.multi_scale else None
@@ -75,8 +77,8 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
         if recorder is not None:
             state = partial(training_checkpoint, model, step.ema, step.optimizer, step.precision.scaler, epoch,
                             step.counters.global_step, config=config, hyp=hyp)
-            epoch_maps = _end_epoch(recorder, step, data, stats, epoch, final_epoch, learning_rates, state, config,
-                                    device, save_dir, callbacks)
+            epoch_maps = _end_epoch(recorder, step, eval_model, data, stats, epoch, final_epoch, learning_rates, state,
+                                    config, device, save_dir, callbacks)
             maps = epoch_maps if epoch_maps is not None else maps
             stop = recorder.should_stop(epoch)
         stop, maps = dist.broadcast_object((stop, maps) if dist.is_main_process() else None)
@@ -87,13 +89,14 @@ def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> 
     return _finish(config, recorder, data, device, step.compute_loss, save_dir, epoch, start, callbacks)
 
 
-def _end_epoch(recorder, step, data, stats, epoch, final_epoch, learning_rates, state, config, device, save_dir,
-               callbacks):
-    """Main process: validate the EMA model, log the row, save checkpoints. Returns per-class mAPs or None."""
+def _end_epoch(recorder, step, eval_model, data, stats, epoch, final_epoch, learning_rates, state, config, device,
+               save_dir, callbacks):
+    """Main process: validate the EMA model (through its fused copy), log the row, save checkpoints.
+    Returns per-class mAPs or None."""
     val_start = time.perf_counter()
     metrics = None
     if not config.noval or final_epoch:
-        metrics = validate_epoch(step.ema.ema, data.val_loader, data.names, device, step.compute_loss, save_dir,
+        metrics = validate_epoch(eval_model.refresh(), data.val_loader, data.names, device, step.compute_loss, save_dir,
                                  plots=final_epoch and not config.noplots,
                                  half=step.precision.dtype == torch.float16)  # CUDA AMP runs validate in fp16
     stats.validation_time = time.perf_counter() - val_start
