@@ -13,7 +13,8 @@ import torchvision
 from utils.boxes import xywh2xyxy
 
 MAX_NMS = 30000  # candidates per image passed to NMS at most (highest confidence kept)
-NMS_CHUNK = 1024  # candidates per greedy-NMS chunk (see _greedy_nms)
+NMS_CHUNK = 256  # candidates in the first greedy-NMS chunk at least (see _greedy_nms)
+NMS_GROWTH = 2  # each further chunk is this many times the previous one
 
 
 def _check_thresholds(conf_thres: float, iou_thres: float) -> None:
@@ -50,10 +51,13 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
     """Indices kept by greedy NMS (best first), stopping early once ``max_det`` boxes are kept;
     class-aware when ``classes`` is given (boxes of different classes never suppress each other).
 
-    The best ``NMS_CHUNK`` candidates go through NMS first; only when fewer than ``max_det`` survive
-    do the rest follow, chunk by chunk, with the boxes kept so far placed first (score +inf) so they
-    suppress the new chunk. This equals greedy NMS over all candidates, but its cost stops growing at
-    ``max_det`` kept boxes.
+    The best ``max(max_det, NMS_CHUNK)`` candidates go through NMS first; only when fewer than
+    ``max_det`` survive do the rest follow, in chunks twice as large each time, with the boxes kept so
+    far placed first (score +inf) so they suppress the new chunk. This equals greedy NMS over all
+    candidates, but its cost stops growing at ``max_det`` kept boxes. Measured on BCCD val (yolov5n,
+    320, conf 0.001, max_det 300, 87 images): an early-training model (~12,000 candidates per image,
+    few suppressed) 1.2-2.1 ms per image against 3.8-5.4 with fixed 1024-box chunks; a trained one
+    (~4,000 candidates, most suppressed) 3.7-4.6 ms against 4.0-4.9.
     """
     count = scores.shape[0]
     chunk = max(NMS_CHUNK, min(max_det, MAX_NMS))
@@ -64,8 +68,11 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
     if keep.shape[0] >= max_det:
         return keep[:max_det]
     order = scores.argsort(descending=True)[:MAX_NMS]
-    for start in range(chunk, order.shape[0], chunk):
+    start = chunk
+    while start < order.shape[0]:
+        chunk *= NMS_GROWTH
         index = torch.cat((keep, order[start:start + chunk]))
+        start += chunk
         ranked = torch.cat((torch.full_like(scores[keep], float("inf")), scores[index[keep.shape[0]:]]))
         survivors = _nms(boxes[index], ranked, None if classes is None else classes[index], iou_thres)
         # the kept boxes survive (they do not overlap each other); append the new survivors, best first,
