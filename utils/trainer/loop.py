@@ -123,7 +123,7 @@ def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: to
         if batch_hook is not None:
             batch_hook(epoch, batch_index, images, targets, _paths)
         accumulate = warmup(step.counters.global_step, epoch)
-        images = images.to(device, non_blocking=True).float() / 255
+        images = images.to(device, non_blocking=True).float().div_(255)  # one new tensor, not two
         if multi_scale_size is not None:
             size, stride = multi_scale_size()
             images = scale_batch(images, size, stride)
