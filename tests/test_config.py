@@ -50,3 +50,12 @@ def test_train_config_round_trip():
     config = TrainConfig(epochs=3, freeze=[10], data="x.yaml")
     again = TrainConfig.from_dict(config.to_dict())
     assert again == config
+
+
+@pytest.mark.parametrize("argv,expected", [([], "auto"), (["--cache"], "ram"), (["--cache", "disk"], "disk"),
+                                           (["--cache", "off"], "off")])
+def test_train_cache_flag(argv, expected):
+    """YOLOv5's --cache (alone: ram; or disk), plus our default 'auto' and an explicit 'off'."""
+    import train
+
+    assert train.config_from_args(train.parse_args(argv)).cache == expected
