@@ -28,7 +28,8 @@ def parse_args():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"))
     parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
-    parser.add_argument("--cache", default=None, help="train.py's --cache (ram, disk, off); default: train.py's default")
+    parser.add_argument("--cache", default=None, choices=("ram", "disk", "auto", "off"),
+                        help="train.py's --cache; default: train.py's default (auto)")
     parser.add_argument("--project", default=str(ROOT / "runs/bench"))
     return parser.parse_args()
 
