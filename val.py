@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from models import is_channels_last  # noqa: E402
 from utils.boxes import scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh  # noqa: E402
 from utils.cli import add_device_flag, add_half_flag, add_run_folder_flags  # noqa: E402
 from utils.metrics import (ConfusionMatrix, ap_per_class, fitness, iou_thresholds, keep_top_per_class,  # noqa: E402
@@ -118,7 +119,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     losses = torch.zeros(3, device=device)
     autocast = torch.autocast("cuda", dtype=torch.float16) if half and _dtype(model) == torch.float32 else nullcontext()
     input_dtype = torch.float16 if half else _dtype(model)
-    channels_last = _is_channels_last(model)
+    channels_last = is_channels_last(model)
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss)):
             with timers[0]:
@@ -180,13 +181,6 @@ def _name_list(names) -> list[str]:
 def _dtype(model) -> torch.dtype:
     parameter = next(model.parameters(), None)
     return parameter.dtype if parameter is not None else torch.float32
-
-
-def _is_channels_last(model) -> bool:
-    """True when the model's first 4-D weight is stored channels_last (inputs then follow it)."""
-    weight = next((p for p in model.parameters() if p.dim() == 4), None)
-    return weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and \
-        not weight.is_contiguous()
 
 
 def _progress(dataloader, compute_loss):
@@ -404,7 +398,7 @@ def _check_imgsz(imgsz, stride: int) -> int:
 def _warmup(model, device, imgsz: int) -> None:
     """One forward pass so one-time setup (allocations, kernel selection) is not timed as inference."""
     image = torch.zeros(1, 3, imgsz, imgsz, device=device, dtype=_dtype(model))
-    if _is_channels_last(model):
+    if is_channels_last(model):
         image = image.to(memory_format=torch.channels_last)
     with torch.inference_mode():
         model(image)

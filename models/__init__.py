@@ -24,3 +24,12 @@ def for_inference(model):
     import torch
 
     return model.fuse().to(memory_format=torch.channels_last)
+
+
+def is_channels_last(model) -> bool:
+    """True when the model's first 4-D weight is stored channels_last (its inputs should follow it)."""
+    import torch
+
+    weight = next((p for p in model.parameters() if p.dim() == 4), None)
+    return weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and \
+        not weight.is_contiguous()

@@ -13,6 +13,7 @@ from copy import deepcopy
 import torch
 from torch import nn
 
+from models import is_channels_last
 from models.common import Conv, folded_batchnorm
 
 
@@ -22,10 +23,8 @@ class FusedCopy:
 
     def __init__(self, source: nn.Module):
         self.source = source
-        channels_last = any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
-                            and not p.is_contiguous() for p in source.parameters())
         self.model = deepcopy(source).fuse(verbose=False).eval()
-        if channels_last:
+        if is_channels_last(source):
             self.model = self.model.to(memory_format=torch.channels_last)
         sources, targets = dict(source.named_modules()), dict(self.model.named_modules())
         names = [name for name, module in sources.items() if isinstance(module, Conv) and module.bn is not None]

@@ -38,14 +38,6 @@ def _candidates(rows: torch.Tensor, conf_thres: float, multi_label: bool):
     return row_index, conf[row_index], class_index[row_index]
 
 
-def _nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor | None, iou_thres: float) -> torch.Tensor:
-    """Indices kept by greedy NMS, best first; class by class when ``classes`` is given (torchvision's
-    batched_nms: on CPU one pass per class above 1000 boxes, which compares only boxes of one class)."""
-    if classes is None:
-        return torchvision.ops.nms(boxes, scores, iou_thres)
-    return torchvision.ops.batched_nms(boxes, scores, classes, iou_thres)
-
-
 def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max_det: int,
                 classes: torch.Tensor | None = None) -> torch.Tensor:
     """Indices kept by greedy NMS (best first), stopping early once ``max_det`` boxes are kept;
@@ -59,12 +51,19 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
     few suppressed) 1.2-2.1 ms per image against 3.8-5.4 with fixed 1024-box chunks; a trained one
     (~4,000 candidates, most suppressed) 3.7-4.6 ms against 4.0-4.9.
     """
+    def nms(index: torch.Tensor | slice, ranks: torch.Tensor) -> torch.Tensor:
+        """Greedy NMS of boxes[index] ranked by ``ranks``: positions in ``index`` kept, best first (class by
+        class with torchvision's batched_nms, which on CPU compares only boxes of one class)."""
+        if classes is None:
+            return torchvision.ops.nms(boxes[index], ranks, iou_thres)
+        return torchvision.ops.batched_nms(boxes[index], ranks, classes[index], iou_thres)
+
     count = scores.shape[0]
     chunk = max(NMS_CHUNK, min(max_det, MAX_NMS))
     if count <= chunk:
-        return _nms(boxes, scores, classes, iou_thres)[:max_det]
+        return nms(slice(None), scores)[:max_det]
     best = scores.topk(chunk).indices  # sorted, best first; a full sort is rarely needed
-    keep = best[_nms(boxes[best], scores[best], None if classes is None else classes[best], iou_thres)]
+    keep = best[nms(best, scores[best])]
     if keep.shape[0] >= max_det:
         return keep[:max_det]
     order = scores.argsort(descending=True)[:MAX_NMS]
@@ -74,7 +73,7 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
         index = torch.cat((keep, order[start:start + chunk]))
         start += chunk
         ranked = torch.cat((torch.full_like(scores[keep], float("inf")), scores[index[keep.shape[0]:]]))
-        survivors = _nms(boxes[index], ranked, None if classes is None else classes[index], iou_thres)
+        survivors = nms(index, ranked)
         # the kept boxes survive (they do not overlap each other); append the new survivors, best first,
         # keeping the kept ones' order (their +inf ranks tie, and a tie's order is not defined)
         keep = torch.cat((keep, index[survivors[survivors >= keep.shape[0]]]))

@@ -120,6 +120,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     if rect and shuffle:
         LOGGER.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
         shuffle = False
+    if cache not in (None, "off", "ram", "disk", "auto"):
+        raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     nc = len(names) if names is not None else None
     dataset = YoloDataset(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
                           augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
@@ -129,8 +131,6 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     num_workers = worker_count(workers, batch_size, world_size)
     if cache == "auto":
         auto_cache(dataset, num_workers, world_size, prefix)
-    elif cache not in (None, "off", "ram", "disk"):
-        raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
