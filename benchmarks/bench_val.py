@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from utils.data.loader import create_dataloader
     from utils.device import select_device
     from utils.memory import keep_freed_memory
-    from val import validate
+    from utils.validation import validate
 
     keep_freed_memory()  # as val.py does
     if args.threads:

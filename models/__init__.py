@@ -7,7 +7,7 @@ def load_model(path, device="cpu"):
 
     Raises utils.checkpoint.CheckpointError (a ValueError) with a one-line message for bad files.
     """
-    from utils.checkpoint import build_model, load_checkpoint
+    from utils.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     entry = ckpt.get("ema") or ckpt["model"]
@@ -33,3 +33,32 @@ def is_channels_last(model) -> bool:
     weight = next((p for p in model.parameters() if p.dim() == 4), None)
     return weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and \
         not weight.is_contiguous()
+
+
+def build_model(entry: dict, source: str = "checkpoint"):
+    """A float32 DetectionModel from a "model"/"ema" entry (strict state_dict load)."""
+    from models.yolo import DetectionModel, ModelConfigError
+    from utils.checkpoint import CheckpointError
+
+    if not isinstance(entry, dict) or not {"yaml", "state_dict"} <= entry.keys():
+        raise CheckpointError(f"{source}: model entry needs 'yaml' and 'state_dict'")
+    try:
+        model = DetectionModel(entry["yaml"])
+    except ModelConfigError as error:
+        raise CheckpointError(f"{source}: stored model YAML does not build ({error})") from None
+    state = entry["state_dict"]
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in state]
+    unexpected = [k for k in state if k not in ours]
+    wrong = [k for k in ours if k in state and tuple(state[k].shape) != tuple(ours[k].shape)]
+    if missing or unexpected or wrong:
+        detail = "; ".join(f"{label} {len(keys)} (e.g. {keys[0]})" for label, keys in
+                           (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)) if keys)
+        raise CheckpointError(f"{source}: weights do not fit the stored model YAML: {detail}")
+    model.load_state_dict(state, strict=True)
+    model.float()
+    model.anchors_placeholder = False  # the anchors buffer came with the weights
+    names = entry.get("names")
+    if names:
+        model.names = [str(n) for n in (names.values() if isinstance(names, dict) else names)]
+    return model

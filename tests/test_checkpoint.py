@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from models import load_model
+from models import build_model, load_model
 from models.yolo import DetectionModel
-from utils.checkpoint import (FORMAT, CheckpointError, build_model, copy_checkpoint, load_checkpoint, model_state,
+from utils.checkpoint import (FORMAT, CheckpointError, copy_checkpoint, load_checkpoint, model_state,
                               pickle_globals, save_checkpoint)
 from tests.conftest import shared_path
 

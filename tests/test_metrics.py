@@ -222,13 +222,15 @@ def test_ap_per_class_plots(tmp_path):
         det, lab = torch.tensor(det, dtype=torch.float32), torch.tensor(lab, dtype=torch.float32)
         stats.append((match_predictions(det, lab, IOUV).numpy(), det[:, 4].numpy(), det[:, 5].numpy(),
                       lab[:, 0].numpy()))
-    ap_per_class(*(np.concatenate(x) for x in zip(*stats)), plot=True, save_dir=tmp_path, names=["a", "b", "c"])
+    from utils.plots import plot_ap_curves, plot_confusion_matrix
+
+    plot_ap_curves(ap_per_class(*(np.concatenate(x) for x in zip(*stats))), tmp_path, names=["a", "b", "c"])
     for name in ("PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"):
         assert (tmp_path / name).stat().st_size > 1000
     matrix = ConfusionMatrix(nc=3)
     for det, lab in evaluated:
         matrix.process_batch(torch.tensor(det, dtype=torch.float32), torch.tensor(lab, dtype=torch.float32))
-    assert matrix.plot(tmp_path, names=["a", "b", "c"]).stat().st_size > 1000
+    assert plot_confusion_matrix(matrix.matrix, tmp_path / "cm.png", ["a", "b", "c"]).stat().st_size > 1000
 
 
 def test_plot_results(tmp_path):

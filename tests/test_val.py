@@ -1,4 +1,4 @@
-"""val.py: validate() on an oracle model with known answers, pycocotools agreement end to end, the CLI."""
+"""Validation: validate() on an oracle model with known answers, pycocotools agreement end to end, the val.py CLI."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import val
+from utils.validation import validate
 from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
 
 
@@ -70,7 +71,7 @@ class OracleModel(nn.Module):
 def test_perfect_oracle_gives_map_one_and_pycocotools_agrees(loader, tmp_path):
     pytest.importorskip("pycocotools")
     model = OracleModel(loader)
-    result = val.validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False,
+    result = validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False,
                           save_json=True, save_txt=True, save_conf=True)
     assert result.map == pytest.approx(1.0) and result.map50 == pytest.approx(1.0)
     assert result.mp == pytest.approx(1.0, abs=1e-3) and result.mr == pytest.approx(1.0, abs=1e-3)
@@ -89,7 +90,7 @@ def test_perfect_oracle_gives_map_one_and_pycocotools_agrees(loader, tmp_path):
 def test_jittered_oracle_agrees_with_pycocotools(loader, tmp_path):
     pytest.importorskip("pycocotools")
     model = OracleModel(loader, jitter=0.08, false_positives=6, seed=1)
-    result = val.validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False, save_json=True)
+    result = validate(model, loader, ["class0", "class1"], "cpu", save_dir=tmp_path, plots=False, save_json=True)
     assert 0.05 < result.map < 0.95
     assert result.coco is not None
     assert abs(result.map - result.coco[0]) < 0.002
@@ -102,7 +103,7 @@ def test_validate_losses_speed_and_mode(loader):
     def compute_loss(raw, targets):
         return torch.ones(1), torch.tensor([1.0, 2.0, 3.0])
 
-    result = val.validate(model, loader, {0: "class0", 1: "class1"}, torch.device("cpu"), compute_loss=compute_loss,
+    result = validate(model, loader, {0: "class0", 1: "class1"}, torch.device("cpu"), compute_loss=compute_loss,
                           plots=False)
     assert result.losses.tolist() == pytest.approx([1.0, 2.0, 3.0])  # mean over batches
     assert len(result.speed) == 3 and all(s >= 0 for s in result.speed)
@@ -113,10 +114,10 @@ def test_single_cls_merges_classes(loader):
     model = OracleModel(loader)
     for targets in model.targets:
         targets[:, 1] = 1 - targets[:, 1]  # every class wrong: only agnostic scoring finds them
-    result = val.validate(model, loader, ["class0", "class1"], "cpu", plots=False)
+    result = validate(model, loader, ["class0", "class1"], "cpu", plots=False)
     assert result.map == pytest.approx(0.0)
     model.batch = 0
-    result = val.validate(model, loader, ["item"], "cpu", plots=False, single_cls=True)
+    result = validate(model, loader, ["item"], "cpu", plots=False, single_cls=True)
     assert result.map == pytest.approx(1.0)  # predictions and labels all become class 0
 
 

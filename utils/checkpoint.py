@@ -22,14 +22,11 @@ from pathlib import Path
 import torch
 
 from utils.dist import is_main_process
+from utils.errors import CheckpointError
 
 LOGGER = logging.getLogger(__name__)
 FORMAT = "yolo-trainer/1"
 ZIP_MAGIC = b"PK\x03\x04"
-
-
-class CheckpointError(ValueError):
-    """A weights file that cannot be used; the one-line message names the file and the reason."""
 
 
 def model_state(model, half: bool = False) -> dict:
@@ -41,34 +38,6 @@ def model_state(model, half: bool = False) -> dict:
         state[name] = tensor.half() if half and tensor.is_floating_point() else tensor.clone()
     return {"yaml": deepcopy(model.yaml), "state_dict": state, "names": [str(n) for n in model.names],
             "stride": [float(s) for s in model.stride.tolist()]}
-
-
-def build_model(entry: dict, source: str = "checkpoint"):
-    """A float32 DetectionModel from a "model"/"ema" entry (strict state_dict load)."""
-    from models.yolo import DetectionModel, ModelConfigError
-
-    if not isinstance(entry, dict) or not {"yaml", "state_dict"} <= entry.keys():
-        raise CheckpointError(f"{source}: model entry needs 'yaml' and 'state_dict'")
-    try:
-        model = DetectionModel(entry["yaml"])
-    except ModelConfigError as error:
-        raise CheckpointError(f"{source}: stored model YAML does not build ({error})") from None
-    state = entry["state_dict"]
-    ours = model.state_dict()
-    missing = [k for k in ours if k not in state]
-    unexpected = [k for k in state if k not in ours]
-    wrong = [k for k in ours if k in state and tuple(state[k].shape) != tuple(ours[k].shape)]
-    if missing or unexpected or wrong:
-        detail = "; ".join(f"{label} {len(keys)} (e.g. {keys[0]})" for label, keys in
-                           (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)) if keys)
-        raise CheckpointError(f"{source}: weights do not fit the stored model YAML: {detail}")
-    model.load_state_dict(state, strict=True)
-    model.float()
-    model.anchors_placeholder = False  # the anchors buffer came with the weights
-    names = entry.get("names")
-    if names:
-        model.names = [str(n) for n in (names.values() if isinstance(names, dict) else names)]
-    return model
 
 
 def save_checkpoint(ckpt: dict, path) -> Path | None:
@@ -129,7 +98,7 @@ def load_checkpoint(path) -> dict:
         pickle_bytes = _zip_pickle(path)
         if _is_yolov5(pickle_bytes):
             from utils.yolov5_import import load_yolov5_checkpoint
-            return load_yolov5_checkpoint(path)
+            return {**load_yolov5_checkpoint(path), "format": FORMAT}
     elif not head.startswith(b"\x80"):
         raise CheckpointError(f"{path}: not a checkpoint (neither a torch zip archive nor a pickle)")
     else:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -154,8 +153,7 @@ class APResult:
     f1_curve: np.ndarray
 
 
-def ap_per_class(tp, conf, pred_cls, target_cls, plot: bool = False, save_dir=None, names=None,
-                 eps: float = 1e-16, prefix: str = "") -> APResult:
+def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult:
     """Per-class AP at each IoU threshold plus P, R, F1 at the confidence that maximises the mean F1.
 
     ``tp``: (n, T) bool correct matrix; ``conf``, ``pred_cls``: (n,); ``target_cls``: (m,) label classes.
@@ -186,24 +184,10 @@ def ap_per_class(tp, conf, pred_cls, target_cls, plot: bool = False, save_dir=No
     p, r, f1 = p_curve[:, best], r_curve[:, best], f1_curve[:, best]
     true_pos = (r * counts).round()
     false_pos = (true_pos / (p + eps) - true_pos).round()
-    result = APResult(true_pos, false_pos, p, r, f1, ap, classes.astype(int), px, pr_curve, p_curve, r_curve,
-                      f1_curve)
-    if plot and save_dir is not None and nc:
-        plot_ap_curves(result, Path(save_dir), names, prefix)
-    return result
+    return APResult(true_pos, false_pos, p, r, f1, ap, classes.astype(int), px, pr_curve, p_curve, r_curve, f1_curve)
 
 
-def plot_ap_curves(result: APResult, save_dir: Path, names=None, prefix: str = "") -> None:
-    """PR_curve.png, F1_curve.png, P_curve.png, R_curve.png for an ``ap_per_class`` result."""
-    from utils.plots import plot_mc_curve, plot_pr_curve
-    names = _class_names(names, result.classes)
-    plot_pr_curve(result.px, result.pr_curve, result.ap, save_dir / f"{prefix}PR_curve.png", names)
-    plot_mc_curve(result.px, result.f1_curve, save_dir / f"{prefix}F1_curve.png", names, ylabel="F1")
-    plot_mc_curve(result.px, result.p_curve, save_dir / f"{prefix}P_curve.png", names, ylabel="Precision")
-    plot_mc_curve(result.px, result.r_curve, save_dir / f"{prefix}R_curve.png", names, ylabel="Recall")
-
-
-def _class_names(names, classes) -> list[str]:
+def class_names(names, classes) -> list[str]:
     """Names of ``classes`` from a list/dict of names (class ids when missing)."""
     lookup = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names or {})
     return [str(lookup.get(int(c), int(c))) for c in classes]
@@ -249,9 +233,3 @@ class ConfusionMatrix:
     def tp_fp(self) -> tuple[np.ndarray, np.ndarray]:
         true_pos = self.matrix.diagonal()
         return true_pos[:-1], (self.matrix.sum(1) - true_pos)[:-1]
-
-    def plot(self, save_dir, names=(), normalize: bool = True) -> Path:
-        """Write ``confusion_matrix.png`` in ``save_dir`` and return its path."""
-        from utils.plots import plot_confusion_matrix
-        return plot_confusion_matrix(self.matrix, Path(save_dir) / "confusion_matrix.png",
-                                     _class_names(names, range(self.nc)), normalize)

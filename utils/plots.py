@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.metrics import APResult, class_names, smooth
+
 LOGGER = logging.getLogger(__name__)
 
 # results.csv columns drawn in results.png (YOLOv5's order): train losses, P, R, val losses, mAPs
@@ -56,7 +58,6 @@ def plot_pr_curve(px, py, ap, save_path, names=()) -> Path:
 
 def plot_mc_curve(px, py, save_path, names=(), xlabel: str = "Confidence", ylabel: str = "Metric") -> Path:
     """A metric against confidence per class, plus the smoothed class mean with its best point."""
-    from utils.metrics import smooth
     plt = _pyplot()
     fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
     py = np.asarray(py)
@@ -156,3 +157,15 @@ def plot_results(file="results.csv", save_path=None) -> Path:
         ax.set_title(column, fontsize=12)
     axes.ravel()[1].legend()
     return _save(fig, save_path or file.with_name("results.png"))
+
+
+def plot_ap_curves(result: APResult, save_dir: Path, names=None, prefix: str = "") -> None:
+    """PR_curve.png, F1_curve.png, P_curve.png, R_curve.png for an ``ap_per_class`` result."""
+    if not len(result.classes):
+        return
+    save_dir = Path(save_dir)
+    names = class_names(names, result.classes)
+    plot_pr_curve(result.px, result.pr_curve, result.ap, save_dir / f"{prefix}PR_curve.png", names)
+    plot_mc_curve(result.px, result.f1_curve, save_dir / f"{prefix}F1_curve.png", names, ylabel="F1")
+    plot_mc_curve(result.px, result.p_curve, save_dir / f"{prefix}P_curve.png", names, ylabel="Precision")
+    plot_mc_curve(result.px, result.r_curve, save_dir / f"{prefix}R_curve.png", names, ylabel="Recall")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from utils.checkpoint import FORMAT, CheckpointError
+from utils.errors import CheckpointError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def load_yolov5_checkpoint(path) -> dict:
     ema = data.get("ema")
     if model is None and ema is None:
         raise CheckpointError(f"{source}: no 'model' or 'ema' in this YOLOv5 checkpoint")
-    ckpt = {"format": FORMAT, "source": "yolov5",
+    ckpt = {"source": "yolov5",
             "model": model_entry_from_record(model if model is not None else ema, source),
             "ema": model_entry_from_record(ema, source) if ema is not None else None}
     for key in PLAIN_KEYS:

@@ -95,7 +95,7 @@ def _check_anchors(model, config: TrainConfig) -> None:
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
                    half: bool = False):
-    from val import validate
+    from utils.validation import validate
 
     return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
                     plots=plots, verbose=verbose, half=half)
