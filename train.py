@@ -4,6 +4,7 @@ Usage:
     python train.py                                            # embedded default dataset, yolov5n, CPU/GPU auto
     python train.py --data data.yaml --cfg models/yolov5s.yaml --weights '' --img 640 --device 0
     python train.py --data data.yaml --weights yolov5s.pt      # fine-tune from our or YOLOv5's weights
+    python train.py --resume                                   # continue the newest run under runs/train
     torchrun --nproc_per_node 4 train.py --data data.yaml --device 0,1,2,3
 """
 from __future__ import annotations
@@ -20,13 +21,12 @@ if str(ROOT) not in sys.path:
 LOGGER = logging.getLogger("train")
 
 NOT_AVAILABLE_YET = {
-    "resume": "--resume is not available yet (exact resume from last.pt comes with the resume work)",
     "evolve": "--evolve is not available yet (hyperparameter evolution comes with the evolution work)",
     "sync_bn": "--sync-bn is not available yet (it comes with multi-GPU DDP training)",
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     from utils.cli import add_device_flag, add_run_folder_flags
 
     parser = argparse.ArgumentParser(description="Train a YOLOv5-style detector")
@@ -38,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="total batch size over all processes")
     parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="train, val image size (pixels)")
     parser.add_argument("--rect", action="store_true", help="rectangular training")
-    parser.add_argument("--resume", nargs="?", const=True, default=False, help="resume most recent training")
+    parser.add_argument("--resume", nargs="?", const=True, default=False,
+                        help="resume the newest run under --project, or the given last.pt / run folder")
     parser.add_argument("--nosave", action="store_true", help="only save final checkpoint")
     parser.add_argument("--noval", action="store_true", help="only validate final epoch")
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
@@ -61,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, default=100, help="EarlyStopping patience (epochs without improvement)")
     parser.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze layers: backbone=10, first3=0 1 2")
     parser.add_argument("--save-period", type=int, default=-1, help="save checkpoint every x epochs (disabled if < 1)")
+    parser.add_argument("--save-every-min", type=float, default=10.0,
+                        help="also save last.pt inside long epochs every x minutes of training (0: only at epoch ends)")
     parser.add_argument("--seed", type=int, default=0, help="global training seed")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="ignored: torchrun sets LOCAL_RANK")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
@@ -68,7 +71,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="mixed precision: auto = fp16 on CUDA (after a self-check), fp32 on CPU; bf16 on request")
     parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"),
                         help="channels_last memory format for conv weights and inputs")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def explicit_options(argv=None) -> dict:
+    """The options given on the command line (dest -> value), defaults left out: --resume compares them with
+    the resumed run's options."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
 
 
 def config_from_args(args: argparse.Namespace):
@@ -90,40 +106,58 @@ def main(argv=None) -> int:
             print(f"train.py: error: {message}", file=sys.stderr)
             return 2
     try:
-        return run(config_from_args(args))
+        return run(config_from_args(args), explicit_options(argv))
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
         return 130
 
 
-def run(config) -> int:
+def run(config, explicit: dict) -> int:
+    """Set up this process, decide what to train (a new run or a resumed one; decided by the main process
+    and shared), train, and tear the process group down on every way out."""
     from utils import dist
-    from utils.checkpoint import CheckpointError
-    from utils.config import ConfigError, Hyp
-    from utils.data.dataset_yaml import DataConfigError
-    from utils.data.verify import DatasetError
-    from utils.device import DeviceError, select_device
-    from utils.paths import increment_path
-    from utils.trainer import train
+    from utils.errors import UserError
+    from utils.trainer import TrainingInterrupted, setup_process, train
+    from utils.trainer.resume import RunFinished, resolve_run
 
-    user_errors = (ConfigError, CheckpointError, DataConfigError, DatasetError, DeviceError, FileNotFoundError)
     try:
-        if not config.cfg and not config.weights:
+        if not config.cfg and not config.weights and not config.resume:
             config.cfg = "models/yolov5n.yaml" if (ROOT / "models/yolov5n.yaml").exists() else ""
         if config.cfg and not Path(config.cfg).exists() and (ROOT / config.cfg).exists():
             config.cfg = str(ROOT / config.cfg)
-        hyp = Hyp.load(config.hyp)
-        device = select_device(config.device, dist.dist_info().local_rank)
-        dist.init_distributed(device)
-        save_dir = None
-        if dist.is_main_process():
-            save_dir = str(increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True))
-        config.save_dir = dist.broadcast_object(save_dir)
-        train(config, hyp)
-    except user_errors as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
+        device = setup_process(config.device)
+        config, hyp, resume = _shared(lambda: resolve_run(config, explicit))
+        train(config, hyp, device, resume)
+    except UserError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
         return 2
+    except RunFinished as finished:
+        LOGGER.info("%s", finished)
+        return 0
+    except TrainingInterrupted as interrupted:
+        print(f"train.py: {interrupted}", file=sys.stderr)
+        return interrupted.exit_status
+    finally:
+        dist.cleanup()
     return 0
+
+
+def _shared(decide):
+    """Run ``decide()`` on the main process and give its result (or its user error) to every process."""
+    from utils import dist
+    from utils.errors import UserError
+    from utils.trainer.resume import RunFinished
+
+    outcome = None
+    if dist.is_main_process():
+        try:
+            outcome = ("ok", decide())
+        except (UserError, RunFinished) as error:
+            outcome = ("error", error)
+    kind, value = dist.broadcast_object(outcome)
+    if kind == "error":
+        raise value
+    return value
 
 
 if __name__ == "__main__":

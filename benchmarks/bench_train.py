@@ -40,7 +40,7 @@ def run_trainer(args, floor) -> list:
     machine's speed drifts by +-15% over minutes; a ratio of two distant measurements drifts with it)."""
     from utils.config import Hyp
     from utils.loggers import setup_logging
-    from utils.trainer import train
+    from utils.trainer import setup_process, train
     from utils.trainer.callbacks import Callbacks
 
     setup_logging(verbose=False)
@@ -54,7 +54,7 @@ def run_trainer(args, floor) -> list:
     callbacks = Callbacks()
     callbacks.register("on_fit_epoch_end", record)
     callbacks.register("on_train_start", lambda **_: last_tick.__setitem__(0, time.perf_counter()))
-    train(floor.config, Hyp.load("hyp.scratch-low.yaml"), callbacks)
+    train(floor.config, Hyp.load("hyp.scratch-low.yaml"), setup_process("cpu"), callbacks=callbacks)
     return epochs
 
 
@@ -92,7 +92,7 @@ class ComputeFloor:
         self.config = config
         hyp = Hyp.load("hyp.scratch-low.yaml")
         data = load_data_config(config.data)
-        model, _ = build_training_model(config.cfg, "", len(data.names), data.names)
+        model = build_training_model(config.cfg, "", len(data.names), data.names)
         channels_last = use_channels_last(config.channels_last, torch.device("cpu"))
         if channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -7,11 +7,9 @@ def load_model(path, device="cpu"):
 
     Raises utils.checkpoint.CheckpointError (a ValueError) with a one-line message for bad files.
     """
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint import load_checkpoint, model_entry
 
-    ckpt = load_checkpoint(path)
-    entry = ckpt.get("ema") or ckpt["model"]
-    model = build_model(entry, source=str(path))
+    model = build_model(model_entry(load_checkpoint(path)), source=str(path))
     return model.float().to(device).eval()
 
 

@@ -9,6 +9,7 @@ from utils.trainer import amp
 from utils.trainer.amp import choose_precision
 from utils.trainer.loop import MAX_NONFINITE_IN_ROW, NonFiniteLossError, TrainStep, scale_batch
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
+from utils.trainer.state import RunState, capture_rng, restore_rng
 
 
 def metrics(map50, map5095):
@@ -23,35 +24,66 @@ def test_epoch_values_and_fitness():
     assert epoch_values([1, 2, 3], None, [0.1])["metrics/mAP_0.5:0.95"] == 0.0
 
 
-def test_recorder_best_last_and_early_stopping(tmp_path):
-    (tmp_path / "weights").mkdir()
-    recorder = Recorder(tmp_path, patience=2)
-    saved = []
-
-    def state(best_fitness):
-        saved.append(best_fitness)
-        return {"format": "yolo-trainer/1", "best_fitness": best_fitness}
-
-    scores = [0.3, 0.5, 0.4, 0.45]
+def test_run_state_tracks_best_and_patience():
+    state = RunState()
     improvements = []
-    for epoch, score in enumerate(scores):
+    for epoch, score in enumerate([0.3, 0.5, 0.4, 0.45]):
+        state.start_epoch(epoch)
         values = epoch_values([0, 0, 0], metrics(score, score), [0, 0, 0])
-        improvements.append(recorder.end_epoch(epoch, values, True, epoch == 3, state))
+        improvements.append(state.end_epoch(values, fitness_of(values)))
     assert improvements == [True, True, False, False]
-    assert recorder.best_epoch == 1 and recorder.should_stop(3) and not recorder.should_stop(2)
-    best = torch.load(tmp_path / "weights" / "best.pt", weights_only=True)
-    assert best["best_fitness"] == pytest.approx(0.5)
+    assert state.best_epoch == 1 and state.best_fitness == pytest.approx(0.5)
+    assert state.epoch == 4 and state.epochs_without_improvement() == 2  # patience 2 stops here
+    assert [row["epoch"] for row in state.results] == [0, 1, 2, 3]
+
+
+def test_run_state_round_trips_as_plain_data(tmp_path):
+    state = RunState(epoch=3, batch=5, best_fitness=0.25, best_epoch=1, maps=[0.1, 0.2], loss_sums=[1.5, 2.0, 0.25],
+                     loss_batches=5, world_size=2)
+    state.counters.global_step, state.counters.last_optimizer_step = 44, 43
+    state.results.append({"epoch": 0, **epoch_values([1, 2, 3], metrics(0.1, 0.05), [0.1, 0.1, 0.1])})
+    torch.save(state.to_dict(), tmp_path / "state.pt")
+    loaded = RunState.from_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert loaded == state
+    state.start_epoch(3)  # continuing the epoch in progress keeps its position and loss sums
+    assert state.batch == 5 and state.loss_sums == [1.5, 2.0, 0.25]
+    state.start_epoch(4)
+    assert state.batch == 0 and state.loss_sums == [0.0, 0.0, 0.0]
+
+
+def test_rng_capture_and_restore_as_plain_data(tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.save(capture_rng(), tmp_path / "rng.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_recorder_keeps_previous_last_and_links_best(tmp_path):
+    recorder = Recorder(tmp_path, save_period=2)
+    recorder.save({"best_fitness": 0.1, "epoch": 0}, epoch=0, improved=True)
+    recorder.save({"best_fitness": 0.1, "epoch": 1}, epoch=1, improved=False)
+    weights = tmp_path / "weights"
+    load = lambda name: torch.load(weights / name, weights_only=True)["epoch"]  # noqa: E731
+    assert load("last.pt") == 1 and load("last.prev.pt") == 0 and load("best.pt") == 0 and load("epoch1.pt") == 1
+    recorder.save({"best_fitness": 0.1, "epoch": 2})  # mid-epoch: last.pt only
+    assert load("last.pt") == 2 and load("last.prev.pt") == 1 and not (weights / "epoch2.pt").exists()
+    assert oct((weights / "last.pt").stat().st_mode & 0o777) != oct(0o600)  # the umask's mode, not mkstemp's
+
+
+def test_results_csv_is_rewritten_from_the_state(tmp_path):
+    recorder = Recorder(tmp_path)
+    rows = [{"epoch": e, **epoch_values([e, 0, 0], metrics(0.1, 0.1), [0])} for e in range(3)]
+    for row in rows:
+        recorder.log(row["epoch"], row)
+    recorder.restart_results(rows[:2])  # a row written after the last checkpoint disappears
     lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert len(lines) == 5 and lines[0].split(",")[0].strip() == "epoch"
-
-
-def test_nosave_writes_only_the_final_epoch(tmp_path):
-    recorder = Recorder(tmp_path, patience=100, nosave=True)
-    state = lambda best_fitness: {"best_fitness": best_fitness}  # noqa: E731
-    recorder.end_epoch(0, epoch_values([0, 0, 0], metrics(0.1, 0.1), [0]), True, False, state)
-    assert not (tmp_path / "weights" / "last.pt").exists()
-    recorder.end_epoch(1, epoch_values([0, 0, 0], metrics(0.2, 0.2), [0]), True, True, state)
-    assert (tmp_path / "weights" / "last.pt").exists()
+    assert len(lines) == 3 and lines[-1].split(",")[0].strip() == "1"
+    recorder.log(2, rows[2])
+    assert (tmp_path / "results.csv").read_text().splitlines()[-1].split(",")[0].strip() == "2"
 
 
 class NaNLoss:

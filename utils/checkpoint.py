@@ -1,11 +1,20 @@
-"""The one save/load pair for checkpoints. Our files are plain data (torch.load(weights_only=True)):
+"""The one save/load pair for checkpoints, and the only place that knows their key layout.
+
+Our files are plain data (torch.load(weights_only=True)):
 
     {"format": "yolo-trainer/1",
      "model": {"yaml": dict, "state_dict": {name: tensor}, "names": [str], "stride": [float]},
      "ema": same shape as "model", or None,
-     ... plain data added by the trainer (epoch, best_fitness, optimizer, ema_updates, config, ...)}
+     "epoch": last finished epoch, "best_fitness": float, "config": dict, "hyp": dict, "date": str,
+     "training": {"version": 1, "optimizer", "scaler", "scheduler": state dicts, "ema_updates": int,
+                  "run": RunState dict (utils.trainer.state), "rng": [generator states per process]}
+                 -- only while a run is in progress (last.pt, best.pt, epoch*.pt),
+     "finished": True -- a finished run's stripped last.pt / best.pt (EMA weights in fp16, no "training")}
 
-YOLOv5 ``.pt`` files (pickled modules) are recognised and converted by ``utils.yolov5_import``.
+A training checkpoint is written atomically (temp file, fsync, rename) and, for last.pt, the previous
+good file is kept as last.prev.pt until the new one is complete; ``load_resumable`` falls back to it
+when the newest file is unreadable. YOLOv5 ``.pt`` files (pickled modules) are recognised and
+converted by ``utils.yolov5_import``.
 """
 from __future__ import annotations
 
@@ -17,15 +26,18 @@ import shutil
 import tempfile
 import zipfile
 from copy import deepcopy
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import torch
 
 from utils.dist import is_main_process
-from utils.errors import CheckpointError
+from utils.errors import CheckpointError, OutputError
 
 LOGGER = logging.getLogger(__name__)
 FORMAT = "yolo-trainer/1"
+TRAINING_VERSION = 1  # layout of the "training" entry; a resumed run needs the same
 ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -40,37 +52,52 @@ def model_state(model, half: bool = False) -> dict:
             "stride": [float(s) for s in model.stride.tolist()]}
 
 
-def save_checkpoint(ckpt: dict, path) -> Path | None:
+def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | None:
     """Write ``ckpt`` (plain data) atomically: temp file in the same folder, fsync, os.replace.
 
-    Only the main process writes (returns None elsewhere). "format" is added when absent.
+    With ``keep_previous`` the file being replaced stays as ``previous_path(path)`` (a hard link, no
+    copy) until the new one is complete. Leftover temp files of an interrupted earlier save are removed.
+    Only the main process writes (returns None elsewhere). "format" is added when absent. A failed
+    write (disk full, no permission) raises OutputError and leaves the previous file as it was.
     """
     if not is_main_process():
         return None
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, **ckpt}
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(data, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temp_files(path)
+        handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                torch.save(data, file)
+                file.flush()
+                os.fchmod(file.fileno(), 0o666 & ~_umask())  # as any other new file (mkstemp makes 0600)
+                os.fsync(file.fileno())
+            if keep_previous and path.exists():
+                _replace_with_link(path, previous_path(path))
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
+        _fsync_folder(path.parent)
+    except OSError as error:
+        intact = f"; the previous {path.name} is intact" if path.exists() else ""
+        raise OutputError(f"{path}: could not write checkpoint ({error.strerror or error}){intact}") from None
     return path
 
 
-def copy_checkpoint(source, path) -> Path | None:
-    """Make ``path`` hold ``source``'s bytes, atomically: a hard link when the filesystem has them
-    (instant: best.pt from the last.pt just written; last.pt is only ever replaced by a new file, never
-    written in place, so the link keeps this epoch's bytes), else a copy. Main process only."""
-    if not is_main_process():
-        return None
-    source, path = Path(source), Path(path)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+def previous_path(path) -> Path:
+    """Where ``save_checkpoint(keep_previous=True)`` keeps the file it replaced: last.pt -> last.prev.pt."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def _replace_with_link(source: Path, target: Path) -> None:
+    """Make ``target`` hold ``source``'s bytes atomically: a hard link (instant; ``source`` is only ever
+    replaced by a new file, never written in place, so the link keeps these bytes), else a copy."""
+    temp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
+    temp.unlink(missing_ok=True)
     try:
         try:
             os.link(source, temp)
@@ -78,10 +105,62 @@ def copy_checkpoint(source, path) -> Path | None:
             shutil.copyfile(source, temp)
             with open(temp, "rb+") as file:
                 os.fsync(file.fileno())
-        os.replace(temp, path)
+        os.replace(temp, target)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temp_files(path: Path) -> None:
+    """Temp files a killed save left beside ``path`` or its previous copy (never another process's save
+    in progress: only the main process of the one run that owns this folder writes here)."""
+    for name in (path.name, previous_path(path).name):
+        for stale in path.parent.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (a crash right after must not bring the old name back)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+_UMASK: list[int] = []
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where /proc allows."""
+    if not _UMASK:
+        try:
+            with open("/proc/self/status", encoding="ascii") as status:
+                line = next(line for line in status if line.startswith("Umask:"))
+            _UMASK.append(int(line.split()[1], 8))
+        except (OSError, StopIteration, ValueError, IndexError):
+            current = os.umask(0o022)
+            os.umask(current)
+            _UMASK.append(current)
+    return _UMASK[0]
+
+
+def copy_checkpoint(source, path) -> Path | None:
+    """Make ``path`` hold ``source``'s bytes, atomically (e.g. best.pt from the last.pt just written:
+    a hard link where the filesystem has them). Main process only."""
+    if not is_main_process():
+        return None
+    source, path = Path(source), Path(path)
+    try:
+        _remove_stale_temp_files(path)
+        _replace_with_link(source, path)
+    except OSError as error:
+        raise OutputError(f"{path}: could not write checkpoint ({error.strerror or error})") from None
     return path
 
 
@@ -178,3 +257,98 @@ def _check_ours(data, path: Path) -> dict:
             raise CheckpointError(f"{path}: '{key}' entry is missing or malformed")
     data.setdefault("ema", None)
     return data
+
+
+# ---------------------------------------------------------------------- training checkpoints
+
+@dataclass
+class TrainingState:
+    """What a resumed run needs from its checkpoint (types checked by ``training_state``)."""
+    path: Path
+    model: dict
+    ema: dict | None
+    ema_updates: int
+    optimizer: dict
+    scaler: dict
+    scheduler: dict
+    run: dict
+    rng: list
+    config: dict
+    hyp: dict
+
+
+def model_entry(ckpt: dict) -> dict:
+    """The weights to infer or fine-tune from: the EMA entry when present, else the model entry."""
+    return ckpt.get("ema") or ckpt["model"]
+
+
+def training_checkpoint(model, ema, optimizer, scaler, scheduler, run: dict, rng: list, config: dict,
+                        hyp: dict) -> dict:
+    """A resumable checkpoint (the layout in the module docstring); ``run`` is a RunState dict."""
+    return {
+        "format": FORMAT,
+        "model": model_state(model),
+        "ema": model_state(ema.ema) if ema is not None else None,
+        "epoch": int(run["epoch"]) - 1,  # the last finished epoch, as in YOLOv5's files
+        "best_fitness": float(run["best_fitness"]),
+        "config": config,
+        "hyp": hyp,
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "training": {"version": TRAINING_VERSION, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                     "scheduler": scheduler.state_dict(), "ema_updates": ema.updates if ema is not None else 0,
+                     "run": run, "rng": rng},
+    }
+
+
+def is_finished(ckpt: dict) -> bool:
+    """A finished run's stripped checkpoint (nothing left to resume)."""
+    return bool(ckpt.get("finished")) and not ckpt.get("training")
+
+
+def training_state(ckpt: dict, path) -> TrainingState:
+    """The resumable part of ``ckpt``, with its types checked; CheckpointError (one line) otherwise."""
+    training = ckpt.get("training")
+    if not isinstance(training, dict):
+        reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"
+        raise CheckpointError(f"{path}: not resumable ({reason})")
+    version = training.get("version")
+    if version != TRAINING_VERSION:
+        raise CheckpointError(f"{path}: training state version {str(version)[:20]!r}, this version of train.py "
+                              f"resumes version {TRAINING_VERSION} only")
+    expected = {"optimizer": dict, "scaler": dict, "scheduler": dict, "ema_updates": int, "run": dict, "rng": list}
+    for key, kind in expected.items():
+        if not isinstance(training.get(key), kind):
+            raise CheckpointError(f"{path}: training state '{key}' is missing or not a {kind.__name__}")
+    for key in ("config", "hyp"):
+        if not isinstance(ckpt.get(key), dict):
+            raise CheckpointError(f"{path}: '{key}' is missing or not a dict")
+    optimizer = training["optimizer"]
+    if not isinstance(optimizer.get("state"), dict) or not isinstance(optimizer.get("param_groups"), list):
+        raise CheckpointError(f"{path}: optimizer state is malformed")
+    return TrainingState(Path(path), ckpt["model"], ckpt.get("ema"), training["ema_updates"], optimizer,
+                         training["scaler"], training["scheduler"], training["run"], training["rng"],
+                         ckpt["config"], ckpt["hyp"])
+
+
+def load_resumable(path) -> tuple[dict, Path]:
+    """Load ``path``; when it is missing or unreadable (truncated, corrupt, refused) and the previous
+    file (``previous_path``) exists, warn and load that instead. Returns (checkpoint, path used)."""
+    path = Path(path)
+    try:
+        return load_checkpoint(path), path
+    except CheckpointError as error:
+        previous = previous_path(path)
+        if not previous.is_file():
+            raise
+        LOGGER.warning("WARNING: %s; falling back to the previous checkpoint %s", error, previous)
+        return load_checkpoint(previous), previous
+
+
+def strip_checkpoint(path) -> None:
+    """Finish a run's checkpoint for use: EMA weights (fp16) become the model; training state dropped."""
+    checkpoint = load_checkpoint(path)
+    entry = model_entry(checkpoint)
+    entry = {**entry, "state_dict": {k: v.half() if v.is_floating_point() else v for k, v in entry["state_dict"].items()}}
+    keep = {k: checkpoint[k] for k in ("format", "epoch", "best_fitness", "config", "hyp", "date") if k in checkpoint}
+    save_checkpoint({**keep, "model": entry, "ema": None, "finished": True}, path)
+    LOGGER.info("Optimizer stripped from %s, %.1fMB", path, Path(path).stat().st_size / 1e6)

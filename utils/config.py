@@ -13,11 +13,13 @@ from typing import Any
 
 import yaml
 
+from utils.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 HYP_DIR = ROOT / "data" / "hyps"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration file or value that cannot be used; the message names the file and key."""
 
 
@@ -143,6 +145,7 @@ class TrainConfig:
     patience: int = 100
     freeze: list[int] = field(default_factory=lambda: [0])
     save_period: int = -1
+    save_every_min: float = 10.0  # also save last.pt mid-epoch every this many minutes (0: only at epoch ends)
     seed: int = 0
     local_rank: int = -1
     deterministic: bool = False

@@ -6,10 +6,12 @@ import os
 
 import torch
 
+from utils.errors import UserError
+
 LOGGER = logging.getLogger(__name__)
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError):
     """A --device value that this machine cannot satisfy."""
 
 

@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -83,13 +84,43 @@ def main_process_first():
         barrier()
 
 
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Mean of ``tensor`` over all processes (identity when not distributed)."""
+def all_reduce_max(values: list[int]) -> list[int]:
+    """Element-wise maximum of small integer lists over all processes (identity when not distributed)."""
     if get_world_size() == 1:
-        return tensor
-    tensor = tensor.clone()
-    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
-    return tensor / get_world_size()
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.int64)
+    if torch_dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor.cpu().tolist()
+
+
+def gather_object(obj) -> list:
+    """Every process's ``obj``, in rank order, on every process (``[obj]`` when not distributed)."""
+    if get_world_size() == 1:
+        return [obj]
+    gathered = [None] * get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """How torchrun (torch elastic) started this process: which restart of the worker group it is, and an
+    id that stays the same across restarts of one launch (node, launcher process, rendezvous id)."""
+    restart_count: int = 0
+    launch_id: str = ""
+
+    @property
+    def restarted(self) -> bool:
+        return self.restart_count > 0
+
+
+def launch_info() -> LaunchInfo:
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return LaunchInfo()
+    launcher = f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+    return LaunchInfo(int(os.environ["TORCHELASTIC_RESTART_COUNT"]), launcher)
 
 
 def broadcast_object(obj, src: int = 0):

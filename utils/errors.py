@@ -13,3 +13,8 @@ class UserError(ValueError):
 
 class CheckpointError(UserError):
     """A weights file that cannot be used; the one-line message names the file and the reason."""
+
+
+class OutputError(UserError):
+    """An output that could not be written (disk full, no permission, read-only folder); the message says
+    what was not written and what is still intact."""

@@ -53,13 +53,28 @@ class CSVLogger:
     def log(self, epoch: int, values: dict[str, float]) -> None:
         if not dist.is_main_process():
             return
-        keys = ("epoch",) + RESULTS_KEYS
-        row = [epoch] + [float(values[k]) for k in RESULTS_KEYS]
         new = not self.file.exists()
         with open(self.file, "a", encoding="utf-8") as f:
-            if new:
-                f.write(",".join(f"{k:>20s}" for k in keys) + "\n")
-            f.write(f"{row[0]:>20d}," + ",".join(f"{v:>20.5g}" for v in row[1:]) + "\n")
+            f.write((self._header() if new else "") + self._line(epoch, values))
+
+    def rewrite(self, rows: list[dict]) -> None:
+        """Replace the file with ``rows`` (dicts with "epoch" and every column), atomically; no rows: no file."""
+        if not dist.is_main_process():
+            return
+        if not rows:
+            self.file.unlink(missing_ok=True)
+            return
+        temp = self.file.with_name(f".{self.file.name}.tmp")
+        temp.write_text(self._header() + "".join(self._line(int(row["epoch"]), row) for row in rows), encoding="utf-8")
+        os.replace(temp, self.file)
+
+    @staticmethod
+    def _header() -> str:
+        return ",".join(f"{k:>20s}" for k in ("epoch",) + RESULTS_KEYS) + "\n"
+
+    @staticmethod
+    def _line(epoch: int, values: dict) -> str:
+        return f"{epoch:>20d}," + ",".join(f"{float(values[k]):>20.5g}" for k in RESULTS_KEYS) + "\n"
 
 
 class TensorBoardLogger:

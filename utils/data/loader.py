@@ -37,12 +37,13 @@ class EpochSampler(Sampler):
     def __init__(self, size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size = max(rank, 0), max(world_size, 1)
-        self.epoch = 0
+        self.epoch, self.start = 0, 0
         self.weights = None
         self.per_rank = math.ceil(size / self.world_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Epoch ``epoch``'s order, from its ``start``-th index on (a resumed epoch skips what was done)."""
+        self.epoch, self.start = int(epoch), int(start)
 
     def set_weights(self, weights) -> None:
         """Per-image sampling weights (None switches back to plain sampling)."""
@@ -67,10 +68,10 @@ class EpochSampler(Sampler):
 
     def __iter__(self):
         epoch = self.epoch
-        return iter([(int(i), epoch) for i in self.indices()])
+        return iter([(int(i), epoch) for i in self.indices()[self.start:]])
 
     def __len__(self) -> int:
-        return self.per_rank
+        return max(self.per_rank - self.start, 0)
 
 
 class SlotDataLoader(DataLoader):
@@ -162,10 +163,11 @@ def auto_cache(dataset: YoloDataset, num_workers: int, world_size: int, prefix: 
                     "(--cache ram or disk to cache anyway)", prefix, need / 1e9, copies)
 
 
-def set_loader_epoch(loader, epoch: int) -> None:
-    """Start of an epoch: reseeds the sampler order and the augmentation of every item."""
+def set_loader_epoch(loader, epoch: int, start_batch: int = 0) -> None:
+    """Start of an epoch: reseeds the sampler order and the augmentation of every item. A resumed epoch
+    starts at batch ``start_batch`` (the same batches as an uninterrupted epoch from there on)."""
     if hasattr(loader.sampler, "set_epoch"):
-        loader.sampler.set_epoch(epoch)
+        loader.sampler.set_epoch(epoch, start_batch * loader.batch_size)
     if hasattr(loader.dataset, "set_epoch"):
         loader.dataset.set_epoch(epoch)
 

@@ -1,7 +1,4 @@
-"""Training: ``train(config, hyp)`` coordinates; loop.py runs epochs and steps."""
+"""Training: ``train(config, hyp, device, resume)`` coordinates (trainer.py); loop.py runs epochs and steps."""
+from utils.trainer.trainer import TrainingInterrupted, TrainResult, setup_process, train
 
-
-def train(config, hyp, callbacks=None):
-    from utils.trainer.trainer import train as _train
-
-    return _train(config, hyp, callbacks)
+__all__ = ["TrainResult", "TrainingInterrupted", "setup_process", "train"]

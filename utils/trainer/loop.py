@@ -1,8 +1,10 @@
 """One epoch of training and one optimisation step.
 
-``train_one_epoch`` walks the loader; ``TrainStep`` does forward, loss, backward, and every
-``accumulate`` iterations an optimizer step (unscale, clip at 10, step, EMA update). Warmup sets lr,
-momentum and the accumulation count per iteration.
+``train_one_epoch`` walks the loader from the run's position (``RunState.batch``: a resumed epoch
+starts where it stopped); ``TrainStep`` does forward, loss, backward, and every ``accumulate``
+iterations an optimizer step (unscale, clip at 10, step, EMA update). Warmup sets lr, momentum and the
+accumulation count per iteration. After each optimizer step the trainer's ``at_step_boundary()`` may
+save a mid-epoch checkpoint and end the epoch early (a signal).
 """
 from __future__ import annotations
 
@@ -17,35 +19,30 @@ from tqdm import tqdm
 
 from utils import dist
 from utils.loggers import memory_string
+from utils.errors import UserError
 from utils.trainer.optim import apply_warmup
+from utils.trainer.state import RunState, StepCounters
 
 LOGGER = logging.getLogger(__name__)
 
 MAX_NONFINITE_IN_ROW = 20
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError):
     """Raised when the loss is NaN/inf for too many consecutive iterations."""
 
 
 @dataclass
 class EpochStats:
-    mean_losses: torch.Tensor          # box, obj, cls
-    iterations: int = 0
+    mean_losses: torch.Tensor          # box, obj, cls over the whole epoch (a resumed one included)
+    iterations: int = 0                # batches trained by this call
     images: int = 0
     data_time: float = 0.0             # waiting for the loader
     compute_time: float = 0.0          # forward + loss + backward
     optimizer_time: float = 0.0        # unscale, clip, step, EMA
     skipped_steps: int = 0
     validation_time: float = 0.0       # set by the trainer after validating
-
-
-@dataclass
-class StepCounters:
-    global_step: int = 0               # iterations since the start of training
-    last_optimizer_step: int = -1
-    nonfinite_in_row: int = 0
-    nonfinite_total: int = 0
+    stopped: bool = False              # ended early by at_step_boundary() (a signal)
 
 
 @dataclass
@@ -104,25 +101,29 @@ def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tens
     return F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
 
 
-def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: torch.device, warmup,
-                    multi_scale_size=None, batch_hook=None) -> EpochStats:
-    """Train over ``loader`` once. ``warmup`` is a callable(global_step, epoch) -> accumulate count;
+def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, device: torch.device, warmup,
+                    at_step_boundary=None, multi_scale_size=None, batch_hook=None) -> EpochStats:
+    """Train over the rest of ``loader``'s epoch (``state.epoch`` from batch ``state.batch``; the loader
+    must already skip the batches done). ``warmup`` is a callable(global_step, epoch) -> accumulate count;
+    ``at_step_boundary()`` runs after each optimizer step and returns True to end the epoch there;
     ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics);
     ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch."""
     step.model.train()
-    num_batches = len(loader)
-    totals = torch.zeros(3)
+    epoch, first_batch = state.epoch, state.batch
+    num_batches = first_batch + len(loader)
+    totals = torch.tensor(state.loss_sums, dtype=torch.float32)  # exact: float32 values kept as floats
     stats = EpochStats(mean_losses=totals)
     LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
-    bar = tqdm(enumerate(loader), total=num_batches, disable=not dist.is_main_process(),
-               bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
+    bar = tqdm(enumerate(loader, start=first_batch), total=num_batches, initial=first_batch,
+               disable=not dist.is_main_process(), bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
     step.optimizer.zero_grad(set_to_none=True)
     tick = time.perf_counter()
     for batch_index, (images, targets, _paths, _shapes) in bar:
         stats.data_time += time.perf_counter() - tick
         if batch_hook is not None:
             batch_hook(epoch, batch_index, images, targets, _paths)
-        accumulate = warmup(step.counters.global_step, epoch)
+        counters = step.counters
+        accumulate = warmup(counters.global_step, epoch)
         images = images.to(device, non_blocking=True).float().div_(255)  # one new tensor, not two
         if multi_scale_size is not None:
             size, stride = multi_scale_size()
@@ -132,20 +133,28 @@ def train_one_epoch(step: TrainStep, loader, epoch: int, epochs: int, device: to
         stats.compute_time += time.perf_counter() - compute_start
         if finite:
             totals += items.cpu()
+            state.loss_batches += 1
         else:
             stats.skipped_steps += 1
         optim_start = time.perf_counter()
-        if step.counters.global_step - step.counters.last_optimizer_step >= accumulate:
+        stepped = counters.global_step - counters.last_optimizer_step >= accumulate
+        if stepped:
             step.optimizer_step()
         stats.optimizer_time += time.perf_counter() - optim_start
         stats.iterations += 1
         stats.images += images.shape[0]
-        step.counters.global_step += 1
-        mean = totals / max(stats.iterations - stats.skipped_steps, 1)
+        counters.global_step += 1
+        state.batch = batch_index + 1
+        state.loss_sums = totals.tolist()
+        mean = totals / max(state.loss_batches, 1)
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
             f"{epoch + 1}/{epochs}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
+        if stepped and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
+            stats.stopped = True
+            break
         tick = time.perf_counter()
-    stats.mean_losses = totals / max(stats.iterations - stats.skipped_steps, 1)
+    bar.close()
+    stats.mean_losses = totals / max(state.loss_batches, 1)
     return stats
 
 

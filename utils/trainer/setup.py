@@ -1,4 +1,5 @@
-"""Run setup pieces: seeding, the training model (from --cfg or --weights), layer freezing, image size."""
+"""Run setup pieces: seeding, the training model (from --cfg, --weights or a resumed checkpoint), layer
+freezing, image size, the dataset YAML."""
 from __future__ import annotations
 
 import logging
@@ -46,17 +47,16 @@ def transfer_state(model: torch.nn.Module, state_dict: dict, exclude: tuple[str,
 def build_training_model(cfg: str, weights: str, nc: int, names: list[str], anchors=None):
     """Model from --cfg (optionally initialised from --weights), or from --weights' own YAML.
 
-    Returns ``(model, checkpoint or None)``. Anchors from the weights are kept unless a --cfg or
-    a hyp ``anchors`` value asks for new ones (then AutoAnchor computes them).
+    Anchors from the weights are kept unless a --cfg or a hyp ``anchors`` value asks for new ones
+    (then AutoAnchor computes them).
     """
     from models.yolo import DetectionModel
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint import load_checkpoint, model_entry
 
     if not cfg and not weights:
         raise ConfigError("give --cfg (a model YAML such as models/yolov5n.yaml) or --weights (a .pt file)")
-    checkpoint = load_checkpoint(weights) if weights else None
-    if checkpoint is not None:
-        entry = checkpoint.get("ema") or checkpoint["model"]
+    if weights:
+        entry = model_entry(load_checkpoint(weights))
         model = DetectionModel(cfg or entry["yaml"], ch=3, nc=nc, anchors=anchors)
         exclude = ("anchor",) if (cfg or anchors) else ()
         done, total = transfer_state(model, {k: v.float() for k, v in entry["state_dict"].items()}, exclude)
@@ -64,7 +64,19 @@ def build_training_model(cfg: str, weights: str, nc: int, names: list[str], anch
     else:
         model = DetectionModel(cfg, ch=3, nc=nc, anchors=anchors)
     model.names = list(names)
-    return model, checkpoint
+    return model
+
+
+def resumed_model(entry: dict, names: list[str], source: str):
+    """The model of a resumed run: its checkpoint's YAML (anchors included) and weights."""
+    from models import build_model
+
+    model = build_model(entry, source=source)
+    if len(names) != model.model[-1].nc:
+        raise ConfigError(f"{source}: the model has {model.model[-1].nc} classes but the dataset now has "
+                          f"{len(names)}; resume with the dataset the run was started with")
+    model.names = list(names)
+    return model
 
 
 def freeze_layers(model: torch.nn.Module, freeze: list[int]) -> list[str]:

@@ -1,5 +1,5 @@
-"""The stages around the epoch loop: data + model setup, per-epoch validation, end-of-run stripping
-and the final validation of best.pt."""
+"""The stages around the epoch loop: the dataset and its loaders, per-epoch validation, and the end of
+a run (stripping the checkpoints, the final validation of best.pt)."""
 from __future__ import annotations
 
 import logging
@@ -10,20 +10,19 @@ import numpy as np
 import torch
 
 from utils import dist
-from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.checkpoint import previous_path, strip_checkpoint
 from utils.config import ConfigError, Hyp, TrainConfig
-from utils.data.dataset_yaml import load_data_config
+from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
 from utils.data.transforms import multi_scale_size
-from utils.trainer.setup import build_training_model, check_img_size, resolve_data
+from utils.trainer.setup import check_img_size, resolve_data
 
 LOGGER = logging.getLogger(__name__)
 
 
 @dataclass
 class RunData:
-    model: torch.nn.Module
     train_loader: object
     val_loader: object | None
     names: list[str]
@@ -31,13 +30,19 @@ class RunData:
     grid_stride: int
     workers: int
     seed: int
+    batches_per_epoch: int
+    labels: np.ndarray  # (n, 5) every training box [class, cx, cy, w, h] normalised (labels.jpg)
     class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
 
-    def set_epoch(self, epoch: int) -> None:
-        set_loader_epoch(self.train_loader, epoch)
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Start (or, from ``start_batch``, continue) ``epoch``: sampler order, augmentation and the
+        --multi-scale sizes are those of an uninterrupted run."""
+        set_loader_epoch(self.train_loader, epoch, start_batch)
         self._rng = np.random.default_rng((self.seed, epoch))
+        for _ in range(start_batch):
+            self.multi_scale_size()
 
-    def update_image_weights(self, maps: np.ndarray | None) -> None:
+    def update_image_weights(self, maps) -> None:
         """--image-weights: favour images holding classes with low validation mAP (YOLOv5's rule)."""
         nc = len(self.names)
         maps = np.zeros(nc) if maps is None else np.asarray(maps, np.float64)
@@ -48,15 +53,18 @@ class RunData:
         return multi_scale_size(self.imgsz, self.grid_stride, self._rng), self.grid_stride
 
 
-def build_loaders(config: TrainConfig, hyp: Hyp, info) -> RunData:
-    """Dataset YAML -> model (nc from the data) -> train loader (+ val loader on the main process)."""
+def load_data(config: TrainConfig) -> tuple[DataConfig, list[str]]:
+    """The dataset YAML (the embedded default dataset when --data is empty) and the class names to train."""
     data_yaml = resolve_data(config.data)
     with dist.main_process_first():
         data_cfg = load_data_config(data_yaml)
     names = ["item"] if config.single_cls and len(data_cfg.names) != 1 else list(data_cfg.names)
-    model, _ = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
-    _check_anchors(model, config)
-    grid_stride = max(int(model.stride.max()), 32)
+    return data_cfg, names
+
+
+def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[str], grid_stride: int,
+               info) -> RunData:
+    """The train loader (each process its shard) and, on the main process, the val loader."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
     batch_size = max(config.batch_size // info.world_size, 1)
     with dist.main_process_first():
@@ -65,27 +73,24 @@ def build_loaders(config: TrainConfig, hyp: Hyp, info) -> RunData:
             rect=config.rect, workers=config.workers, image_weights=config.image_weights, prefix="train: ",
             shuffle=not config.rect, seed=config.seed, rank=info.rank, world_size=info.world_size,
             single_cls=config.single_cls, names=names)
-    labels = np.concatenate([l for l in dataset.labels if len(l)], 0) if any(len(l) for l in dataset.labels) else np.zeros((0, 5))
+    boxes = [labels for labels in dataset.labels if len(labels)]
+    labels = np.concatenate(boxes, 0) if boxes else np.zeros((0, 5))
     if len(labels) and labels[:, 0].max() >= len(names):
-        raise ConfigError(f"{data_yaml}: label class {int(labels[:, 0].max())} exceeds nc={len(names)}")
+        raise ConfigError(f"{data_cfg.yaml_file}: label class {int(labels[:, 0].max())} exceeds nc={len(names)}")
     val_loader = None
     if dist.is_main_process():
         val_loader, _ = create_dataloader(
             data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=config.cache,
             rect=True, pad=0.5, workers=config.workers * 2, prefix="val: ", single_cls=config.single_cls,
             names=names)
-        if not config.noplots:
-            from utils.data.plots import plot_labels
-
-            plot_labels(labels, names, Path(config.save_dir))
     workers = getattr(train_loader, "num_workers", 0)
-    run_data = RunData(model, train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed,
-                       class_weights(dataset.labels, len(names)))
+    run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
+                       labels, class_weights(dataset.labels, len(names)))
     run_data.set_epoch(0)
     return run_data
 
 
-def _check_anchors(model, config: TrainConfig) -> None:
+def check_anchors(model, config: TrainConfig) -> None:
     if getattr(model, "anchors_placeholder", False):
         raise ConfigError(f"{config.cfg or config.weights}: the model YAML asks AutoAnchor to compute its anchors "
                           "(anchors: <count>), and AutoAnchor is not available yet; give pixel anchors in the YAML")
@@ -101,21 +106,12 @@ def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plo
                     plots=plots, verbose=verbose, half=half)
 
 
-def strip_training_state(path: Path) -> None:
-    """Finish a checkpoint for use: EMA weights become the model (fp16), optimizer and EMA dropped."""
-    checkpoint = load_checkpoint(path)
-    entry = checkpoint.get("ema") or checkpoint["model"]
-    entry = {**entry, "state_dict": {k: v.half() if v.is_floating_point() else v for k, v in entry["state_dict"].items()}}
-    keep = {k: checkpoint[k] for k in ("format", "epoch", "best_fitness", "config", "hyp", "date") if k in checkpoint}
-    save_checkpoint({**keep, "model": entry, "ema": None}, path)
-    LOGGER.info("Optimizer stripped from %s, %.1fMB", path, path.stat().st_size / 1e6)
-
-
 def final_validation(config: TrainConfig, last: Path, best: Path, val_loader, names, device, compute_loss, save_dir):
     """Strip last/best, validate best.pt with the per-class table and plots, draw results.png."""
     for path in (last, best):
         if path.exists():
-            strip_training_state(path)
+            strip_checkpoint(path)
+    previous_path(last).unlink(missing_ok=True)  # kept only while the run could be resumed
     metrics = {}
     if best.exists() and val_loader is not None:
         from models import load_model

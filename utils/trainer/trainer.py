@@ -1,16 +1,16 @@
-"""train(config, hyp): the coordinator of one training run.
+"""train(config, hyp, device, resume): the coordinator of one training run.
 
-Flow: config -> dataset YAML -> loaders -> model (YAML or weights) -> optimizer, scheduler, EMA ->
-epochs of steps -> validation on the EMA model -> checkpoints, results.csv, plots (main process only).
-Resume and evolution reuse this flow; DDP changes only the sampler, the model wrapper, the reductions
-and who writes.
+Flow: run folder -> dataset YAML -> model (YAML, weights, or the resumed checkpoint) -> loaders ->
+optimizer, scheduler, EMA (restored when resuming) -> epochs of steps -> validation on the EMA model ->
+checkpoints, results.csv, plots (main process only). ``Trainer.fit`` runs epochs, ``train_one_epoch``
+(utils.trainer.loop) runs the steps of one. The run's progress lives in one ``RunState``; a checkpoint
+is that state plus the model, EMA, optimizer, scaler and scheduler (layout: utils.checkpoint).
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,17 +18,22 @@ import yaml
 
 from models.fused import FusedCopy
 from utils import dist
+from utils.checkpoint import TrainingState, training_checkpoint
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
 from utils.loss import ComputeLoss
+from utils.paths import increment_path
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA
+from utils.trainer.interrupt import SaveControl
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import accumulate_steps, build_optimizer, lr_lambda, scaled_weight_decay, warmup_iterations
-from utils.trainer.recorder import Recorder, epoch_values, fitness_of, training_checkpoint
-from utils.trainer.setup import freeze_layers, seed_everything
-from utils.trainer.stages import build_loaders, final_validation, validate_epoch
+from utils.trainer.resume import mark_folder
+from utils.trainer.recorder import Recorder, epoch_values, fitness_of
+from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
+from utils.trainer.stages import build_data, check_anchors, final_validation, load_data, validate_epoch
+from utils.trainer.state import RunState, capture_rng, restore_rng
 
 LOGGER = logging.getLogger(__name__)
 
@@ -42,72 +47,198 @@ class TrainResult:
     epochs_run: int = 0
 
 
-def train(config: TrainConfig, hyp: Hyp, callbacks: Callbacks | None = None) -> TrainResult:
-    callbacks = callbacks or Callbacks()
-    info = dist.dist_info()
-    device = select_device(config.device, info.local_rank)
-    dist.init_distributed(device)
-    save_dir = Path(config.save_dir)
-    if dist.is_main_process():
-        (save_dir / "weights").mkdir(parents=True, exist_ok=True)
-        _save_yaml(save_dir / "hyp.yaml", hyp.to_dict())
-        _save_yaml(save_dir / "opt.yaml", config.to_dict())
-    seed_everything(config.seed + 1 + max(info.rank, 0), config.deterministic)
+class TrainingInterrupted(Exception):
+    """A signal stopped the run after last.pt was written; ``exit_status`` is what train.py returns."""
 
-    data = build_loaders(config, hyp, info)  # also builds the model (it needs nc) and the val loader
-    step, scheduler, warmup = _build_step(data.model.to(device), config, hyp, data, device, info)
-    model = data.model
-    eval_model = FusedCopy(step.ema.ema) if step.ema is not None else None  # what validation runs
-    recorder = Recorder(save_dir, config.patience, config.save_period, config.nosave) if dist.is_main_process() else None
-    batch_hook = _batch_plotter(save_dir, data.names) if dist.is_main_process() and not config.noplots else None
-    multi_scale = data.multi_scale_size if config.multi_scale else None
-    callbacks.run("on_train_start", save_dir=save_dir, model=model, config=config)
-    LOGGER.info("Image sizes %d train, %d val\nUsing %d dataloader workers\nLogging results to %s\n"
-                "Starting training for %d epochs...", data.imgsz, data.imgsz, data.workers, save_dir, config.epochs)
-    start = time.time()
-    epoch, maps, stop = -1, None, False
-    for epoch in range(config.epochs):
-        data.set_epoch(epoch)
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def setup_process(device: str) -> torch.device:
+    """The one place that picks this process's device and joins the process group (torchrun)."""
+    selected = select_device(device, dist.dist_info().local_rank)
+    dist.init_distributed(selected)
+    return selected
+
+
+def train(config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingState | None = None,
+          callbacks: Callbacks | None = None) -> TrainResult:
+    """Train from ``config`` (a new run), or continue ``resume`` (its run folder, state and options)."""
+    return Trainer(config, hyp, device, resume, callbacks or Callbacks()).fit()
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingState | None,
+                 callbacks: Callbacks):
+        self.config, self.hyp, self.device, self.callbacks = config, hyp, device, callbacks
+        self.info = dist.dist_info()
+        self.main = dist.is_main_process()
+        self.save_dir = open_run_folder(config, resume)
+        seed_everything(config.seed + 1 + max(self.info.rank, 0), config.deterministic)
+        data_cfg, names = load_data(config)
+        if resume is not None:
+            model = resumed_model(resume.model, names, str(resume.path))
+        else:
+            model = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
+            check_anchors(model, config)
+        grid_stride = max(int(model.stride.max()), 32)
+        self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info)
+        self.model = model.to(device)
+        self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info)
+        self.state = RunState(world_size=self.info.world_size)
+        if resume is not None:
+            self._restore(resume)
+        self.step.counters = self.state.counters
+        self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
+        self.recorder = Recorder(self.save_dir, config.save_period) if self.main else None
+        self.control = SaveControl(0.0 if config.nosave else config.save_every_min)  # signals still save
+        if self.main:
+            self._start_outputs(resume is None)
+        if resume is not None:
+            self._restore_rng(resume.rng)  # last: nothing above may draw from the generators afterwards
+
+    # ------------------------------------------------------------------ setup
+    def _start_outputs(self, new_run: bool) -> None:
+        if new_run:
+            _save_yaml(self.save_dir / "hyp.yaml", self.hyp.to_dict())
+            _save_yaml(self.save_dir / "opt.yaml", self.config.to_dict())
+            if not self.config.noplots:
+                from utils.data.plots import plot_labels
+
+                plot_labels(self.data.labels, self.data.names, self.save_dir)
+        self.recorder.restart_results(self.state.results)
+
+    def _restore(self, resume: TrainingState) -> None:
+        """Optimizer, scaler, scheduler, EMA, run state and random generators as they were saved."""
+        step = self.step
+        step.optimizer.load_state_dict(resume.optimizer)
+        if step.precision.scaler.is_enabled() and resume.scaler:
+            step.precision.scaler.load_state_dict(resume.scaler)
+        self.scheduler.load_state_dict(resume.scheduler)
+        if step.ema is not None:
+            ema_entry = resume.ema if resume.ema is not None else resume.model
+            step.ema.ema.load_state_dict(ema_entry["state_dict"])
+            step.ema.updates = int(resume.ema_updates)
+        self.state = RunState.from_dict(resume.run)
+        LOGGER.info("Resuming %s from epoch %d/%d, batch %d/%d", resume.path, self.state.epoch + 1, self.config.epochs,
+                    self.state.batch, self.data.batches_per_epoch)
+
+    def _restore_rng(self, saved: list) -> None:
+        """Each process's generators as saved; with another number of processes, a warning instead."""
+        if self.state.world_size == self.info.world_size and len(saved) == self.info.world_size:
+            restore_rng(saved[max(self.info.rank, 0)])
+            return
+        LOGGER.warning("WARNING: resuming a run trained by %d processes with %d: the total batch is kept, but the "
+                       "result will not be bit-identical to an uninterrupted run", self.state.world_size,
+                       self.info.world_size)
+        self.state.world_size = self.info.world_size
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> TrainResult:
+        config, data = self.config, self.data
+        self.callbacks.run("on_train_start", save_dir=self.save_dir, model=self.model, config=config)
+        LOGGER.info("Image sizes %d train, %d val\nUsing %d dataloader workers\nLogging results to %s\n"
+                    "Starting training for %d epochs...", data.imgsz, data.imgsz, data.workers, self.save_dir,
+                    config.epochs)
+        start = time.time()
+        self.control.install()
+        try:
+            for epoch in range(self.state.epoch, config.epochs):
+                if self._run_epoch(epoch):
+                    break
+        finally:
+            self.control.uninstall()
+        return self._finish(start)
+
+    def _run_epoch(self, epoch: int) -> bool:
+        """Train, validate and record one epoch; True when early stopping ends the run."""
+        config, state, step = self.config, self.state, self.step
+        state.start_epoch(epoch)
+        self.data.set_epoch(epoch, state.batch)
         if config.image_weights:
-            data.update_image_weights(maps)
-        stats = train_one_epoch(step, data.train_loader, epoch, config.epochs, device, warmup, multi_scale, batch_hook)
+            self.data.update_image_weights(state.maps)
+        multi_scale = self.data.multi_scale_size if config.multi_scale else None
+        batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
+        stats = train_one_epoch(step, self.data.train_loader, state, config.epochs, self.device, self.warmup,
+                                self._at_step_boundary, multi_scale, batch_hook)
+        if stats.stopped:
+            raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
-        scheduler.step()
+        self.scheduler.step()
         final_epoch = epoch + 1 == config.epochs
-        if recorder is not None:
-            state = partial(training_checkpoint, model, step.ema, step.optimizer, step.precision.scaler, epoch,
-                            step.counters.global_step, config=config, hyp=hyp)
-            epoch_maps = _end_epoch(recorder, step, eval_model, data, stats, epoch, final_epoch, learning_rates, state,
-                                    config, device, save_dir, callbacks)
-            maps = epoch_maps if epoch_maps is not None else maps
-            stop = recorder.should_stop(epoch)
-        stop, maps = dist.broadcast_object((stop, maps) if dist.is_main_process() else None)
+        values, fitness, maps = self._validate(stats, learning_rates, final_epoch) if self.main else (None, 0.0, None)
+        values, fitness, maps = dist.broadcast_object((values, fitness, maps))  # every process keeps the same state
+        improved = state.end_epoch(values, fitness)
+        state.maps = maps if maps is not None else state.maps
+        if self.main:
+            self.recorder.log(epoch, values)
+        if not config.nosave or final_epoch:  # decided alike on every process (the save gathers from all)
+            self._save_checkpoint(epoch=epoch, improved=improved)
+        self.callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
+        stop = config.patience > 0 and state.epochs_without_improvement() >= config.patience
         if stop and not final_epoch:
             LOGGER.info("Stopping training early as no improvement observed in last %d epochs. "
-                        "Best results observed at epoch %d.", config.patience, recorder.best_epoch if recorder else -1)
-            break
-    return _finish(config, recorder, data, device, step.compute_loss, save_dir, epoch, start, callbacks)
+                        "Best results observed at epoch %d.", config.patience, state.best_epoch)
+            return True
+        return False
+
+    def _validate(self, stats, learning_rates, final_epoch: bool):
+        """Main process: validate the EMA model through its fused copy; (results row, fitness, per-class mAPs)."""
+        val_start = time.perf_counter()
+        metrics = None
+        if not self.config.noval or final_epoch:
+            metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
+                                     self.step.compute_loss, self.save_dir,
+                                     plots=final_epoch and not self.config.noplots,
+                                     half=self.step.precision.dtype == torch.float16)  # CUDA AMP validates in fp16
+        stats.validation_time = time.perf_counter() - val_start
+        values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
+        fitness = fitness_of(values) if metrics is not None else 0.0
+        return values, fitness, (metrics.maps.tolist() if metrics is not None else None)
+
+    def _at_step_boundary(self) -> bool:
+        """After an optimizer step: write a mid-epoch checkpoint when the clock or a signal asks; True = stop."""
+        save, stop = self.control.decide()
+        if save:
+            self._save_checkpoint()
+            LOGGER.info("Saved %s at epoch %d, batch %d/%d", self.save_dir / "weights" / "last.pt",
+                        self.state.epoch + 1, self.state.batch, self.data.batches_per_epoch)
+        return stop
+
+    def _save_checkpoint(self, epoch: int | None = None, improved: bool = False) -> None:
+        """last.pt with the whole state (every process takes part: the random generator states are gathered)."""
+        rng = dist.gather_object(capture_rng())
+        if self.main:
+            step = self.step
+            checkpoint = training_checkpoint(step.model, step.ema, step.optimizer, step.precision.scaler,
+                                             self.scheduler, self.state.to_dict(), rng, self.config.to_dict(),
+                                             self.hyp.to_dict())
+            self.recorder.save(checkpoint, epoch, improved)
+        self.control.saved()
+
+    def _interrupted_message(self) -> str:
+        last = self.save_dir / "weights" / "last.pt"
+        return (f"stopped by {_signal_name(self.control.signal_number)} at epoch {self.state.epoch + 1}/"
+                f"{self.config.epochs}, batch {self.state.batch}/{self.data.batches_per_epoch}; {last} holds this "
+                f"position. Resume with: python train.py --resume {last}")
+
+    def _finish(self, start: float) -> TrainResult:
+        result = TrainResult(self.save_dir, None, None, epochs_run=self.state.epoch)
+        if self.recorder is not None:
+            recorder = self.recorder
+            LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
+            result.final_metrics = final_validation(self.config, recorder.last, recorder.best, self.data.val_loader,
+                                                    self.data.names, self.device, self.step.compute_loss,
+                                                    self.save_dir)
+            result.best = recorder.best if recorder.best.exists() else None
+            result.last = recorder.last if recorder.last.exists() else None
+            recorder.close()
+            self.callbacks.run("on_train_end", save_dir=self.save_dir, best=result.best, results=result.final_metrics)
+        return result
 
 
-def _end_epoch(recorder, step, eval_model, data, stats, epoch, final_epoch, learning_rates, state, config, device,
-               save_dir, callbacks):
-    """Main process: validate the EMA model (through its fused copy), log the row, save checkpoints.
-    Returns per-class mAPs or None."""
-    val_start = time.perf_counter()
-    metrics = None
-    if not config.noval or final_epoch:
-        metrics = validate_epoch(eval_model.refresh(), data.val_loader, data.names, device, step.compute_loss, save_dir,
-                                 plots=final_epoch and not config.noplots,
-                                 half=step.precision.dtype == torch.float16)  # CUDA AMP runs validate in fp16
-    stats.validation_time = time.perf_counter() - val_start
-    values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
-    recorder.end_epoch(epoch, values, metrics is not None, final_epoch, state)
-    fitness = fitness_of(values) if metrics is not None else 0.0
-    callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
-    return metrics.maps if metrics is not None else None
-
-
-def _build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
+def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
     """Memory format, frozen layers, optimizer, LR schedule, EMA, precision, loss and DDP wrapper."""
     channels_last = use_channels_last(config.channels_last, device)
     if channels_last:
@@ -126,23 +257,34 @@ def _build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, info.world_size)
-    warmup_iters = warmup_iterations(hyp.warmup_epochs, len(data.train_loader))
+    warmup_iters = warmup_iterations(hyp.warmup_epochs, data.batches_per_epoch)
     warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size)
     return step, scheduler, warmup
 
 
-def _finish(config, recorder, data, device, compute_loss, save_dir, epoch, start, callbacks) -> TrainResult:
-    result = TrainResult(save_dir, None, None, epochs_run=epoch + 1)
-    if recorder is not None:
-        LOGGER.info("\n%d epochs completed in %.3f hours.", epoch + 1, (time.time() - start) / 3600)
-        result.final_metrics = final_validation(config, recorder.last, recorder.best, data.val_loader, data.names,
-                                                device, compute_loss, save_dir)
-        result.best = recorder.best if recorder.best.exists() else None
-        result.last = recorder.last if recorder.last.exists() else None
-        recorder.close()
-        callbacks.run("on_train_end", save_dir=save_dir, best=result.best, results=result.final_metrics)
-    dist.cleanup()
-    return result
+def open_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
+    """The run's folder on every process: the resumed checkpoint's own run, the folder a torchrun restart
+    already owns (``config.save_dir`` set by the caller), or a new project/name{,2,3...} made by the
+    main process. A torchrun launch marks its folder so that its restarts find it again."""
+    folder = None
+    if dist.is_main_process():
+        if resume is not None:
+            folder = resume.path.resolve().parent.parent
+        elif config.save_dir:
+            folder = Path(config.save_dir)
+        else:
+            folder = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
+        (folder / "weights").mkdir(parents=True, exist_ok=True)
+        mark_folder(folder, dist.launch_info().launch_id)
+    folder = Path(dist.broadcast_object(str(folder) if folder is not None else None))
+    config.save_dir = str(folder)
+    return folder
+
+
+def _signal_name(number) -> str:
+    import signal
+
+    return signal.Signals(number).name if number else "a signal"
 
 
 def _batch_plotter(save_dir: Path, names: list[str]):

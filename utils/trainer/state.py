@@ -1,0 +1,110 @@
+"""RunState: everything about a training run's progress that is not a tensor of the model or optimizer.
+
+The one holder of the run's position (epoch, batches done in it, optimizer-step counters), its
+record (best fitness and epoch for early stopping, the results rows so far, the last per-class mAPs
+for --image-weights), the running loss sums of the epoch in progress, the random number generator
+states, and the number of processes that produced it. ``to_dict`` / ``from_dict`` turn it into plain
+data for the checkpoint (``utils.checkpoint`` owns where it goes in the file).
+
+Positions are always optimizer-step boundaries: no gradient is pending when a RunState is saved, so a
+run resumed from it continues exactly as if it had not stopped.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepCounters:
+    global_step: int = 0               # batches trained since the start of training
+    last_optimizer_step: int = -1      # global_step of the batch that last stepped the optimizer
+    nonfinite_in_row: int = 0
+    nonfinite_total: int = 0
+
+
+@dataclass
+class RunState:
+    epoch: int = 0                     # the epoch in progress (the next one at an epoch boundary)
+    batch: int = 0                     # batches of ``epoch`` already trained (0 at an epoch boundary)
+    counters: StepCounters = field(default_factory=StepCounters)
+    best_fitness: float = -1.0
+    best_epoch: int = -1
+    results: list = field(default_factory=list)  # one dict per finished epoch: {"epoch": e, column: value}
+    maps: list | None = None           # per-class mAP50-95 of the last validation (--image-weights)
+    loss_sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # box, obj, cls summed over the epoch so far
+    loss_batches: int = 0              # batches whose losses are in loss_sums (finite ones)
+    world_size: int = 1                # processes that trained this run
+    finished: bool = False
+
+    # ------------------------------------------------------------------ epoch bookkeeping
+    def start_epoch(self, epoch: int) -> None:
+        """Enter ``epoch``; a resumed epoch keeps its position and loss sums."""
+        if epoch != self.epoch or self.batch == 0:
+            self.epoch, self.batch = epoch, 0
+            self.loss_sums, self.loss_batches = [0.0, 0.0, 0.0], 0
+
+    def end_epoch(self, values: dict[str, float], fitness: float) -> bool:
+        """Record the finished epoch's results row; returns True when its fitness is a new best."""
+        self.results.append({"epoch": self.epoch, **values})
+        improved = fitness > self.best_fitness
+        if improved:
+            self.best_fitness, self.best_epoch = float(fitness), self.epoch
+        self.epoch, self.batch = self.epoch + 1, 0
+        self.loss_sums, self.loss_batches = [0.0, 0.0, 0.0], 0
+        return improved
+
+    def epochs_without_improvement(self) -> int:
+        """Finished epochs since the best one (early stopping compares this with --patience)."""
+        return self.epoch - 1 - self.best_epoch
+
+    # ------------------------------------------------------------------ plain data
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunState":
+        """The state saved by ``to_dict`` (raises KeyError/TypeError/ValueError on malformed data;
+        ``utils.checkpoint`` turns those into a one-line CheckpointError)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        counters = StepCounters(**{k: int(v) for k, v in values.pop("counters").items()})
+        state = cls(counters=counters, **values)
+        state.epoch, state.batch = int(state.epoch), int(state.batch)
+        state.loss_sums = [float(v) for v in state.loss_sums]
+        if len(state.loss_sums) != 3 or not isinstance(state.results, list):
+            raise ValueError("malformed run state")
+        return state
+
+
+# ---------------------------------------------------------------------- random number generators
+
+def capture_rng() -> dict:
+    """Python, numpy, torch (and CUDA when initialised) global generator states, as plain data."""
+    numpy_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {"bit_generator": numpy_state["bit_generator"], "key": numpy_state["state"]["key"].tolist(),
+                  "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
+                  "gauss": float(numpy_state["gauss"])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Set the global generators to a ``capture_rng`` result (CUDA only when both sides have it)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state({"bit_generator": numpy_state["bit_generator"],
+                         "state": {"key": np.asarray(numpy_state["key"], dtype=np.uint32), "pos": numpy_state["pos"]},
+                         "has_gauss": numpy_state["has_gauss"], "gauss": numpy_state["gauss"]})
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
