@@ -315,7 +315,8 @@ def format_anchors(model) -> str:
     _, detect = _detect(model)
     lines = ["Anchors (pixels, width x height) per level:"]
     for stride, level in zip(detect.stride.tolist(), anchor_pixels(model)):
-        name = f"P{round(math.log2(stride))}/{_plain(stride)}" if stride > 0 else f"stride {stride}"
+        level_number = math.log2(stride) if stride > 0 else 0.5
+        name = f"P{int(level_number)}/{_plain(stride)}" if level_number.is_integer() else f"stride {_plain(stride)}"
         lines.append(f"  {name:>7}: " + ", ".join(f"{_plain(w)}x{_plain(h)}" for w, h in level))
     return "\n".join(lines)
 
