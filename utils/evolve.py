@@ -1,0 +1,454 @@
+"""Hyperparameter evolution (YOLOv5's ``--evolve``) as a library: search space, evolve.csv, mutation, driver.
+
+One generation = one training run with a proposed hyp; its metrics and hyp become one row of
+``evolve.csv``. A proposal takes the (up to) 5 fittest rows (fitness = 0.1 mAP50 + 0.9 mAP50-95), picks
+a parent ('single': one row chosen with probability proportional to fitness - min + 1e-6; 'weighted':
+their fitness-weighted mean), multiplies each evolvable key by a random factor and clips it to the
+search space. Without rows, the base hyp is trained unmutated.
+
+Files in the evolve folder (shared safely by several processes, e.g. one per GPU):
+
+- ``evolve.csv``: YOLOv5's layout, a header then one row per generation, each value right-aligned in
+  20 characters (``%20.5g``): the metric columns ``METRIC_COLUMNS``, then every Hyp key (an unset
+  ``anchors`` is written ``nan``). A row's generation number is its position in the file: rows are
+  appended whole (one write) under an exclusive ``flock`` of ``evolve.csv.lock``, and take the number
+  row count + 1 at that moment, so concurrent processes never tear or interleave lines, and a run
+  restarted after an interruption continues the count.
+- ``evolve.csv.lock``: the lock file; it also holds the next proposal number. Each proposal claims
+  one under the lock (at least row count + 1), so concurrent processes never propose the same hyp; a
+  proposal that fails gives its number back when no later one was claimed. ``run_generation`` gets
+  the proposal number, which is the row number the result takes unless another process appends first.
+- ``hyp_evolve.yaml``: the best row's hyperparameters, with a comment header; ``evolve.png``: fitness
+  against each evolved hyperparameter, best marked. Both are refreshed after every generation.
+
+A proposal is reproducible: its random numbers come from ``numpy.random.default_rng([seed, number])``
+and the rows present when it was claimed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from utils.config import HYP_DIR, Hyp
+from utils.errors import UserError
+from utils.metrics import fitness
+
+LOGGER = logging.getLogger(__name__)
+
+METRIC_COLUMNS = ("metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
+                  "val/box_loss", "val/obj_loss", "val/cls_loss")
+HYP_KEYS = tuple(f.name for f in dataclasses.fields(Hyp))
+CSV_NAME, LOCK_NAME, YAML_NAME, PLOT_NAME = "evolve.csv", "evolve.csv.lock", "hyp_evolve.yaml", "evolve.png"
+DEFAULT_SPACE = HYP_DIR / "evolve-space.yaml"
+COLUMN_WIDTH = 20
+PARENTS = 5  # fittest rows a parent is chosen from
+MUTATION_PROBABILITY = 0.8
+MUTATION_SIGMA = 0.2
+FACTOR_RANGE = (0.3, 3.0)
+SIGNIFICANT_DIGITS = 5
+MAX_DRAWS = 100  # mutation draws before giving up on changing anything (e.g. every evolvable value is 0)
+
+
+class EvolveError(UserError):
+    """A search-space file or evolve.csv that cannot be used; one line naming the file and the reason."""
+
+
+# ----------------------------------------------------------------------------- search space
+@dataclass(frozen=True)
+class SearchSpace:
+    """Evolvable hyp keys and their [lower, upper] bounds, in file order."""
+    bounds: dict
+    source: str = ""
+
+    @classmethod
+    def load(cls, path=DEFAULT_SPACE) -> "SearchSpace":
+        path = Path(path)
+        if not path.exists() and (HYP_DIR / path.name).exists():
+            path = HYP_DIR / path.name
+        try:
+            content = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise EvolveError(f"{path}: cannot read the search space ({error.strerror})") from None
+        except yaml.YAMLError as error:
+            raise EvolveError(f"{path}: invalid YAML ({str(error).splitlines()[0][:80]})") from None
+        return cls.from_dict(content, str(path))
+
+    @classmethod
+    def from_dict(cls, content, source: str = "<search space>") -> "SearchSpace":
+        if not isinstance(content, dict) or not content:
+            raise EvolveError(f"{source}: expected a mapping of hyp keys to [lower, upper]")
+        unknown = [str(key)[:80] for key in content if key not in HYP_KEYS]
+        if unknown:
+            raise EvolveError(f"{source}: unknown hyperparameter(s) {', '.join(unknown[:5])} (not hyp keys)")
+        return cls({key: _bounds(key, value, source) for key, value in content.items()}, source)
+
+    def keys(self, hyp: Hyp) -> list[str]:
+        """The keys evolved for ``hyp``: all of the space's, except 'anchors' when the hyp does not set it."""
+        return [key for key in self.bounds if key != "anchors" or hyp.anchors is not None]
+
+    def clip(self, key: str, value: float) -> float:
+        lower, upper = self.bounds[key]
+        return min(max(value, lower), upper)
+
+    def describe(self, hyp: Hyp | None = None) -> str:
+        keys = self.keys(hyp) if hyp is not None else list(self.bounds)
+        lines = [f"Evolving {len(keys)} hyperparameters ({self.source or 'search space'}):"]
+        for key in keys:
+            lower, upper = self.bounds[key]
+            start = f"  start {getattr(hyp, key):g}" if hyp is not None else ""
+            lines.append(f"  {key:<16} {lower:g} .. {upper:g}{start}")
+        return "\n".join(lines)
+
+
+def _bounds(key: str, value, source: str) -> tuple[float, float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or any(isinstance(v, bool) for v in value):
+        raise EvolveError(f"{source}: '{key}' must be [lower, upper], got {str(value)[:80]}")
+    try:
+        lower, upper = float(value[0]), float(value[1])
+    except (TypeError, ValueError):
+        raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {str(value)[:80]}") from None
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        raise EvolveError(f"{source}: '{key}' bounds must be finite, got {str(value)[:80]}")
+    if lower > upper:
+        raise EvolveError(f"{source}: '{key}' lower bound {lower:g} is above the upper bound {upper:g}")
+    return lower, upper
+
+
+# ----------------------------------------------------------------------------- rows
+@dataclass(frozen=True)
+class EvolveRow:
+    generation: int  # position in evolve.csv, from 1
+    metrics: dict
+    hyp: Hyp
+
+    @property
+    def fitness(self) -> float:
+        return row_fitness(self.metrics)
+
+
+def row_fitness(metrics: dict) -> float:
+    """0.1 * mAP50 + 0.9 * mAP50-95 (utils.metrics.fitness) of a dict of metric columns."""
+    return float(fitness([metrics[column] for column in METRIC_COLUMNS[:4]]))
+
+
+def csv_columns() -> list[str]:
+    return list(METRIC_COLUMNS) + list(HYP_KEYS)
+
+
+def format_line(columns: list[str], metrics: dict, hyp: Hyp) -> str:
+    """One evolve.csv line (with newline) in ``columns``' order; an unset hyp value is written nan."""
+    values = {**{key: getattr(hyp, key) for key in HYP_KEYS}, **metrics}
+    numbers = [math.nan if values[column] is None else float(values[column]) for column in columns]
+    return ",".join(f"{number:{COLUMN_WIDTH}.5g}" for number in numbers) + "\n"
+
+
+def parse_header(line: str, path) -> list[str]:
+    columns = [column.strip() for column in line.split(",")]
+    required = set(METRIC_COLUMNS) | (set(HYP_KEYS) - {"anchors"})  # YOLOv5's own files may lack anchors
+    unknown = [column[:80] for column in columns if column not in csv_columns()]
+    missing = sorted(required - set(columns))
+    if unknown or missing or len(set(columns)) != len(columns):
+        problem = f"unknown column {unknown[0]!r}" if unknown else \
+            f"missing column {missing[0]!r}" if missing else "a column appears twice"
+        raise EvolveError(f"{path}: first line is not an evolve.csv header ({problem})")
+    return columns
+
+
+def parse_line(columns: list[str], line: str, generation: int) -> EvolveRow:
+    """An EvolveRow from one data line; ValueError saying what is wrong."""
+    fields = line.split(",")
+    if len(fields) != len(columns):
+        raise ValueError(f"{len(fields)} values for {len(columns)} columns")
+    values = dict(zip(columns, (float(field) for field in fields)))
+    metrics = {column: values[column] for column in METRIC_COLUMNS}
+    if not all(math.isfinite(metrics[column]) for column in METRIC_COLUMNS[:4]):
+        raise ValueError("non-finite precision, recall or mAP")
+    hyp_values = {key: values[key] for key in HYP_KEYS if key in values}
+    if not math.isfinite(hyp_values.get("anchors", math.nan)):
+        hyp_values.pop("anchors", None)
+    if not all(math.isfinite(value) for value in hyp_values.values()):
+        raise ValueError("non-finite hyperparameter")
+    return EvolveRow(generation, metrics, Hyp.from_dict(hyp_values, "evolve.csv row"))
+
+
+def read_rows(path, warned: set | None = None) -> tuple[list[EvolveRow], int]:
+    """(usable rows, number of data lines) of an evolve.csv; ([], 0) when missing or empty. A corrupt
+    line keeps its generation number and is skipped with a warning naming the line (once per ``warned``)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return [], 0
+    if not lines:
+        return [], 0
+    columns = parse_header(lines[0], path)
+    rows, generation = [], 0
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        generation += 1
+        try:
+            rows.append(parse_line(columns, line, generation))
+        except ValueError as error:
+            if warned is None or number not in warned:
+                LOGGER.warning(f"{path}: line {number} skipped ({str(error).splitlines()[0][:80]})")
+                if warned is not None:
+                    warned.add(number)
+    return rows, generation
+
+
+# ----------------------------------------------------------------------------- the shared folder
+class FolderLock:
+    """Exclusive flock of ``evolve.csv.lock`` (a context manager); the file holds the next proposal number."""
+
+    def __init__(self, folder):
+        self.path = Path(folder) / LOCK_NAME
+        self.fd = -1
+
+    def __enter__(self) -> "FolderLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = -1
+
+    def _next(self) -> int:
+        text = os.pread(self.fd, 32, 0).decode("ascii", errors="replace").strip()
+        return int(text) if text.isdigit() else 1
+
+    def _store(self, number: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{number}\n".encode("ascii"), 0)
+
+    def claim(self, row_count: int) -> int:
+        """The next proposal number: at least row_count + 1, never one claimed before (unless given back)."""
+        number = max(self._next(), row_count + 1)
+        self._store(number + 1)
+        return number
+
+    def give_back(self, number: int) -> None:
+        """Return a failed proposal's number when it is the last claimed, so a restart reuses it."""
+        if self._next() == number + 1:
+            self._store(number)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def append_row(folder, metrics: dict, hyp: Hyp) -> int:
+    """Append one generation's row to ``folder``/evolve.csv under the folder lock; returns its generation
+    number (row count + 1). The header is written with the first row; an unterminated last line (a writer
+    killed mid-write) is closed first, so it stays one corrupt line instead of joining this row."""
+    _check_metrics(metrics)
+    path = Path(folder) / CSV_NAME
+    with FolderLock(folder):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            text = ""
+        if text:
+            columns = parse_header(text.split("\n", 1)[0], path)
+            prefix = "" if text.endswith("\n") else "\n"
+            count = sum(1 for line in text.splitlines()[1:] if line.strip())
+        else:
+            columns, count = csv_columns(), 0
+            prefix = ",".join(f"{column:>{COLUMN_WIDTH}}" for column in columns) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _write_all(fd, (prefix + format_line(columns, metrics, hyp)).encode("utf-8"))
+        finally:
+            os.close(fd)
+    return count + 1
+
+
+def _check_metrics(metrics: dict) -> None:
+    missing = [column for column in METRIC_COLUMNS if column not in metrics]
+    if missing:
+        raise ValueError(f"generation metrics lack {', '.join(missing)}")
+    if not all(math.isfinite(float(metrics[column])) for column in METRIC_COLUMNS[:4]):
+        raise ValueError("generation precision, recall and mAP must be finite")
+
+
+# ----------------------------------------------------------------------------- proposals
+def propose(rows: list[EvolveRow], base_hyp: Hyp, space: SearchSpace, seed: int = 0, number: int = 1,
+            parent: str = "single") -> Hyp:
+    """The hyp to train as proposal ``number``: the base hyp unmutated for the first proposal of an empty
+    evolve.csv, else a mutation of a parent chosen from ``rows`` (of the base hyp while there are none).
+    Keys outside the search space keep the base hyp's values."""
+    if parent not in ("single", "weighted"):
+        raise ValueError(f"parent must be 'single' or 'weighted', got {parent!r}")
+    keys = space.keys(base_hyp)
+    if not rows and number <= 1 or not keys:
+        return base_hyp
+    rng = np.random.default_rng([int(seed) % (1 << 64), int(number)])
+    start = select_parent(rows, keys, base_hyp, rng, parent) if rows else \
+        {key: getattr(base_hyp, key) for key in keys}
+    return base_hyp.replace(**mutate(start, keys, space, rng))
+
+
+def select_parent(rows: list[EvolveRow], keys: list[str], base_hyp: Hyp, rng: np.random.Generator,
+                  parent: str = "single") -> dict:
+    """Values of ``keys`` from the up to 5 fittest rows: one row drawn with probability proportional to
+    fitness - min + 1e-6 ('single'), or their mean weighted so ('weighted')."""
+    top = sorted(rows, key=lambda row: -row.fitness)[:PARENTS]
+    scores = np.array([row.fitness for row in top])
+    weights = scores - scores.min() + 1e-6
+    values = np.array([[_value(row.hyp, key, base_hyp) for key in keys] for row in top])
+    if parent == "single":
+        chosen = values[rng.choice(len(top), p=weights / weights.sum())]
+    else:
+        chosen = (values * weights[:, None]).sum(0) / weights.sum()
+    return dict(zip(keys, chosen.tolist()))
+
+
+def _value(hyp: Hyp, key: str, base_hyp: Hyp) -> float:
+    value = getattr(hyp, key)
+    return float(getattr(base_hyp, key) if value is None else value)
+
+
+def mutate(values: dict, keys: list[str], space: SearchSpace, rng: np.random.Generator,
+           probability: float = MUTATION_PROBABILITY, sigma: float = MUTATION_SIGMA) -> dict:
+    """Each key times a factor 1 + N(0, 1) * u * sigma (with probability ``probability``; u ~ U(0, 1) per
+    draw), clipped to [0.3, 3]; then clipped to the key's bounds and rounded to 5 significant digits.
+    Drawn again until at least one value changes (up to 100 draws)."""
+    unchanged = {key: _round(space.clip(key, values[key])) for key in keys}
+    for _ in range(MAX_DRAWS):
+        mask = rng.random(len(keys)) < probability
+        factors = (mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(*FACTOR_RANGE)
+        mutated = {key: _round(space.clip(key, values[key] * factor)) for key, factor in zip(keys, factors)}
+        if mutated != unchanged:
+            return mutated
+    LOGGER.warning(f"Evolve: no hyperparameter changed in {MAX_DRAWS} mutations (evolvable values all 0?); "
+                   "training the parent's values")
+    return mutated
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+# ----------------------------------------------------------------------------- outputs
+def best_row(rows: list[EvolveRow]) -> EvolveRow | None:
+    """The fittest row (the earliest among equals), None without rows."""
+    return max(rows, key=lambda row: row.fitness, default=None)
+
+
+def _replace_file(folder: Path, name: str, write) -> Path:
+    """Write through ``write(temp path)`` then rename over ``folder/name`` (readers never see half a file).
+    The temp file is created with the umask's permissions, like any file the run writes."""
+    temp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}{Path(name).suffix}"
+    os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        write(temp)
+        os.replace(temp, folder / name)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return folder / name
+
+
+def write_best_yaml(folder, rows: list[EvolveRow], count: int) -> Path | None:
+    """hyp_evolve.yaml: the best row's hyperparameters (a hyp file) under a comment header."""
+    best = best_row(rows)
+    if best is None:
+        return None
+    metrics = ", ".join(f"{column} {value:.5g}" for column, value in best.metrics.items())
+    text = (f"# Hyperparameter evolution: best of the {len(rows)} usable rows ({count} generations) in {CSV_NAME}\n"
+            f"# Generation {best.generation}, fitness {best.fitness:.5g} (0.1 * mAP_0.5 + 0.9 * mAP_0.5:0.95)\n"
+            f"# {metrics}\n"
+            f"# Written {datetime.now().isoformat(timespec='seconds')}; "
+            f"train with: python train.py --hyp {YAML_NAME}\n\n"
+            + yaml.safe_dump(best.hyp.to_dict(), sort_keys=False))
+    return _replace_file(Path(folder), YAML_NAME, lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+
+
+def plot_evolve(rows: list[EvolveRow], keys: list[str], folder) -> Path | None:
+    """evolve.png: fitness against each evolved hyperparameter, coloured by fitness, best marked with +."""
+    if not rows or not keys:
+        return None
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
+
+    scores = np.array([row.fitness for row in rows])
+    best = int(scores.argmax())
+    columns = min(5, len(keys))
+    lines = math.ceil(len(keys) / columns)
+    figure = Figure(figsize=(2.4 * columns, 2.2 * lines))
+    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.04, top=0.96, wspace=0.35, hspace=0.5)  # fixed: one draw
+    for i, key in enumerate(keys):
+        axes = figure.add_subplot(lines, columns, i + 1)
+        values = np.array([math.nan if getattr(row.hyp, key) is None else getattr(row.hyp, key) for row in rows])
+        axes.scatter(values, scores, c=scores, cmap="viridis", s=10, alpha=0.8, edgecolors="none")
+        axes.plot(values[best], scores[best], "k+", markersize=14)
+        axes.set_title(f"{key} = {values[best]:.3g}", fontsize=9)
+        axes.tick_params(labelsize=6)
+        if i % columns == 0:
+            axes.set_ylabel("fitness", fontsize=7)
+    return _replace_file(Path(folder), PLOT_NAME, lambda temp: figure.savefig(temp, dpi=120, format="png"))
+
+
+# ----------------------------------------------------------------------------- the driver
+def evolve(run_generation: Callable[[Hyp, int], dict], generations: int, folder, space: SearchSpace,
+           base_hyp: Hyp, seed: int = 0, parent: str = "single", plots: bool = True) -> EvolveRow | None:
+    """Run ``generations`` more generations in ``folder``, after the rows already in its evolve.csv.
+
+    ``run_generation(hyp, number)`` trains once and returns the metric columns (``METRIC_COLUMNS``).
+    Several processes may share ``folder`` (see the module docstring). Returns the best row of the file.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = space.keys(base_hyp)
+    LOGGER.info(space.describe(base_hyp))
+    warned, durations = set(), []
+    for index in range(1, generations + 1):
+        start = time.monotonic()
+        with FolderLock(folder) as lock:
+            rows, count = read_rows(folder / CSV_NAME, warned)
+            number = lock.claim(count)
+        hyp = propose(rows, base_hyp, space, seed, number, parent)
+        try:
+            metrics = run_generation(hyp, number)
+        except BaseException:
+            with FolderLock(folder) as lock:
+                lock.give_back(number)
+            raise
+        generation = append_row(folder, metrics, hyp)
+        with FolderLock(folder):
+            rows, count = read_rows(folder / CSV_NAME, warned)
+            write_best_yaml(folder, rows, count)
+        if plots:
+            plot_evolve(rows, keys, folder)
+        durations.append(time.monotonic() - start)
+        _log_progress(index, generations, generation, row_fitness(metrics), best_row(rows), durations)
+    return best_row(read_rows(folder / CSV_NAME, warned)[0])
+
+
+def _log_progress(index: int, total: int, generation: int, score: float, best: EvolveRow | None,
+                  durations: list[float]) -> None:
+    remaining = (total - index) * sum(durations) / len(durations)
+    best_text = f"best {best.fitness:.5f} (generation {best.generation})" if best else "no usable rows"
+    LOGGER.info(f"Evolve: generation {index}/{total} (evolve.csv row {generation}): fitness {score:.5f}, "
+                f"{best_text}, ETA {_duration(remaining)}")
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {seconds:02d}s"
