@@ -22,7 +22,6 @@ LOGGER = logging.getLogger("train")
 
 NOT_AVAILABLE_YET = {
     "evolve": "--evolve is not available yet (hyperparameter evolution comes with the evolution work)",
-    "sync_bn": "--sync-bn is not available yet (it comes with multi-GPU DDP training)",
 }
 
 
@@ -101,6 +100,10 @@ def main(argv=None) -> int:
 
     setup_logging()
     keep_freed_memory()  # whole-process choice: see utils/memory.py
+    problem = launch_problem(args, argv)
+    if problem:
+        print(f"train.py: error: {problem}", file=sys.stderr)
+        return 2
     for flag, message in NOT_AVAILABLE_YET.items():
         if getattr(args, flag):
             print(f"train.py: error: {message}", file=sys.stderr)
@@ -110,6 +113,21 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
         return 130
+
+
+def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
+    """Flags that need torchrun, or that torchrun cannot take: the one-line reason, else None."""
+    from utils import dist
+
+    distributed = dist.dist_info().distributed
+    gpus = [d for d in str(args.device).replace("cuda:", "").split(",") if d.strip()]
+    if len(gpus) > 1 and not distributed:
+        given = " ".join(sys.argv[1:] if argv is None else argv)
+        return (f"--device {args.device} names {len(gpus)} GPUs: one process per GPU is started by torchrun: "
+                f"torchrun --nproc_per_node {len(gpus)} train.py {given}")
+    if args.evolve and distributed:
+        return "--evolve trains one model at a time per process: run one 'python train.py --evolve --device i' per GPU"
+    return None
 
 
 def run(config, explicit: dict) -> int:
@@ -127,9 +145,13 @@ def run(config, explicit: dict) -> int:
             config.cfg = str(ROOT / config.cfg)
         device = setup_process(config.device)
         config, hyp, resume = _shared(lambda: resolve_run(config, explicit))
+        listed = [d for d in str(config.device).replace("cuda:", "").split(",") if d.strip().isdigit()]
+        dist.check_launch(config.batch_size, device, len(listed) or None)
         train(config, hyp, device, resume)
     except UserError as error:
-        print(f"train.py: error: {error}", file=sys.stderr)
+        if dist.is_main_process() or not isinstance(error, dist.SharedError):  # said once, not once per process
+            rank = "" if dist.is_main_process() else f"[rank {dist.dist_info().rank}] "
+            print(f"{rank}train.py: error: {error}", file=sys.stderr)
         return 2
     except RunFinished as finished:
         LOGGER.info("%s", finished)
@@ -156,9 +178,13 @@ def _shared(decide):
             outcome = ("error", error)
     kind, value = dist.broadcast_object(outcome)
     if kind == "error":
+        if isinstance(value, UserError) and not dist.is_main_process():
+            raise dist.SharedError(str(value))
         raise value
     return value
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from torch.distributed.elastic.multiprocessing.errors import record  # torchrun reports a failed rank's traceback
+
+    sys.exit(record(main)())

@@ -1,7 +1,11 @@
-"""The one home of distributed state. No other module reads RANK, LOCAL_RANK or WORLD_SIZE.
+"""The one home of distributed state. No other module reads RANK, LOCAL_RANK, WORLD_SIZE or torchrun's
+other variables.
 
-``torchrun --nproc_per_node N train.py`` sets those variables; a plain ``python train.py`` has none
-and runs as rank 0 of a world of 1. Writers (checkpoints, loggers, plots) ask ``is_main_process()``.
+``torchrun --nproc_per_node N train.py`` (or ``python -m torch.distributed.run``, one or many nodes) sets
+those variables; a plain ``python train.py`` has none and runs as rank 0 of a world of 1. Writers
+(checkpoints, loggers, plots) ask ``is_main_process()``. The process group uses NCCL when every process
+has its own CUDA device and gloo otherwise; every wait that can be long is named (``barrier(phase)``), so
+a timeout says what the processes were waiting for.
 """
 from __future__ import annotations
 
@@ -15,7 +19,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from utils.errors import UserError
+
 LOGGER = logging.getLogger(__name__)
+TIMEOUT_MINUTES = 30
+
+
+class DistributedError(UserError):
+    """A launch that cannot work (batch not divisible, more processes than devices, ...), or a wait that
+    timed out; the message names the phase."""
+
+
+class SharedError(UserError):
+    """An error every process raises alike (decided on the main process and shared, or a check that gives
+    the same answer everywhere): only the main process prints it."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +40,7 @@ class DistInfo:
     rank: int = -1        # -1: not distributed
     local_rank: int = -1
     world_size: int = 1
+    local_world_size: int = 1  # processes on this node
 
     @property
     def distributed(self) -> bool:
@@ -35,9 +53,11 @@ class DistInfo:
 
 def dist_info() -> DistInfo:
     """Rank information from torchrun's environment (-1/-1/1 when launched without torchrun)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
     return DistInfo(rank=int(os.environ.get("RANK", -1)),
                     local_rank=int(os.environ.get("LOCAL_RANK", -1)),
-                    world_size=int(os.environ.get("WORLD_SIZE", 1)))
+                    world_size=world_size,
+                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
 
 def is_main_process() -> bool:
@@ -52,16 +72,72 @@ def get_world_size() -> int:
     return 1
 
 
-def init_distributed(device: torch.device, timeout_minutes: int = 30) -> None:
-    """Join the process group when launched by torchrun: NCCL on CUDA, gloo on CPU."""
+def get_rank() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank()
+    return 0
+
+
+def check_launch(batch_size: int, device: torch.device, device_ids: int | None = None) -> None:
+    """One-line errors, before anything is built, for launches that cannot work."""
+    info = dist_info()
+    if not info.distributed:
+        return
+    if batch_size % info.world_size:
+        lower = batch_size - batch_size % info.world_size
+        choices = [b for b in (lower, lower + info.world_size) if b > 0]
+        raise SharedError(f"--batch-size {batch_size} is not divisible by the {info.world_size} processes "
+                               f"(the total batch is split evenly); use {' or '.join(map(str, choices))}")
+    if device.type == "cuda":
+        available = device_ids if device_ids is not None else torch.cuda.device_count()
+        if info.local_world_size > available:
+            raise SharedError(f"{info.local_world_size} processes on this node but {available} CUDA devices: "
+                                   "use --nproc_per_node <= the number of GPUs (one process per GPU)")
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join the process group when launched by torchrun: NCCL on CUDA (this process's own device), gloo
+    otherwise. Sets this process's compute threads to its share of the node's CPUs, and logs one start
+    line on every rank (host, rank, local rank, world size, device, backend)."""
     info = dist_info()
     if not info.distributed or torch_dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch_dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes))
-    LOGGER.info("DDP: rank %d/%d (local %d), backend %s", info.rank, info.world_size, info.local_rank, backend)
+    share_cpu_threads(info)
+    timeout = datetime.timedelta(minutes=TIMEOUT_MINUTES)
+    torch_dist.init_process_group(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
+                                  **_restart_store(info, timeout))
+    LOGGER.info("DDP: host %s, rank %d/%d, local rank %d, device %s, backend %s, %d compute threads",
+                socket.gethostname(), info.rank, info.world_size, info.local_rank, device, backend,
+                torch.get_num_threads(), extra={"all_ranks": True})
+
+
+def _restart_store(info: DistInfo, timeout: datetime.timedelta) -> dict:
+    """torchrun's static rendezvous (--master_port) keeps one key-value store for all restarts of a launch, so
+    a restarted group would read the dead group's addresses and fail to connect. Each restart gets its own
+    key prefix in that store. Nothing changes for a first start or the c10d rendezvous (--standalone,
+    --rdzv-backend c10d), which give every round a fresh store."""
+    launch = launch_info()
+    if not launch.restarted or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    client = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+                                 is_master=False, timeout=timeout)
+    store = torch_dist.PrefixStore(f"/yolo-trainer/restart_{launch.restart_count}/", client)
+    return {"store": store, "rank": info.rank, "world_size": info.world_size}
+
+
+def share_cpu_threads(info: DistInfo) -> None:
+    """Compute threads per process = usable CPUs / processes on this node (at least 1): N processes each
+    spinning all cores' OpenMP threads slow CPU training 10x or more."""
+    from utils.device import usable_cpus
+
+    cpus = usable_cpus()
+    torch.set_num_threads(max(1, cpus // max(info.local_world_size, 1)))
+    if info.local_world_size > cpus and info.local_rank == 0:
+        LOGGER.warning("WARNING: %d processes on this node share %d CPUs: each gets 1 compute thread and they take "
+                       "turns; training will be slower than with %d processes", info.local_world_size, cpus, cpus)
 
 
 def cleanup() -> None:
@@ -69,30 +145,58 @@ def cleanup() -> None:
         torch_dist.destroy_process_group()
 
 
-def barrier() -> None:
-    if torch_dist.is_available() and torch_dist.is_initialized():
+def barrier(phase: str = "") -> None:
+    """Wait for every process; a timeout (TIMEOUT_MINUTES) or a dead peer raises naming ``phase``."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return
+    try:
         torch_dist.barrier()
+    except RuntimeError as error:
+        detail = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+        what = f"to {phase}" if phase else "at a barrier"
+        if "timed out" in detail.lower() or "timeout" in detail.lower():
+            reason = f"timed out after {TIMEOUT_MINUTES} min waiting for the other processes {what}"
+        else:
+            reason = f"another process ended while this one waited for it {what} (see its error)"
+        raise DistributedError(f"rank {get_rank()}: {reason} [{detail}]") from None
 
 
 @contextlib.contextmanager
-def main_process_first():
-    """Let rank 0 do something first (dataset scan, cache writing) while the others wait, then swap."""
-    if not is_main_process():
-        barrier()
-    yield
-    if is_main_process():
-        barrier()
+def main_process_first(phase: str):
+    """Let the main process do something first (a dataset scan, a cache) while the others wait, then the
+    first process of every other node (which finds the main process's files on a shared filesystem, or
+    writes its node's own), then the rest: no two processes ever write the same file."""
+    info = dist_info()
+    if not (info.distributed and torch_dist.is_initialized()):
+        yield
+        return
+    stage = 0 if info.rank == 0 else 1 if info.local_rank == 0 else 2
+    if stage:
+        others = " and each node's first process" if stage == 2 and info.world_size > info.local_world_size else ""
+        LOGGER.info("waiting for rank 0%s to %s", others, phase, extra={"all_ranks": True})
+    for turn in range(3):
+        if turn == stage:
+            yield
+        barrier(phase)
 
 
 def all_reduce_max(values: list[int]) -> list[int]:
     """Element-wise maximum of small integer lists over all processes (identity when not distributed)."""
+    return _all_reduce(torch.tensor(values, dtype=torch.int64), torch_dist.ReduceOp.MAX).tolist()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over all processes, as a new tensor on ``tensor``'s device (identity when alone)."""
+    return _all_reduce(tensor.detach().clone(), torch_dist.ReduceOp.SUM).to(tensor.device)
+
+
+def _all_reduce(tensor: torch.Tensor, op) -> torch.Tensor:
     if get_world_size() == 1:
-        return list(values)
-    tensor = torch.tensor(values, dtype=torch.int64)
+        return tensor
     if torch_dist.get_backend() == "nccl":
         tensor = tensor.cuda()
-    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
-    return tensor.cpu().tolist()
+    torch_dist.all_reduce(tensor, op=op)
+    return tensor.cpu()
 
 
 def gather_object(obj) -> list:
@@ -102,6 +206,31 @@ def gather_object(obj) -> list:
     gathered = [None] * get_world_size()
     torch_dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def broadcast_object(obj, src: int = 0):
+    """Send a picklable Python object from ``src`` to every process (identity when not distributed)."""
+    if get_world_size() == 1:
+        return obj
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with ``src``'s values on every process (one flat transfer)."""
+    if get_world_size() == 1 or not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+    if torch_dist.get_backend() == "nccl":
+        flat = flat.cuda()
+    torch_dist.broadcast(flat, src=src)
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            count = tensor.numel()
+            tensor.copy_(flat[offset:offset + count].view_as(tensor).to(tensor.dtype))
+            offset += count
 
 
 @dataclass(frozen=True)
@@ -121,12 +250,3 @@ def launch_info() -> LaunchInfo:
         return LaunchInfo()
     launcher = f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
     return LaunchInfo(int(os.environ["TORCHELASTIC_RESTART_COUNT"]), launcher)
-
-
-def broadcast_object(obj, src: int = 0):
-    """Send a picklable Python object from ``src`` to every process (identity when not distributed)."""
-    if get_world_size() == 1:
-        return obj
-    holder = [obj]
-    torch_dist.broadcast_object_list(holder, src=src)
-    return holder[0]

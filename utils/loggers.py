@@ -19,13 +19,18 @@ RESULTS_KEYS = (
 
 
 def setup_logging(verbose: bool = True) -> None:
-    """Plain message-only console logging (like YOLOv5's); non-main DDP ranks log warnings only."""
-    level = logging.INFO if verbose and dist.is_main_process() else logging.WARNING
+    """Plain message-only console logging (like YOLOv5's). Under DDP only the main process logs info;
+    the others log warnings and errors, and the few lines every rank must say (``extra={"all_ranks":
+    True}``, e.g. the start line), prefixed with their rank, never copies of the main process's lines."""
+    main = dist.is_main_process()
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    prefix = "" if main else f"[rank {dist.dist_info().rank}] "
+    handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
+    if not (main and verbose):
+        handler.addFilter(lambda record: record.levelno >= logging.WARNING or getattr(record, "all_ranks", False))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(logging.INFO)
     for noisy in ("matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

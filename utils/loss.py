@@ -104,9 +104,16 @@ class ComputeLoss:
     ``[image, class, cx, cy, w, h]`` normalised. ``loss`` is (box + obj + cls) * bs as a
     1-element tensor; ``items`` the detached (3,) [box, obj, cls]. Computed in float32, also
     under autocast. Objectness targets are the detached IoU clamped at 0 (YOLOv5's gr = 1.0).
+
+    Data-parallel training (``reduce_counts`` sums a small tensor over the processes, ``world_size``
+    processes): the box and class terms are divided by the matches of ALL processes and objectness by
+    the global batch, and the loss is scaled so that DDP's gradient averaging gives the gradient of the
+    single-process loss on the global batch (YOLOv5 keeps per-process means instead, so 2 x 4 images do not
+    learn what 1 x 8 images learn). ``items`` are then this process's share times ``world_size``.
     """
 
-    def __init__(self, model: nn.Module, hyp: Hyp, imgsz: int = 640, label_smoothing: float = 0.0):
+    def __init__(self, model: nn.Module, hyp: Hyp, imgsz: int = 640, label_smoothing: float = 0.0,
+                 world_size: int = 1, reduce_counts=None):
         self.detect = _unwrap(model).model[-1]
         self.num_classes = int(self.detect.nc)
         self.num_levels = int(self.detect.nl)
@@ -122,6 +129,7 @@ class ComputeLoss:
             cls_loss, obj_loss = FocalLoss(cls_loss, hyp.fl_gamma), FocalLoss(obj_loss, hyp.fl_gamma)
         self.cls_loss = cls_loss.to(self.device)
         self.obj_loss = obj_loss.to(self.device)
+        self.world_size, self.reduce_counts = world_size, reduce_counts
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor):
         device = preds[0].device
@@ -132,6 +140,7 @@ class ComputeLoss:
 
     def _compute(self, preds: list[torch.Tensor], targets: torch.Tensor):
         classes, boxes, indices, anchors = self.build_targets(preds, targets)
+        match_share, batch_share, global_batch = self._shares(indices, preds[0].shape[0])
         box_loss = obj_loss = cls_loss = preds[0].new_zeros(1)
         for level, pred in enumerate(preds):
             b, a, gj, gi = indices[level]
@@ -141,17 +150,27 @@ class ComputeLoss:
                 xy = xy.sigmoid() * 2 - 0.5
                 wh = (wh.sigmoid() * 2) ** 2 * anchors[level]
                 iou = bbox_iou(torch.cat((xy, wh), 1), boxes[level], CIoU=True).squeeze(-1)
-                box_loss = box_loss + (1.0 - iou).mean()
+                box_loss = box_loss + (1.0 - iou).mean() * match_share[level]
                 if self.num_classes > 1:
-                    cls_loss = cls_loss + self.cls_loss(cls_logits, self.class_targets(cls_logits, classes[level]))
+                    cls_targets = self.class_targets(cls_logits, classes[level])
+                    cls_loss = cls_loss + self.cls_loss(cls_logits, cls_targets) * match_share[level]
             tobj = objectness_target(pred.shape[:4], indices[level], iou.detach().clamp(0))
-            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * self.balance[level]
+            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
         box_loss = box_loss * self.box_gain
         obj_loss = obj_loss * self.obj_gain
         cls_loss = cls_loss * self.cls_gain
-        batch_size = preds[0].shape[0]
-        total = (box_loss + obj_loss + cls_loss) * batch_size
-        return total, torch.cat((box_loss, obj_loss, cls_loss)).detach()
+        total = (box_loss + obj_loss + cls_loss) * (global_batch * self.world_size)
+        return total, torch.cat((box_loss, obj_loss, cls_loss)).detach() * self.world_size
+
+    def _shares(self, indices, batch_size: int) -> tuple[list[float], float, int]:
+        """Per level: this process's matches / all processes' matches; its images / the global batch; the
+        global batch. All 1 (and the local batch) in single-process training."""
+        local = [float(level[0].numel()) for level in indices] + [float(batch_size)]
+        if self.reduce_counts is None:
+            return [1.0] * len(indices), 1.0, batch_size
+        total = self.reduce_counts(torch.tensor(local, dtype=torch.float64)).tolist()
+        shares = [mine / everyone if everyone else 0.0 for mine, everyone in zip(local[:-1], total[:-1])]
+        return shares, local[-1] / total[-1], int(total[-1])
 
     def class_targets(self, logits: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Smoothed one-hot targets (n, nc): cls_positive at each match's class, cls_negative elsewhere."""

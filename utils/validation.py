@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from models import is_channels_last
+from utils import dist
 from utils.boxes import scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh
 from utils.metrics import ConfusionMatrix, ap_per_class, fitness, iou_thresholds, keep_top_per_class, match_predictions_coco
 from utils.plots import plot_ap_curves, plot_confusion_matrix
@@ -81,14 +82,17 @@ class _Accumulator:
 
 def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, max_det=300, compute_loss=None,
              save_dir=None, plots=True, half=False, verbose=False, single_cls=False, save_json=False, save_txt=False,
-             save_conf=False, json_name="predictions.json") -> ValResult:
+             save_conf=False, json_name="predictions.json", distributed=False) -> ValResult:
     """Run ``model`` over ``dataloader`` and score it; see the module docstring for how.
 
     ``compute_loss`` given means "called from training": val losses are computed and the speed line is
     only logged at debug level. ``save_dir`` (None: nothing written) receives the plots, ``labels/*.txt``
     with ``save_txt`` and, with ``save_json``, ``json_name`` plus ``annotations.json`` (COCO ground truth).
     ``half`` runs fp16 on CUDA only (autocast when the model itself is fp32). The model's train/eval mode
-    is restored afterwards.
+    is restored afterwards. ``distributed``: every process of the group calls this with its own slice of
+    the val set (``create_dataloader(..., shard="batches")``: whole batches, none twice, no padding); the
+    statistics are gathered and scored on the main process and every process returns the same result
+    (plots and files are written by the main process only).
     """
     from utils.nms import non_max_suppression
 
@@ -96,6 +100,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     half = half and device.type == "cuda"
     names = _name_list(names)
     save_dir = Path(save_dir) if save_dir is not None else None
+    writer = not distributed or dist.is_main_process()
     dataset = dataloader.dataset
     acc = _new_accumulator(dataset, names, device, single_cls)
     timers = [_Timer(device) for _ in range(3)]
@@ -104,7 +109,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     input_dtype = torch.float16 if half else model_dtype(model)
     channels_last = is_channels_last(model)
     with torch.inference_mode(), autocast, _restore_mode(model):
-        for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss)):
+        for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
             with timers[0]:
                 images = images.to(device, non_blocking=True)
                 images = images.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -114,7 +119,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
                 pred, raw = model(images)
             if compute_loss is not None:
                 losses += compute_loss([x.float() for x in raw], targets)[1]
-            plot_targets = targets.clone() if plots and save_dir and batch_index < PLOTTED_BATCHES else None
+            plot_targets = targets.clone() if plots and save_dir and writer and batch_index < PLOTTED_BATCHES else None
             targets[:, 2:] *= torch.tensor(images.shape[2:], device=device).flip(0).repeat(2)  # to pixels
             with timers[2]:
                 detections = non_max_suppression(pred, conf_thres, iou_thres, multi_label=True, agnostic=single_cls,
@@ -124,8 +129,13 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
                              single_cls, save_dir if save_txt else None, save_conf, save_json, plots)
             if plot_targets is not None:
                 _plot_batch(images, plot_targets, detections, paths, save_dir, batch_index, names)
+    batches = len(dataloader)
+    if distributed:
+        losses, batches = _gather(acc, losses, batches)
+        if not dist.is_main_process():
+            return dist.broadcast_object(None)
     result = _summarise(acc, plots and save_dir is not None, save_dir, verbose)
-    result.losses = (losses.cpu() / max(len(dataloader), 1)).numpy()
+    result.losses = (losses.cpu() / max(batches, 1)).numpy()
     result.speed = tuple(t.total / max(acc.seen, 1) * 1e3 for t in timers)
     shape = (getattr(dataloader, "batch_size", 1), 3, getattr(dataset, "imgsz", 0), getattr(dataset, "imgsz", 0))
     level = logging.DEBUG if compute_loss is not None else logging.INFO
@@ -134,7 +144,19 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     if save_json and save_dir is not None:
         result.coco = _write_and_score_json(acc, dataset, names, save_dir, json_name, single_cls, result)
     result.save_dir = save_dir
-    return result
+    return dist.broadcast_object(result) if distributed else result
+
+
+def _gather(acc: _Accumulator, losses: torch.Tensor, batches: int) -> tuple[torch.Tensor, int]:
+    """Distributed validation: every process scored its own slice of the val set; the main process
+    collects the per-image statistics, confusion counts and loss sums of all (its accumulator is extended
+    in place). Returns the summed losses and batch count."""
+    parts = dist.gather_object((acc.stats, acc.seen, acc.confusion.matrix, losses.cpu(), batches))
+    if dist.is_main_process():
+        acc.stats = [item for stats, *_ in parts for item in stats]
+        acc.seen = sum(part[1] for part in parts)
+        acc.confusion.matrix = sum(part[2] for part in parts)
+    return sum(part[3] for part in parts), sum(part[4] for part in parts)
 
 
 def _new_accumulator(dataset, names, device, single_cls: bool) -> _Accumulator:
@@ -166,9 +188,10 @@ def model_dtype(model) -> torch.dtype:
     return parameter.dtype if parameter is not None else torch.float32
 
 
-def _progress(dataloader, compute_loss):
+def _progress(dataloader, compute_loss, shown: bool = True):
     from tqdm import tqdm
-    return tqdm(dataloader, desc=TABLE_HEADER, bar_format="{l_bar}{bar:10}{r_bar}", leave=compute_loss is None)
+    return tqdm(dataloader, desc=TABLE_HEADER, bar_format="{l_bar}{bar:10}{r_bar}", leave=compute_loss is None,
+                disable=not shown)
 
 
 def _score_image(acc: _Accumulator, det, labels, path, shapes, input_shape, single_cls, txt_dir, save_conf,

@@ -74,6 +74,24 @@ class EpochSampler(Sampler):
         return max(self.per_rank - self.start, 0)
 
 
+class BatchShardSampler(Sampler):
+    """Whole batches of an unshuffled split for one rank: batch k (indices k*batch_size ...) goes to rank
+    k % world_size. Distributed validation: every image once, in the same batches (so the same rect
+    shapes and padding) as a single process, and no padding duplicates."""
+
+    def __init__(self, size: int, batch_size: int, rank: int = 0, world_size: int = 1):
+        self.size, self.batch_size = size, batch_size
+        self.rank, self.world_size = max(rank, 0), max(world_size, 1)
+
+    def __iter__(self):
+        for start in range(self.rank * self.batch_size, self.size, self.world_size * self.batch_size):
+            yield list(range(start, min(start + self.batch_size, self.size)))
+
+    def __len__(self) -> int:
+        batches = math.ceil(self.size / self.batch_size)
+        return len(range(self.rank, batches, self.world_size))
+
+
 class SlotDataLoader(DataLoader):
     """A DataLoader whose workers reuse shared-memory image buffers (``utils.data.batch_slots``): each
     batch it yields hands its buffer back to the workers once the batch's images are garbage-collected."""
@@ -105,15 +123,19 @@ def seed_worker(worker_id: int) -> None:
     random.seed(worker_seed)
 
 
-def worker_count(workers: int, batch_size: int, world_size: int = 1) -> int:
-    """min(requested, usable CPUs per process, batch size); 0 means load in the main process."""
-    return max(0, min(workers, usable_cpus() // max(world_size, 1), batch_size))
+def worker_count(workers: int, batch_size: int, processes: int = 1) -> int:
+    """min(requested, usable CPUs / processes on this node, batch size): all processes' workers together do
+    not outnumber the CPUs. 0 means load in the main process."""
+    return max(0, min(workers, usable_cpus() // max(processes, 1), batch_size))
 
 
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
-                      single_cls=False, names=None, labels=None):
+                      single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples"):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
+    ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
+    ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
+    out like DistributedSampler) or "batches" (validation: whole unshuffled batches, see BatchShardSampler).
     ``cache``: None/"off", "ram", "disk", or "auto" (RAM for small datasets, see ``auto_cache``).
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
@@ -129,18 +151,23 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                           cache=cache if cache in ("ram", "disk") else None,
                           single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc)
     batch_size = min(batch_size, len(dataset))
-    num_workers = worker_count(workers, batch_size, world_size)
+    processes_per_node = processes_per_node or world_size
+    num_workers = worker_count(workers, batch_size, processes_per_node)
     if cache == "auto":
-        auto_cache(dataset, num_workers, world_size, prefix)
-    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
+        auto_cache(dataset, num_workers, processes_per_node, prefix)
+    if shard == "batches":
+        sampling = {"batch_sampler": BatchShardSampler(len(dataset), batch_size, rank, world_size)}
+    else:
+        sampling = {"batch_size": batch_size, "drop_last": False,
+                    "sampler": EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)}
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
     prefetch = 4 if num_workers > 0 else None
     pin_memory = torch.cuda.is_available()  # pinning copies each batch anyway: no buffer reuse then
     slots = BatchSlots(num_workers, prefetch + 2) if num_workers > 0 and not pin_memory else None
-    loader = SlotDataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+    loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers,
                             collate_fn=functools.partial(collate, slots=slots), pin_memory=pin_memory,
-                            drop_last=False, persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
+                            persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
                             generator=generator, prefetch_factor=prefetch, slots=slots)
     return loader, dataset
 

@@ -8,6 +8,7 @@ save a mid-epoch checkpoint and end the epoch early (a signal).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -53,19 +54,27 @@ class TrainStep:
     precision: object                  # utils.trainer.amp.Precision
     ema: object | None
     channels_last: bool = False
-    world_size: int = 1
     counters: StepCounters = field(default_factory=StepCounters)
 
-    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Forward, loss and backward; returns (loss items, finite)."""
+    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool = True
+                         ) -> tuple[torch.Tensor, bool]:
+        """Forward, loss and backward; returns (loss items, finite). Under DDP, ``sync=False`` (a micro-step
+        that is not followed by an optimizer step) keeps the gradients local (``no_sync``): they are averaged
+        once, at the step that uses them."""
         # loader batches are already channels_last (then this is free); 'off' gets plain NCHW
         images = images.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+        local = self.model.no_sync() if not sync and hasattr(self.model, "no_sync") else contextlib.nullcontext()
+        with local:
+            return self._forward_backward(images, targets)
+
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         with self.precision.autocast():
             predictions = self.model(images)
-        loss, items = self.compute_loss([p.float() for p in predictions], targets)
-        if self.world_size > 1:
-            loss = loss * self.world_size  # DDP averages gradients across processes
-        if not torch.isfinite(loss).all():
+        loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
+        finite = bool(torch.isfinite(loss).all())
+        if dist.get_world_size() > 1:  # every process skips the step together, or none does
+            finite = not dist.all_reduce_max([int(not finite)])[0]
+        if not finite:
             self.counters.nonfinite_in_row += 1
             self.counters.nonfinite_total += 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -124,12 +133,13 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, devic
             batch_hook(epoch, batch_index, images, targets, _paths)
         counters = step.counters
         accumulate = warmup(counters.global_step, epoch)
+        stepping = counters.global_step - counters.last_optimizer_step >= accumulate
         images = images.to(device, non_blocking=True).float().div_(255)  # one new tensor, not two
         if multi_scale_size is not None:
             size, stride = multi_scale_size()
             images = scale_batch(images, size, stride)
         compute_start = time.perf_counter()
-        items, finite = step.forward_backward(images, targets.to(device))
+        items, finite = step.forward_backward(images, targets.to(device), sync=stepping)
         stats.compute_time += time.perf_counter() - compute_start
         if finite:
             totals += items.cpu()
@@ -137,8 +147,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, devic
         else:
             stats.skipped_steps += 1
         optim_start = time.perf_counter()
-        stepped = counters.global_step - counters.last_optimizer_step >= accumulate
-        if stepped:
+        if stepping:
             step.optimizer_step()
         stats.optimizer_time += time.perf_counter() - optim_start
         stats.iterations += 1
@@ -149,7 +158,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, devic
         mean = totals / max(state.loss_batches, 1)
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
             f"{epoch + 1}/{epochs}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
-        if stepped and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
+        if stepping and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
             stats.stopped = True
             break
         tick = time.perf_counter()

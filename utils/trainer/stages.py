@@ -56,7 +56,7 @@ class RunData:
 def load_data(config: TrainConfig) -> tuple[DataConfig, list[str]]:
     """The dataset YAML (the embedded default dataset when --data is empty) and the class names to train."""
     data_yaml = resolve_data(config.data)
-    with dist.main_process_first():
+    with dist.main_process_first("prepare the dataset (the default one is generated on first use)"):
         data_cfg = load_data_config(data_yaml)
     names = ["item"] if config.single_cls and len(data_cfg.names) != 1 else list(data_cfg.names)
     return data_cfg, names
@@ -64,25 +64,25 @@ def load_data(config: TrainConfig) -> tuple[DataConfig, list[str]]:
 
 def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[str], grid_stride: int,
                info) -> RunData:
-    """The train loader (each process its shard) and, on the main process, the val loader."""
+    """The train loader and the val loader, each process its own shard of both."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
     batch_size = max(config.batch_size // info.world_size, 1)
-    with dist.main_process_first():
+    with dist.main_process_first("scan (and cache) the training images"):
         train_loader, dataset = create_dataloader(
             data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, cache=config.cache,
             rect=config.rect, workers=config.workers, image_weights=config.image_weights, prefix="train: ",
             shuffle=not config.rect, seed=config.seed, rank=info.rank, world_size=info.world_size,
-            single_cls=config.single_cls, names=names)
+            single_cls=config.single_cls, names=names, processes_per_node=info.local_world_size)
     boxes = [labels for labels in dataset.labels if len(labels)]
     labels = np.concatenate(boxes, 0) if boxes else np.zeros((0, 5))
     if len(labels) and labels[:, 0].max() >= len(names):
         raise ConfigError(f"{data_cfg.yaml_file}: label class {int(labels[:, 0].max())} exceeds nc={len(names)}")
-    val_loader = None
-    if dist.is_main_process():
-        val_loader, _ = create_dataloader(
+    with dist.main_process_first("scan (and cache) the validation images"):
+        val_loader, _ = create_dataloader(  # every process validates its own whole batches
             data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=config.cache,
             rect=True, pad=0.5, workers=config.workers * 2, prefix="val: ", single_cls=config.single_cls,
-            names=names)
+            names=names, rank=info.rank, world_size=info.world_size, processes_per_node=info.local_world_size,
+            shard="batches")
     workers = getattr(train_loader, "num_workers", 0)
     run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
                        labels, class_weights(dataset.labels, len(names)))
@@ -99,32 +99,43 @@ def check_anchors(model, config: TrainConfig) -> None:
 
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
-                   half: bool = False):
+                   half: bool = False, distributed: bool = False):
     from utils.validation import validate
 
     return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
-                    plots=plots, verbose=verbose, half=half)
+                    plots=plots, verbose=verbose, half=half, distributed=distributed)
 
 
-def final_validation(config: TrainConfig, last: Path, best: Path, val_loader, names, device, compute_loss, save_dir):
-    """Strip last/best, validate best.pt with the per-class table and plots, draw results.png."""
-    for path in (last, best):
-        if path.exists():
-            strip_checkpoint(path)
-    previous_path(last).unlink(missing_ok=True)  # kept only while the run could be resumed
+def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
+                     distributed: bool = False) -> dict:
+    """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
+    process its share; the weights are sent from the main process, so no other node needs the file), draw
+    results.png."""
+    from models import build_model
+    from utils.checkpoint import load_checkpoint, model_entry
+
+    last, best = weights_dir / "last.pt", weights_dir / "best.pt"
+    entry = None
+    if dist.is_main_process():
+        for path in (last, best):
+            if path.exists():
+                strip_checkpoint(path)
+        previous_path(last).unlink(missing_ok=True)  # kept only while the run could be resumed
+        entry = model_entry(load_checkpoint(best)) if best.exists() else None
+    if distributed:
+        entry = dist.broadcast_object(entry)
     metrics = {}
-    if best.exists() and val_loader is not None:
-        from models import load_model
-
+    if entry is not None:
         LOGGER.info("\nValidating %s...", best)
-        model = load_model(best, device=device)
+        model = build_model(entry, source=str(best)).to(device).eval()
         result = validate_epoch(model, val_loader, names, device, compute_loss, save_dir,
-                                plots=not config.noplots, verbose=True)
+                                plots=not config.noplots, verbose=True, distributed=distributed)
         metrics = {"metrics/precision": result.mp, "metrics/recall": result.mr,
                    "metrics/mAP_0.5": result.map50, "metrics/mAP_0.5:0.95": result.map}
-    if not config.noplots and (Path(save_dir) / "results.csv").exists():
-        from utils.plots import plot_results
+    if dist.is_main_process():
+        if not config.noplots and (Path(save_dir) / "results.csv").exists():
+            from utils.plots import plot_results
 
-        plot_results(Path(save_dir) / "results.csv")
-    LOGGER.info("Results saved to %s", save_dir)
+            plot_results(Path(save_dir) / "results.csv")
+        LOGGER.info("Results saved to %s", save_dir)
     return metrics

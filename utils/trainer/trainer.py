@@ -25,7 +25,7 @@ from utils.loss import ComputeLoss
 from utils.paths import increment_path
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
-from utils.trainer.ema import ModelEMA
+from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import accumulate_steps, build_optimizer, lr_lambda, scaled_weight_decay, warmup_iterations
@@ -86,6 +86,8 @@ class Trainer:
         self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info)
         self.model = model.to(device)
         self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info)
+        self.model = unwrap_model(self.step.model)  # --sync-bn may have replaced its BatchNorm layers
+        self.val_loss = ComputeLoss(self.model, hyp, imgsz=self.data.imgsz, label_smoothing=config.label_smoothing)
         self.state = RunState(world_size=self.info.world_size)
         if resume is not None:
             self._restore(resume)
@@ -167,8 +169,9 @@ class Trainer:
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
         self.scheduler.step()
         final_epoch = epoch + 1 == config.epochs
-        values, fitness, maps = self._validate(stats, learning_rates, final_epoch) if self.main else (None, 0.0, None)
-        values, fitness, maps = dist.broadcast_object((values, fitness, maps))  # every process keeps the same state
+        self._agree_on_weights()
+        values, fitness, maps = self._validate(stats, learning_rates, final_epoch)
+        values = dist.broadcast_object(values)  # the main process's training losses; metrics agree already
         improved = state.end_epoch(values, fitness)
         state.maps = maps if maps is not None else state.maps
         if self.main:
@@ -183,15 +186,25 @@ class Trainer:
             return True
         return False
 
+    def _agree_on_weights(self) -> None:
+        """DDP: the main process's BatchNorm running statistics (each process updated its own from its own
+        batches unless --sync-bn) and EMA become every process's, before validating and saving."""
+        if not self.info.distributed:
+            return
+        buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
+        ema = [v for v in self.step.ema.ema.state_dict().values() if v.dtype.is_floating_point]
+        dist.broadcast_tensors(buffers + ema)
+
     def _validate(self, stats, learning_rates, final_epoch: bool):
-        """Main process: validate the EMA model through its fused copy; (results row, fitness, per-class mAPs)."""
+        """Validate the EMA model through its fused copy, every process its share of the val set;
+        (results row, fitness, per-class mAPs), the same on every process."""
         val_start = time.perf_counter()
         metrics = None
         if not self.config.noval or final_epoch:
             metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
-                                     self.step.compute_loss, self.save_dir,
-                                     plots=final_epoch and not self.config.noplots,
-                                     half=self.step.precision.dtype == torch.float16)  # CUDA AMP validates in fp16
+                                     self.val_loss, self.save_dir, plots=final_epoch and not self.config.noplots,
+                                     half=self.step.precision.dtype == torch.float16,  # CUDA AMP validates in fp16
+                                     distributed=self.info.distributed)
         stats.validation_time = time.perf_counter() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
         fitness = fitness_of(values) if metrics is not None else 0.0
@@ -225,41 +238,77 @@ class Trainer:
 
     def _finish(self, start: float) -> TrainResult:
         result = TrainResult(self.save_dir, None, None, epochs_run=self.state.epoch)
+        self._check_ranks_agree()
+        LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
+        weights = self.save_dir / "weights"
+        result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
+                                                self.device, self.val_loss, self.save_dir, self.info.distributed)
         if self.recorder is not None:
-            recorder = self.recorder
-            LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
-            result.final_metrics = final_validation(self.config, recorder.last, recorder.best, self.data.val_loader,
-                                                    self.data.names, self.device, self.step.compute_loss,
-                                                    self.save_dir)
-            result.best = recorder.best if recorder.best.exists() else None
-            result.last = recorder.last if recorder.last.exists() else None
-            recorder.close()
+            result.best = weights / "best.pt" if (weights / "best.pt").exists() else None
+            result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
+            self.recorder.close()
             self.callbacks.run("on_train_end", save_dir=self.save_dir, best=result.best, results=result.final_metrics)
         return result
 
+    def _check_ranks_agree(self) -> None:
+        """DDP: every process must end with the same weights, BatchNorm statistics and EMA; a checksum of
+        each is compared across processes and the result logged (a difference is a bug worth reporting)."""
+        if not self.info.distributed:
+            return
+        sums = [float(sum(t.double().sum() for t in module.state_dict().values() if t.dtype.is_floating_point))
+                for module in (self.model, self.step.ema.ema)]
+        gathered = dist.gather_object(sums)
+        if all(values == gathered[0] for values in gathered):
+            LOGGER.info("DDP: model, BatchNorm statistics and EMA identical on all %d processes (checksums %.6f, %.6f)",
+                        len(gathered), *gathered[0])
+        else:
+            LOGGER.warning("WARNING: DDP processes ended with different weights (checksums per rank: %s)", gathered)
+
 
 def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
-    """Memory format, frozen layers, optimizer, LR schedule, EMA, precision, loss and DDP wrapper."""
+    """Memory format, SyncBatchNorm, frozen layers, optimizer, LR schedule, EMA, precision, loss and the
+    DDP wrapper."""
     channels_last = use_channels_last(config.channels_last, device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    model = _sync_batchnorm(model, config, device, info)
     freeze_layers(model, config.freeze)
     accumulate = accumulate_steps(config.batch_size)
     weight_decay = scaled_weight_decay(hyp.weight_decay, config.batch_size, accumulate)
     optimizer = build_optimizer(model, config.optimizer, hyp.lr0, hyp.momentum, weight_decay)
     lf = lr_lambda(config.epochs, hyp.lrf, cos=config.cos_lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
-    ema = ModelEMA(model) if dist.is_main_process() else None
+    ema = ModelEMA(model)  # on every process: each validates its share of the val set
     precision = choose_precision(config.amp, device, model)
-    compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing)
+    compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
+                               world_size=info.world_size,
+                               reduce_counts=dist.all_reduce_sum if info.distributed else None)
     train_model = model
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, info.world_size)
+    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last)
     warmup_iters = warmup_iterations(hyp.warmup_epochs, data.batches_per_epoch)
     warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size)
     return step, scheduler, warmup
+
+
+def _sync_batchnorm(model, config: TrainConfig, device, info):
+    """--sync-bn under DDP; a warning without DDP, and a hint when DDP batches are small without it."""
+    per_process = config.batch_size // max(info.world_size, 1)
+    if config.sync_bn and not info.distributed:
+        LOGGER.warning("WARNING: --sync-bn has no effect in a single process (it synchronises BatchNorm across DDP "
+                       "processes); training with plain BatchNorm")
+        return model
+    if config.sync_bn:
+        from utils.trainer.sync_bn import convert_sync_batchnorm
+
+        LOGGER.info("Using SyncBatchNorm (BatchNorm statistics over the global batch of %d)", config.batch_size)
+        return convert_sync_batchnorm(model, device)
+    if info.distributed and per_process < 8 and dist.is_main_process():  # the same on every process: said once
+        LOGGER.warning("WARNING: %d images per process: BatchNorm statistics from so few images are noisy; "
+                       "consider --sync-bn", per_process)
+    return model
 
 
 def open_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
