@@ -1,0 +1,341 @@
+"""export.py and models/backends.py: TorchScript / ONNX exports of a tiny model, parity with the PyTorch
+model, dynamic shapes, metadata inside the files, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import export
+from models import for_inference, load_model
+from models.backends import (METADATA_KEYS, TORCHSCRIPT_METADATA, BackendError, OnnxBackend, PyTorchBackend,
+                             TorchScriptBackend, load_backend)
+from tests.conftest import TINY_MODEL_YAML
+
+NAMES = ["cat", "dog"]
+IMGSZ = 64
+
+
+def save_tiny(path: Path, seed: int = 0) -> Path:
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(seed)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+    model.names = list(NAMES)
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("export") / "best.pt")
+
+
+@pytest.fixture(scope="module")
+def eager(weights):
+    return for_inference(load_model(weights))
+
+
+def run_export(weights: Path, *flags: str) -> int:
+    return export.main(["--weights", str(weights), "--imgsz", str(IMGSZ), *flags])
+
+
+def copy_weights(weights: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(weights, folder / "best.pt"))
+
+
+def eager_output(model, images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(images.contiguous(memory_format=torch.channels_last))[0]
+
+
+def assert_close(exported: torch.Tensor, reference: torch.Tensor, size: int) -> None:
+    """Within export.py's fp32 tolerance: 1e-3 of the image size on boxes, 1e-3 on scores."""
+    assert exported.shape == reference.shape
+    assert (exported[..., :4] - reference[..., :4]).abs().max() <= 1e-3 * size
+    assert (exported[..., 4:] - reference[..., 4:]).abs().max() <= 1e-3
+
+
+def one_error_line(capsys, script: str = "export.py") -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{script}: error: "), err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def static_files(weights, tmp_path_factory):
+    """best.torchscript and best.onnx exported at 64x64, batch 2 (static shapes)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    source = copy_weights(weights, tmp_path_factory.mktemp("static"))
+    assert run_export(source, "--include", "torchscript", "onnx", "--batch-size", "2") == 0
+    return source.with_suffix(".torchscript"), source.with_suffix(".onnx")
+
+
+@pytest.fixture(scope="module")
+def dynamic_files(weights, tmp_path_factory):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    source = copy_weights(weights, tmp_path_factory.mktemp("dynamic"))
+    assert run_export(source, "--include", "torchscript", "onnx", "--dynamic") == 0
+    return source.with_suffix(".torchscript"), source.with_suffix(".onnx")
+
+
+def test_export_writes_both_formats_beside_the_weights_with_summary_and_parity(weights, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", "torchscript", "onnx") == 0
+    out = capsys.readouterr().out
+    for title, suffix in (("TorchScript", ".torchscript"), ("ONNX", ".onnx")):
+        path = source.with_suffix(suffix)
+        assert path.is_file()
+        size = f"{path.stat().st_size / 1e6:.1f} MB"
+        assert any(line.startswith(f"{title}: saved {path} ({size}) in ") and line.endswith(" s")
+                   for line in out.splitlines()), out
+        parity = [line for line in out.splitlines() if line.startswith(f"{title} parity: max |diff| ")]
+        assert len(parity) == 1 and "at 1x3x64x64; tolerance 0.064 px, 0.001" in parity[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.onnx", "best.pt", "best.torchscript"]  # no temp files
+
+
+def test_metadata_round_trip_inside_the_files(static_files, eager):
+    import onnx
+
+    torchscript, onnx_file = static_files
+    expected = {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32, "imgsz": [IMGSZ, IMGSZ],
+                "batch": 2, "dynamic": False, "half": False, "channels_last": True}
+    props = {p.key: json.loads(p.value) for p in onnx.load(str(onnx_file)).metadata_props}
+    assert props == expected and tuple(props) == METADATA_KEYS
+    with zipfile.ZipFile(torchscript) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(f"extra/{TORCHSCRIPT_METADATA}"))
+        assert json.loads(archive.read(name)) == expected
+    assert not list(torchscript.parent.glob("*.json")) and not list(torchscript.parent.glob("*.yaml"))  # no side files
+    for path, kind in ((torchscript, TorchScriptBackend), (onnx_file, OnnxBackend)):
+        backend = load_backend(path)
+        assert type(backend) is kind
+        assert (backend.names, backend.nc, backend.stride, backend.imgsz, backend.dynamic) == \
+            (NAMES, 2, 32, (IMGSZ, IMGSZ), False)
+    checkpoint = load_backend(torchscript.with_suffix(".pt"))
+    assert type(checkpoint) is PyTorchBackend and checkpoint.imgsz is None and checkpoint.names == NAMES
+
+
+def test_static_exports_match_eager_chunk_other_batches_and_refuse_other_sizes(static_files, eager):
+    images = torch.rand(3, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(1))
+    reference = eager_output(eager, images)
+    for path in static_files:
+        backend = load_backend(path)
+        pred, raw = backend(images)  # batch 3 through a batch-2 export: chunks of 2, the last zero-padded
+        assert raw == []
+        assert_close(pred, reference, IMGSZ)
+        with pytest.raises(BackendError, match=r"exported for 64x64 inputs, got 96x64; export with --dynamic"):
+            backend(torch.rand(2, 3, 96, 64))
+
+
+def test_dynamic_exports_run_at_other_batches_and_sizes(dynamic_files, eager):
+    generator = torch.Generator().manual_seed(2)
+    for path in dynamic_files:
+        backend = load_backend(path)
+        assert backend.dynamic and backend.imgsz is None
+        for shape in ((1, 3, 64, 64), (3, 3, 96, 128), (2, 3, 160, 32)):
+            images = torch.rand(shape, generator=generator)
+            pred, _ = backend(images)
+            assert_close(pred, eager_output(eager, images), max(shape[2:]))
+
+
+def test_dynamic_export_checks_parity_at_a_second_shape(dynamic_files, capsys, weights, tmp_path):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", "onnx", "--dynamic", "--batch-size", "2", "--imgsz", "64", "96") == 0
+    parity = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ONNX parity")]
+    assert [line.split(" at ")[1].split(";")[0] for line in parity] == ["2x3x64x96", "3x3x32x32"]
+
+
+def test_compare_flags_differences_beyond_the_tolerance():
+    reference = torch.zeros(1, 10, 7)
+    reference[..., :4] = 320.0
+    same = export.compare(reference, reference.clone(), (1, 3, 640, 640), 1e-3)
+    assert same.ok and same.box_pixels == 0 and same.box_limit == pytest.approx(0.64)
+    boxes_off = reference.clone()
+    boxes_off[0, 3, 1] += 0.5  # half a pixel at 640: inside 1e-3 x 640
+    assert export.compare(reference, boxes_off, (1, 3, 640, 640), 1e-3).ok
+    boxes_off[0, 3, 1] += 0.2
+    figure = export.compare(reference, boxes_off, (1, 3, 640, 640), 1e-3)
+    assert not figure.ok and figure.box_pixels == pytest.approx(0.7, abs=1e-4)
+    scores_off = reference.clone()
+    scores_off[0, 0, 5] = 0.002
+    assert not export.compare(reference, scores_off, (1, 3, 640, 640), 1e-3).ok
+    nan = reference.clone()
+    nan[0, 0, 4] = float("nan")
+    assert not export.compare(reference, nan, (1, 3, 640, 640), 1e-3).ok
+    assert not export.compare(reference, reference[:, :5], (1, 3, 640, 640), 1e-3).ok
+
+
+def test_yolov5_style_onnx_metadata_is_read(static_files, tmp_path):
+    """YOLOv5's exports only store stride and names (a Python dict literal); sizes come from the graph input."""
+    import onnx
+
+    proto = onnx.load(str(static_files[1]))
+    del proto.metadata_props[:]
+    for key, value in (("stride", "32"), ("names", "{0: 'cat', 1: 'dog'}")):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    path = tmp_path / "yolov5s.onnx"
+    onnx.save(proto, str(path))
+    backend = load_backend(path)
+    assert (backend.names, backend.stride, backend.imgsz, backend.info.batch) == (NAMES, 32, (IMGSZ, IMGSZ), 2)
+
+
+def test_onnx_without_metadata_or_with_code_in_names_is_refused(static_files, tmp_path):
+    import onnx
+
+    proto = onnx.load(str(static_files[1]))
+    del proto.metadata_props[:]
+    bare = tmp_path / "bare.onnx"
+    onnx.save(proto, str(bare))
+    with pytest.raises(BackendError, match=r"bare.onnx: not an exported yolo-trainer/YOLOv5 model \(metadata: missing"):
+        load_backend(bare)
+    for key, value in (("stride", "32"), ("names", "__import__('os').system('echo hacked')")):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(bare))
+    with pytest.raises(BackendError, match="not an exported"):  # names are read as a literal, never evaluated
+        load_backend(bare)
+
+
+def test_corrupt_and_truncated_exports_are_one_line_errors(static_files, tmp_path):
+    for path in static_files:
+        truncated = tmp_path / f"truncated{path.suffix}"
+        truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+        garbage = tmp_path / f"garbage{path.suffix}"
+        garbage.write_bytes(b"not a model\n" * 50)
+        for bad in (truncated, garbage):
+            with pytest.raises(BackendError) as info:
+                load_backend(bad)
+            message = str(info.value)
+            assert "\n" not in message and message.startswith(str(bad)) and "not a readable" in message
+
+
+def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
+    not_a_model = tmp_path / "notes.pt"
+    not_a_model.write_text("hello")
+    assert export.main(["--weights", str(not_a_model)]) == 2
+    assert "notes.pt" in one_error_line(capsys)
+    plain_dict = tmp_path / "dict.pt"
+    torch.save({"epoch": 3, "optimizer": None}, plain_dict)
+    assert export.main(["--weights", str(plain_dict)]) == 2
+    assert "dict.pt" in one_error_line(capsys)
+    assert export.main(["--weights", str(tmp_path / "missing.pt")]) == 2
+    assert "missing.pt: weights file not found" in one_error_line(capsys)
+    assert run_export(weights, "--include", "onnx", "engine", "tflite") == 2
+    assert one_error_line(capsys) == \
+        "export.py: error: --include engine tflite: not supported (supported: torchscript, onnx)"
+    assert run_export(weights, "--half") == 2
+    assert "--half needs a CUDA device" in one_error_line(capsys)
+    assert run_export(weights, "--include", "onnx", "--opset", "9") == 2
+    assert "--opset 9: supported 11 to 20" in one_error_line(capsys)
+    assert run_export(weights, "--batch-size", "0") == 2
+    assert "--batch-size 0" in one_error_line(capsys)
+
+
+def test_missing_optional_packages_are_named_with_the_install_command(weights, tmp_path, capsys, monkeypatch):
+    source = copy_weights(weights, tmp_path)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    assert run_export(source, "--include", "onnx") == 2
+    assert one_error_line(capsys) == ("export.py: error: --include onnx needs the optional package 'onnx': "
+                                      "pip install onnx (or pip install -r requirements-export.txt)")
+    assert not source.with_suffix(".onnx").exists()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    onnx_file = tmp_path / "model.onnx"
+    onnx_file.write_bytes(b"whatever")
+    with pytest.raises(BackendError, match=r"running model.onnx needs the optional package 'onnxruntime': "
+                                           r"pip install onnxruntime"):
+        load_backend(onnx_file)
+
+
+def test_simplify_without_onnxsim_is_one_line(weights, capsys):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    try:
+        import onnxsim  # noqa: F401
+        pytest.skip("onnxsim is installed")
+    except ImportError:
+        pass
+    assert run_export(weights, "--include", "onnx", "--simplify") == 2
+    assert "--simplify needs the optional package 'onnxsim': pip install onnxsim" in one_error_line(capsys)
+
+
+def test_optimize_exports_or_says_why_not(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path)
+    code = run_export(source, "--optimize")
+    if code == 0:  # a torch build with XNNPACK: the optimised file still matches (checked at export)
+        assert "TorchScript parity" in capsys.readouterr().out and source.with_suffix(".torchscript").is_file()
+    else:
+        assert code == 2 and "--optimize needs a torch build with XNNPACK" in one_error_line(capsys)
+        assert not source.with_suffix(".torchscript").exists()
+
+
+@contextmanager
+def unwritable(folder: Path):
+    """``folder`` made unwritable: mode 0555, and for root (which ignores modes) the immutable attribute."""
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        if _writable(folder):
+            chattr = shutil.which("chattr")
+            immutable = bool(chattr) and subprocess.run([chattr, "+i", str(folder)], capture_output=True).returncode == 0
+            if not immutable or _writable(folder):
+                pytest.skip("cannot make a folder unwritable here (root without chattr +i)")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run([shutil.which("chattr"), "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path / "locked")
+    with unwritable(source.parent):
+        assert run_export(source) == 2
+        line = one_error_line(capsys)
+    assert line.startswith(f"export.py: error: {source.parent}: export folder is not writable (")
+    assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
+
+
+@pytest.mark.slow
+def test_yolov5n_exports_to_both_formats_within_tolerance(tmp_path, capsys):
+    """yolov5n (random weights) at 160, dynamic: both files written, parity at two shapes each."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(Path(export.ROOT) / "models" / "yolov5n.yaml")
+    source = save_checkpoint({"model": model_state(model), "ema": None}, tmp_path / "yolov5n.pt")
+    assert export.main(["--weights", str(source), "--imgsz", "160", "--include", "torchscript", "onnx",
+                        "--dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith(("TorchScript parity", "ONNX parity")) for line in out.splitlines()) == 4
+    eager = for_inference(load_model(source))
+    images = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(3))
+    for suffix in (".torchscript", ".onnx"):
+        backend = load_backend(source.with_suffix(suffix))
+        assert backend.nc == 80 and backend.stride == 32
+        assert_close(backend(images)[0], eager_output(eager, images), 128)
