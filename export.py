@@ -127,7 +127,8 @@ def run(config: ExportConfig) -> list[ExportResult]:
         model.half()
     stride = int(model.stride.max())
     info = ExportInfo(names=tuple(model.names), stride=stride, imgsz=round_size(config.imgsz, stride),
-                      batch=config.batch_size, dynamic=config.dynamic, half=config.half, channels_last=True)
+                      batch=config.batch_size, dynamic=config.dynamic, half=config.half, channels_last=True,
+                      device=device.type)
     LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
                 "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
     exporter = Exporter(model, info, device, config)

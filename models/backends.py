@@ -38,7 +38,7 @@ from utils.errors import UserError
 LOGGER = logging.getLogger(__name__)
 EXPORT_FORMAT = "yolo-trainer-export/1"
 TORCHSCRIPT_METADATA = "config.txt"  # the extra file YOLOv5 also uses
-METADATA_KEYS = ("format", "names", "nc", "stride", "imgsz", "batch", "dynamic", "half", "channels_last")
+METADATA_KEYS = ("format", "names", "nc", "stride", "imgsz", "batch", "dynamic", "half", "channels_last", "device")
 INSTALL_HINT = "pip install -r requirements-export.txt"
 
 
@@ -68,6 +68,7 @@ class ExportInfo:
     dynamic: bool = False
     half: bool = False
     channels_last: bool = False
+    device: str | None = None  # device type traced on ("cpu", "cuda"); None when the file does not say
     format: str = EXPORT_FORMAT
 
     @property
@@ -99,7 +100,8 @@ def parse_info(values: dict, source: str, input_shape=None) -> ExportInfo:
             raise ValueError(f"nc {values['nc']} but {len(names)} names")
         info = ExportInfo(names=names, stride=stride, imgsz=_size_pair(imgsz, dynamic),
                           batch=int(batch) if _static([batch]) else 1, dynamic=dynamic,
-                          half=bool(values.get("half", False)), channels_last=bool(values.get("channels_last", False)))
+                          half=bool(values.get("half", False)), channels_last=bool(values.get("channels_last", False)),
+                          device=values.get("device"))
     except (KeyError, TypeError, ValueError, SyntaxError) as error:
         detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[0]
         raise BackendError(f"{source}: not an exported yolo-trainer/YOLOv5 model (metadata: {detail})") from None
@@ -218,7 +220,7 @@ class TorchScriptBackend(Backend):
         if not isinstance(values, dict):
             raise BackendError(f"{path}: no {TORCHSCRIPT_METADATA} metadata inside (export it with export.py)")
         info = parse_info(values, str(path))
-        _check_half(info, path, device)
+        _check_device(info, path, device)
         super().__init__(path, info, device)
         self.module = module.eval()
         self.dtype = torch.float16 if info.half else torch.float32
@@ -273,9 +275,14 @@ def _json_or_text(value: str):
         return value  # e.g. YOLOv5's names, a Python dict literal (parsed with ast.literal_eval)
 
 
-def _check_half(info: ExportInfo, path, device) -> None:
-    if info.half and torch.device(device).type != "cuda":
+def _check_device(info: ExportInfo, path, device) -> None:
+    """A traced graph keeps the device of the tensors it creates (the decode grids): run it where it was traced."""
+    wanted = torch.device(device).type
+    if info.half and wanted != "cuda":
         raise BackendError(f"{path}: exported in fp16 for CUDA; run it with --device 0 or export without --half")
+    if info.device is not None and info.device != wanted:
+        raise BackendError(f"{path}: TorchScript traced on {info.device} runs only there; use --device "
+                           f"{'cpu' if info.device == 'cpu' else 0} or export again with --device {device}")
 
 
 def first_line(error: Exception) -> str:

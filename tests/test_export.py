@@ -112,7 +112,7 @@ def test_metadata_round_trip_inside_the_files(static_files, eager):
 
     torchscript, onnx_file = static_files
     expected = {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32, "imgsz": [IMGSZ, IMGSZ],
-                "batch": 2, "dynamic": False, "half": False, "channels_last": True}
+                "batch": 2, "dynamic": False, "half": False, "channels_last": True, "device": "cpu"}
     props = {p.key: json.loads(p.value) for p in onnx.load(str(onnx_file)).metadata_props}
     assert props == expected and tuple(props) == METADATA_KEYS
     with zipfile.ZipFile(torchscript) as archive:
@@ -208,6 +208,19 @@ def test_onnx_without_metadata_or_with_code_in_names_is_refused(static_files, tm
     onnx.save(proto, str(bare))
     with pytest.raises(BackendError, match="not an exported"):  # names are read as a literal, never evaluated
         load_backend(bare)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
+def test_torchscript_runs_only_on_the_device_type_it_was_traced_on(static_files, tmp_path):
+    torchscript = static_files[0]
+    extra = {TORCHSCRIPT_METADATA: ""}
+    module = torch.jit.load(str(torchscript), _extra_files=extra)
+    values = json.loads(extra[TORCHSCRIPT_METADATA])
+    moved = tmp_path / "cuda.torchscript"
+    torch.jit.save(module, str(moved), _extra_files={TORCHSCRIPT_METADATA: json.dumps({**values, "device": "cuda"})})
+    with pytest.raises(BackendError, match=r"cuda.torchscript: TorchScript traced on cuda runs only there; use "
+                                           r"--device 0 or export again with --device cpu"):
+        load_backend(moved, "cpu")
 
 
 def test_corrupt_and_truncated_exports_are_one_line_errors(static_files, tmp_path):
@@ -316,6 +329,20 @@ def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
         line = one_error_line(capsys)
     assert line.startswith(f"export.py: error: {source.parent}: export folder is not writable (")
     assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
+
+
+def test_yolov5_checkpoint_exports_with_its_names(shared, tmp_path):
+    """A real ultralytics/yolov5 v7 .pt (imported without running its pickle) exported from a copy."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    source = Path(shutil.copy(shared("fixtures", "yolov5", "yolov5n_v7_random.pt"), tmp_path / "yolov5n.pt"))
+    assert export.main(["--weights", str(source), "--imgsz", "96", "128", "--include", "onnx"]) == 0
+    backend = load_backend(source.with_suffix(".onnx"))
+    checkpoint = load_backend(source)
+    assert backend.names == checkpoint.names and backend.nc == 80 and backend.imgsz == (96, 128)
+    images = torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(backend(images)[0], checkpoint(images.contiguous(memory_format=torch.channels_last))[0], 128)
 
 
 @pytest.mark.slow
