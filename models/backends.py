@@ -102,7 +102,7 @@ def parse_info(values: dict, source: str, input_shape=None) -> ExportInfo:
                           batch=int(batch) if _static([batch]) else 1, dynamic=dynamic,
                           half=bool(values.get("half", False)), channels_last=bool(values.get("channels_last", False)),
                           device=values.get("device"))
-    except (KeyError, TypeError, ValueError, SyntaxError) as error:
+    except (KeyError, TypeError, ValueError, SyntaxError, RecursionError) as error:
         detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[0]
         raise BackendError(f"{source}: not an exported yolo-trainer/YOLOv5 model (metadata: {detail})") from None
     if stride < 1 or not names:

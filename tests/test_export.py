@@ -178,6 +178,34 @@ def test_compare_flags_differences_beyond_the_tolerance():
     assert not export.compare(reference, reference[:, :5], (1, 3, 640, 640), 1e-3).ok
 
 
+class SizeSpecific(torch.nn.Module):
+    """Eager output depends on the input height through Python control flow, which a trace freezes."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, images):
+        pred = images.mean((1, 2, 3)).view(-1, 1, 1).expand(-1, 4, 7) * self.scale
+        return (pred if images.shape[2] == IMGSZ else pred + 0.01), []
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_export_that_differs_from_eager_is_an_error_and_not_written(fmt, tmp_path):
+    """A graph right at the example size but wrong at the second --dynamic size: exit 1, nothing kept."""
+    if fmt == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    from models.backends import ExportInfo
+    info = ExportInfo(names=("a", "b"), stride=32, imgsz=(IMGSZ, IMGSZ), batch=1, dynamic=True, channels_last=True,
+                      device="cpu")
+    exporter = export.Exporter(SizeSpecific().eval(), info, torch.device("cpu"), export.ExportConfig(include=(fmt,)))
+    target = tmp_path / f"model{export.SUFFIXES[fmt]}"
+    with pytest.raises(export.ParityError, match=r"differs from the PyTorch model: .* at 2x3x32x32; .*not written"):
+        exporter.export(fmt, target)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_yolov5_style_onnx_metadata_is_read(static_files, tmp_path):
     """YOLOv5's exports only store stride and names (a Python dict literal); sizes come from the graph input."""
     import onnx
