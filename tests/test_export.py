@@ -24,6 +24,20 @@ NAMES = ["cat", "dog"]
 IMGSZ = 64
 
 
+def onnx_available() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# TorchScript needs nothing optional: it is always tested; ONNX when onnx and onnxruntime are installed
+FORMATS = ("torchscript", "onnx") if onnx_available() else ("torchscript",)
+SUFFIXES = tuple(export.SUFFIXES[fmt] for fmt in FORMATS)
+
+
 def save_tiny(path: Path, seed: int = 0) -> Path:
     from models.yolo import DetectionModel
     from utils.checkpoint import model_state, save_checkpoint
@@ -74,29 +88,30 @@ def one_error_line(capsys, script: str = "export.py") -> str:
 
 @pytest.fixture(scope="module")
 def static_files(weights, tmp_path_factory):
-    """best.torchscript and best.onnx exported at 64x64, batch 2 (static shapes)."""
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
+    """best.torchscript (and best.onnx) exported at 64x64, batch 2 (static shapes)."""
     source = copy_weights(weights, tmp_path_factory.mktemp("static"))
-    assert run_export(source, "--include", "torchscript", "onnx", "--batch-size", "2") == 0
-    return source.with_suffix(".torchscript"), source.with_suffix(".onnx")
+    assert run_export(source, "--include", *FORMATS, "--batch-size", "2") == 0
+    return [source.with_suffix(suffix) for suffix in SUFFIXES]
 
 
 @pytest.fixture(scope="module")
 def dynamic_files(weights, tmp_path_factory):
+    source = copy_weights(weights, tmp_path_factory.mktemp("dynamic"))
+    assert run_export(source, "--include", *FORMATS, "--dynamic") == 0
+    return [source.with_suffix(suffix) for suffix in SUFFIXES]
+
+
+def onnx_file(files) -> Path:
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    source = copy_weights(weights, tmp_path_factory.mktemp("dynamic"))
-    assert run_export(source, "--include", "torchscript", "onnx", "--dynamic") == 0
-    return source.with_suffix(".torchscript"), source.with_suffix(".onnx")
+    return files[1]
 
 
 def test_export_writes_both_formats_beside_the_weights_with_summary_and_parity(weights, tmp_path, capsys):
-    pytest.importorskip("onnxruntime")
     source = copy_weights(weights, tmp_path)
-    assert run_export(source, "--include", "torchscript", "onnx") == 0
+    assert run_export(source, "--include", *FORMATS) == 0
     out = capsys.readouterr().out
-    for title, suffix in (("TorchScript", ".torchscript"), ("ONNX", ".onnx")):
+    for title, suffix in (("TorchScript", ".torchscript"), ("ONNX", ".onnx"))[:len(FORMATS)]:
         path = source.with_suffix(suffix)
         assert path.is_file()
         size = f"{path.stat().st_size / 1e6:.1f} MB"
@@ -104,28 +119,33 @@ def test_export_writes_both_formats_beside_the_weights_with_summary_and_parity(w
                    for line in out.splitlines()), out
         parity = [line for line in out.splitlines() if line.startswith(f"{title} parity: max |diff| ")]
         assert len(parity) == 1 and "at 1x3x64x64; tolerance 0.064 px, 0.001" in parity[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.onnx", "best.pt", "best.torchscript"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.pt", *(f"best{s}" for s in SUFFIXES)])  # no temp
 
 
 def test_metadata_round_trip_inside_the_files(static_files, eager):
-    import onnx
-
-    torchscript, onnx_file = static_files
+    torchscript = static_files[0]
     expected = {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32, "imgsz": [IMGSZ, IMGSZ],
                 "batch": 2, "dynamic": False, "half": False, "channels_last": True, "device": "cpu"}
-    props = {p.key: json.loads(p.value) for p in onnx.load(str(onnx_file)).metadata_props}
-    assert props == expected and tuple(props) == METADATA_KEYS
     with zipfile.ZipFile(torchscript) as archive:
         name = next(n for n in archive.namelist() if n.endswith(f"extra/{TORCHSCRIPT_METADATA}"))
         assert json.loads(archive.read(name)) == expected
     assert not list(torchscript.parent.glob("*.json")) and not list(torchscript.parent.glob("*.yaml"))  # no side files
-    for path, kind in ((torchscript, TorchScriptBackend), (onnx_file, OnnxBackend)):
+    for path, kind in zip(static_files, (TorchScriptBackend, OnnxBackend)):
         backend = load_backend(path)
         assert type(backend) is kind
         assert (backend.names, backend.nc, backend.stride, backend.imgsz, backend.dynamic) == \
             (NAMES, 2, 32, (IMGSZ, IMGSZ), False)
     checkpoint = load_backend(torchscript.with_suffix(".pt"))
     assert type(checkpoint) is PyTorchBackend and checkpoint.imgsz is None and checkpoint.names == NAMES
+
+
+def test_onnx_metadata_props(static_files):
+    path = onnx_file(static_files)
+    import onnx
+
+    props = {p.key: json.loads(p.value) for p in onnx.load(str(path)).metadata_props}
+    assert tuple(props) == METADATA_KEYS
+    assert (props["names"], props["imgsz"], props["batch"], props["dynamic"]) == (NAMES, [IMGSZ, IMGSZ], 2, False)
 
 
 def test_static_exports_match_eager_chunk_other_batches_and_refuse_other_sizes(static_files, eager):
@@ -151,10 +171,10 @@ def test_dynamic_exports_run_at_other_batches_and_sizes(dynamic_files, eager):
             assert_close(pred, eager_output(eager, images), max(shape[2:]))
 
 
-def test_dynamic_export_checks_parity_at_a_second_shape(dynamic_files, capsys, weights, tmp_path):
+def test_dynamic_export_checks_parity_at_a_second_shape(capsys, weights, tmp_path):
     source = copy_weights(weights, tmp_path)
-    assert run_export(source, "--include", "onnx", "--dynamic", "--batch-size", "2", "--imgsz", "64", "96") == 0
-    parity = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ONNX parity")]
+    assert run_export(source, "--dynamic", "--batch-size", "2", "--imgsz", "64", "96") == 0
+    parity = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TorchScript parity")]
     assert [line.split(" at ")[1].split(";")[0] for line in parity] == ["2x3x64x96", "3x3x32x32"]
 
 
@@ -208,9 +228,10 @@ def test_export_that_differs_from_eager_is_an_error_and_not_written(fmt, tmp_pat
 
 def test_yolov5_style_onnx_metadata_is_read(static_files, tmp_path):
     """YOLOv5's exports only store stride and names (a Python dict literal); sizes come from the graph input."""
+    path = onnx_file(static_files)
     import onnx
 
-    proto = onnx.load(str(static_files[1]))
+    proto = onnx.load(str(path))
     del proto.metadata_props[:]
     for key, value in (("stride", "32"), ("names", "{0: 'cat', 1: 'dog'}")):
         entry = proto.metadata_props.add()
@@ -222,9 +243,10 @@ def test_yolov5_style_onnx_metadata_is_read(static_files, tmp_path):
 
 
 def test_onnx_without_metadata_or_with_code_in_names_is_refused(static_files, tmp_path):
+    path = onnx_file(static_files)
     import onnx
 
-    proto = onnx.load(str(static_files[1]))
+    proto = onnx.load(str(path))
     del proto.metadata_props[:]
     bare = tmp_path / "bare.onnx"
     onnx.save(proto, str(bare))
@@ -361,11 +383,9 @@ def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
 
 def test_yolov5_checkpoint_exports_with_its_names(shared, tmp_path):
     """A real ultralytics/yolov5 v7 .pt (imported without running its pickle) exported from a copy."""
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     source = Path(shutil.copy(shared("fixtures", "yolov5", "yolov5n_v7_random.pt"), tmp_path / "yolov5n.pt"))
-    assert export.main(["--weights", str(source), "--imgsz", "96", "128", "--include", "onnx"]) == 0
-    backend = load_backend(source.with_suffix(".onnx"))
+    assert export.main(["--weights", str(source), "--imgsz", "96", "128", "--include", FORMATS[-1]]) == 0
+    backend = load_backend(source.with_suffix(SUFFIXES[-1]))
     checkpoint = load_backend(source)
     assert backend.names == checkpoint.names and backend.nc == 80 and backend.imgsz == (96, 128)
     images = torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(4))
@@ -376,21 +396,18 @@ def test_yolov5_checkpoint_exports_with_its_names(shared, tmp_path):
 @pytest.mark.slow
 def test_yolov5n_exports_to_both_formats_within_tolerance(tmp_path, capsys):
     """yolov5n (random weights) at 160, dynamic: both files written, parity at two shapes each."""
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     from models.yolo import DetectionModel
     from utils.checkpoint import model_state, save_checkpoint
 
     torch.manual_seed(0)
     model = DetectionModel(Path(export.ROOT) / "models" / "yolov5n.yaml")
     source = save_checkpoint({"model": model_state(model), "ema": None}, tmp_path / "yolov5n.pt")
-    assert export.main(["--weights", str(source), "--imgsz", "160", "--include", "torchscript", "onnx",
-                        "--dynamic"]) == 0
+    assert export.main(["--weights", str(source), "--imgsz", "160", "--include", *FORMATS, "--dynamic"]) == 0
     out = capsys.readouterr().out
-    assert sum(line.startswith(("TorchScript parity", "ONNX parity")) for line in out.splitlines()) == 4
+    assert sum(line.startswith(("TorchScript parity", "ONNX parity")) for line in out.splitlines()) == 2 * len(FORMATS)
     eager = for_inference(load_model(source))
     images = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(3))
-    for suffix in (".torchscript", ".onnx"):
+    for suffix in SUFFIXES:
         backend = load_backend(source.with_suffix(suffix))
         assert backend.nc == 80 and backend.stride == 32
         assert_close(backend(images)[0], eager_output(eager, images), 128)

@@ -170,6 +170,16 @@ def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
 
 # --- exported models (export.py, models/backends.py) -------------------------------------------------
 
+def _formats() -> tuple:
+    """TorchScript always; ONNX too when onnx and onnxruntime are installed (optional packages)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return ("torchscript",)
+    return ("torchscript", "onnx")
+
+
 @pytest.fixture
 def own_console():
     """val.main() binds the root log handler to the sys.stdout of the test that called it, closed once that test
@@ -192,10 +202,8 @@ def _export(checkpoint, folder, **options):
 
 @pytest.fixture(scope="module")
 def dynamic_exports(tiny, checkpoint):
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
-    weights = _export(checkpoint, tiny[0] / "dynamic", imgsz=(64, 64), include=("torchscript", "onnx"), dynamic=True)
-    return [weights, weights.with_suffix(".torchscript"), weights.with_suffix(".onnx")]
+    weights = _export(checkpoint, tiny[0] / "dynamic", imgsz=(64, 64), include=_formats(), dynamic=True)
+    return [weights] + [weights.with_suffix(f".{fmt}") for fmt in _formats()]
 
 
 def _label_rows(save_dir):
@@ -222,15 +230,14 @@ def test_val_on_exported_models_equals_the_checkpoint(tiny, dynamic_exports, own
 
 
 def test_val_static_export_runs_square_batches_of_its_own_size(tiny, checkpoint, caplog, own_console):
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     from models.backends import load_backend
     from utils.data.dataset_yaml import load_data_config
     from utils.data.loader import create_dataloader
     root, data = tiny
-    weights = _export(checkpoint, root / "static", imgsz=(64, 64), include=("onnx",), batch_size=2)
+    fmt = _formats()[-1]
+    weights = _export(checkpoint, root / "static", imgsz=(64, 64), include=(fmt,), batch_size=2)
     with caplog.at_level("INFO"):
-        result = val.run(data=data, weights=str(weights.with_suffix(".onnx")), imgsz=96, batch_size=4, workers=0,
+        result = val.run(data=data, weights=str(weights.with_suffix(f".{fmt}")), imgsz=96, batch_size=4, workers=0,
                          plots=False, project=root / "runs-static", device="cpu")
     assert "exported for 64x64 inputs; validating at 64 instead of --imgsz 96" in caplog.text
     config = load_data_config(data)
@@ -242,16 +249,16 @@ def test_val_static_export_runs_square_batches_of_its_own_size(tiny, checkpoint,
 
 def test_val_refuses_non_square_static_exports_and_corrupt_files(tiny, checkpoint, capsys, tmp_path,
                                                                  own_console):
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     root, data = tiny
-    weights = _export(checkpoint, tmp_path / "oblong", imgsz=(64, 96), include=("onnx",))
     base = ["--data", str(data), "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs")]
-    assert val.main(["--weights", str(weights.with_suffix(".onnx")), *base]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "exported for 64x96 inputs; val.py needs a square or a --dynamic export" in err[0]
-    truncated = tmp_path / "truncated.onnx"
-    truncated.write_bytes(weights.with_suffix(".onnx").read_bytes()[:20000])
-    assert val.main(["--weights", str(truncated), *base]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"val.py: error: {truncated}: not a readable ONNX model")
+    weights = _export(checkpoint, tmp_path / "oblong", imgsz=(64, 96), include=_formats())
+    for fmt in _formats():
+        exported = weights.with_suffix(f".{fmt}")
+        assert val.main(["--weights", str(exported), *base]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exported for 64x96 inputs; val.py needs a square or a --dynamic export" in err[0]
+        truncated = tmp_path / f"truncated.{fmt}"
+        truncated.write_bytes(exported.read_bytes()[:20000])
+        assert val.main(["--weights", str(truncated), *base]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"val.py: error: {truncated}: not a readable"), err
