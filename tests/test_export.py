@@ -323,16 +323,21 @@ def test_missing_optional_packages_are_named_with_the_install_command(weights, t
         load_backend(onnx_file)
 
 
-def test_simplify_without_onnxsim_is_one_line(weights, capsys):
+def test_simplify_without_onnxsim_is_one_line(weights, capsys, monkeypatch):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    try:
-        import onnxsim  # noqa: F401
-        pytest.skip("onnxsim is installed")
-    except ImportError:
-        pass
+    monkeypatch.setitem(sys.modules, "onnxsim", None)  # as if not installed
     assert run_export(weights, "--include", "onnx", "--simplify") == 2
     assert "--simplify needs the optional package 'onnxsim': pip install onnxsim" in one_error_line(capsys)
+
+
+def test_simplify_keeps_metadata_and_parity(weights, tmp_path, capsys):
+    pytest.importorskip("onnxsim")
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", "onnx", "--simplify", "--dynamic") == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("ONNX parity")]) == 2
+    backend = load_backend(source.with_suffix(".onnx"))
+    assert backend.names == NAMES and backend.dynamic
 
 
 def test_optimize_exports_or_says_why_not(weights, tmp_path, capsys):
