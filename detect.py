@@ -2,6 +2,7 @@
 
     python detect.py --weights runs/train/exp/weights/best.pt --source data/images
     python detect.py --weights best.pt --source video.mp4 --save-txt --conf-thres 0.4
+    python detect.py --weights best.onnx --source data/images      # or best.torchscript (export.py)
 
 Outputs go to runs/detect/exp, exp2, ... (never overwriting an earlier run): drawn images and
 videos (mp4), labels/<stem>.txt (YOLO class cx cy w h [conf], normalised) with --save-txt,
@@ -91,7 +92,7 @@ def _warn_unsupported(config: DetectConfig) -> None:
     if config.visualize:
         LOGGER.warning("--visualize (feature maps) is not supported; ignored")
     if config.dnn:
-        LOGGER.warning("--dnn (OpenCV DNN for ONNX) is not supported; running the PyTorch model")
+        LOGGER.warning("--dnn (OpenCV DNN for ONNX) is not supported; .onnx files run on onnxruntime")
     if config.data:
         LOGGER.info("--data is not needed: class names come from the weights")
 
@@ -117,22 +118,33 @@ def _check_image_size(imgsz, stride: int) -> tuple[int, int]:
 
 
 def _load_model(config: DetectConfig, device: torch.device):
-    from models import for_inference, load_model
+    """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py) and whether it runs fp16."""
+    from models.backends import load_backend
 
     weights = Path(config.weights)
     if not weights.is_file():
         raise DetectError(f"weights not found: {weights} (nothing is downloaded; pass --weights "
                           "path/to/weights.pt, e.g. runs/train/exp/weights/best.pt)")
-    model = for_inference(load_model(weights, device))
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
-    return (model.half() if half else model), half
+    return load_backend(weights, device, half=half), half
 
 
-def _prepare(image: np.ndarray, imgsz, stride: int, device, half: bool) -> torch.Tensor:
-    """BGR HxWx3 -> letterboxed RGB (1, 3, h, w) float in [0, 1] on ``device``."""
-    boxed = letterbox(image, imgsz, stride=stride, auto=True)[0]
+def _input_size(model, imgsz) -> tuple[tuple[int, int], bool]:
+    """(letterbox size, minimal-padding letterbox?): a static-shape export takes exactly its own size."""
+    if model.imgsz is None:
+        return _check_image_size(imgsz, model.stride), True
+    if tuple(imgsz) != tuple(model.imgsz):
+        LOGGER.warning(f"{Path(model.path).name} was exported for {model.imgsz[0]}x{model.imgsz[1]} inputs; "
+                       f"using that instead of --imgsz {imgsz[0]} {imgsz[1]} (export with --dynamic for any size)")
+    return tuple(model.imgsz), False
+
+
+def _prepare(image: np.ndarray, imgsz, stride: int, device, half: bool, auto: bool = True) -> torch.Tensor:
+    """BGR HxWx3 -> letterboxed RGB (1, 3, h, w) float in [0, 1] on ``device``; ``auto``: pad only to a
+    multiple of ``stride`` (else exactly ``imgsz``)."""
+    boxed = letterbox(image, imgsz, stride=stride, auto=auto)[0]
     array = np.ascontiguousarray(boxed[:, :, ::-1].transpose(2, 0, 1))
     tensor = torch.from_numpy(array).to(device)
     tensor = tensor.half() if half else tensor.float()
@@ -211,7 +223,7 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     """One image -> (detections in original pixels, letterboxed shape, inference seconds)."""
     device, timings = context["device"], context["timings"]
     start = _now(device)
-    tensor = _prepare(item.image, context["imgsz"], context["stride"], device, context["half"])
+    tensor = _prepare(item.image, context["imgsz"], context["stride"], device, context["half"], context["auto"])
     loaded = _now(device)
     with torch.inference_mode():
         output = model(tensor.contiguous(memory_format=torch.channels_last))
@@ -260,12 +272,12 @@ def run(config: DetectConfig) -> Path:
     sources = Sources(config.source, config.vid_stride)
     device = select_device(config.device)
     model, half = _load_model(config, device)
-    stride = int(model.stride.max())
-    imgsz = _check_image_size(config.imgsz, stride)
+    stride = model.stride
+    imgsz, auto = _input_size(model, config.imgsz)
     save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
     if config.save_txt:
         (save_dir / "labels").mkdir(parents=True, exist_ok=True)
-    context = {"device": device, "half": half, "stride": stride, "imgsz": imgsz, "save_dir": save_dir,
+    context = {"device": device, "half": half, "stride": stride, "imgsz": imgsz, "auto": auto, "save_dir": save_dir,
                "names": list(model.names), "timings": Timings(), "video": VideoSink()}
     _warmup(model, imgsz, device, half)
     show_bar = bool(sources.videos) or sources.num_images > PROGRESS_MIN_IMAGES
@@ -300,7 +312,7 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images and videos.")
     add = parser.add_argument
-    add("--weights", type=str, default="yolov5s.pt", help="model weights (.pt: ours or YOLOv5's)")
+    add("--weights", type=str, default="yolov5s.pt", help="model: .pt (ours or YOLOv5's), .torchscript or .onnx")
     add("--source", type=str, default="data/images", help="image, folder, glob, .txt list or video file")
     add("--data", type=str, default=None, help="dataset YAML (optional; names come from the weights)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="inference size h w (or one side)")

@@ -5,8 +5,11 @@ Usage:
     python val.py --weights best.pt --data data.yaml --save-json     # + COCO JSON scored by pycocotools
     python val.py --weights best.pt --data data.yaml --task speed    # timing only
 
-``run(...)`` builds the model and a rectangular-batch loader and calls
-``utils.validation.validate`` (the loop the trainer also runs every epoch on the EMA model).
+``run(...)`` loads the model through ``models.backends.load_backend`` (a checkpoint, or a ``.torchscript`` /
+``.onnx`` file from export.py), builds a rectangular-batch loader and calls ``utils.validation.validate``
+(the loop the trainer also runs every epoch on the EMA model). A static-shape export only takes the input
+size it was exported at: it is validated on square letterboxed batches of that size (rectangular batches
+need a ``--dynamic`` export), and a non-square static export is refused.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
     (and the data/checkpoint/device errors, all ValueErrors) for user mistakes.
     """
-    from models import for_inference, load_model
+    from models.backends import load_backend
     from utils.data.loader import create_dataloader
     from utils.device import select_device
     from utils.paths import increment_path
@@ -59,18 +62,14 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
         raise ValError(f"{weights}: weights file not found")
     device = select_device(device)
     half = half and device.type == "cuda"
-    model = for_inference(load_model(weights, device=device))
-    if half:
-        model.half()
+    model = load_backend(weights, device=device, half=half)
     names = ["item"] if single_cls and config.nc != 1 else config.names
-    model_nc = int(model.model[-1].nc)
-    if not single_cls and model_nc != config.nc:
-        raise ValError(f"{weights} ({model_nc} classes) was trained on other data than {config.yaml_file} "
+    if not single_cls and model.nc != config.nc:
+        raise ValError(f"{weights} ({model.nc} classes) was trained on other data than {config.yaml_file} "
                        f"({config.nc} classes); pass matching --data and --weights")
-    stride = int(model.stride.max())
-    imgsz = _check_imgsz(imgsz, stride)
+    stride = model.stride
+    imgsz, rect, pad = _batch_geometry(model, imgsz, task, weights)
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True)
-    pad, rect = (0.0, False) if task == "speed" else (0.5, True)
     loader, _ = create_dataloader(sources, imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, names=config.names, prefix=f"{split}: ")
     _warmup(model, device, imgsz)
@@ -85,13 +84,32 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     return result
 
 
+def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]:
+    """(image size, rectangular batches, pad) for the loader. Checkpoints and --dynamic exports: YOLOv5's
+    rectangular batches (square for --task speed). Static exports: square batches of their own size."""
+    if model.imgsz is None:
+        size = _check_imgsz(imgsz, model.stride)
+        return (size, False, 0.0) if task == "speed" else (size, True, 0.5)
+    height, width = model.imgsz
+    if height != width:
+        raise ValError(f"{weights} was exported for {height}x{width} inputs; val.py needs a square or a --dynamic "
+                       f"export (python export.py --imgsz {max(height, width)}, or --dynamic)")
+    requested = int(imgsz[0] if isinstance(imgsz, (list, tuple)) else imgsz)
+    if requested != height:
+        LOGGER.warning("WARNING: %s was exported for %dx%d inputs; validating at %d instead of --imgsz %d",
+                       weights, height, width, height, requested)
+    LOGGER.info("%s has a static input size: square %dx%d batches (a --dynamic export allows rectangular ones)",
+                Path(weights).name, height, width)
+    return height, False, 0.0
+
+
 def _warn_unsupported(augment: bool, save_hybrid: bool, dnn: bool) -> None:
     if augment:
         LOGGER.warning("WARNING: --augment (test-time augmentation) is not supported; validating without it")
     if save_hybrid:
         LOGGER.warning("WARNING: --save-hybrid is not supported; ignored")
     if dnn:
-        LOGGER.info("--dnn ignored (PyTorch weights only)")
+        LOGGER.info("--dnn ignored (.onnx files run on onnxruntime)")
 
 
 def _load_data(data):
@@ -123,7 +141,8 @@ def _warmup(model, device, imgsz: int) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="val.py", description="Validate a detector on a dataset split")
     parser.add_argument("--data", type=str, default=None, help="dataset.yaml path (default: embedded dataset)")
-    parser.add_argument("--weights", nargs="+", type=str, default=["yolov5s.pt"], help="model path(s)")
+    parser.add_argument("--weights", nargs="+", type=str, default=["yolov5s.pt"],
+                        help="model path(s): .pt, .torchscript or .onnx")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size")
     parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="inference size (pixels)")
     parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
@@ -157,8 +176,9 @@ def _user_errors() -> tuple:
     from utils.data.images import ImageError
     from utils.data.verify import DatasetError
     from utils.device import DeviceError
-    return (ValError, CheckpointError, ConfigError, CacheError, DataConfigError, DatasetError, DeviceError, ImageError,
-            ModelConfigError, FileNotFoundError)
+    from utils.errors import UserError
+    return (ValError, UserError, CheckpointError, ConfigError, CacheError, DataConfigError, DatasetError, DeviceError,
+            ImageError, ModelConfigError, FileNotFoundError)
 
 
 def main(argv=None) -> int:

@@ -81,15 +81,24 @@ class Detect(nn.Module):
         return torch.cat((xy, wh, conf), 4)
 
     def _grid(self, ny, nx, i, like):
-        """Cell offsets minus 0.5, shape (1, 1, ny, nx, 2); cached per level, shape, device and dtype."""
+        """Cell offsets minus 0.5, shape (1, 1, ny, nx, 2); cached per level, shape, device and dtype.
+
+        While tracing (TorchScript / ONNX export) the grid is always built from the traced sizes and
+        never cached: a cached grid would enter the trace as a constant of the example input's size.
+        """
+        if torch.jit.is_tracing():
+            return self._make_grid(ny, nx, like)
         grid = self._grids[i]
         if grid.shape[2:4] != (ny, nx) or grid.device != like.device or grid.dtype != like.dtype:
-            y = torch.arange(ny, device=like.device, dtype=like.dtype)
-            x = torch.arange(nx, device=like.device, dtype=like.dtype)
-            yv, xv = torch.meshgrid(y, x, indexing="ij")
-            grid = (torch.stack((xv, yv), 2) - 0.5).view(1, 1, ny, nx, 2)
-            self._grids[i] = grid
+            grid = self._grids[i] = self._make_grid(ny, nx, like)
         return grid
+
+    @staticmethod
+    def _make_grid(ny, nx, like):
+        y = torch.arange(ny, device=like.device, dtype=like.dtype)
+        x = torch.arange(nx, device=like.device, dtype=like.dtype)
+        yv, xv = torch.meshgrid(y, x, indexing="ij")
+        return (torch.stack((xv, yv), 2) - 0.5).view(1, 1, ny, nx, 2)
 
 
 # name in a YAML row -> (constructor, rule(args, RowInputs) -> (constructor args, c_out, repeats))

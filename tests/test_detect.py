@@ -222,3 +222,65 @@ def test_save_one_box_crops_and_never_overwrites(tmp_path):
     assert crop.shape == (20, 40, 3) and np.array_equal(crop, image[30:50, 20:60])
     save_one_box([20, 30, 60, 50], image, tmp_path / "crops" / "x.jpg")
     assert sorted(p.name for p in (tmp_path / "crops").iterdir()) == ["x.jpg", "x2.jpg"]
+
+
+# --- exported models ---------------------------------------------------------------------------------
+
+def _label_rows(save_dir: Path) -> dict:
+    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
+            for path in sorted((save_dir / "labels").glob("*.txt"))}
+
+
+def _formats() -> tuple:
+    """TorchScript always; ONNX too when onnx and onnxruntime are installed (optional packages)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return ("torchscript",)
+    return ("torchscript", "onnx")
+
+
+def test_detect_writes_the_same_boxes_from_pt_onnx_and_torchscript(weights, tmp_path, caplog):
+    """One image through the checkpoint, --dynamic TorchScript (and ONNX) exports and a static 96x96 one."""
+    import export
+    images = make_images(tmp_path / "images", 1)
+    exported = {}
+    formats = _formats()
+    for name, options in (("dynamic", {"dynamic": True, "include": formats}), ("static", {"include": formats[-1:]})):
+        folder = tmp_path / name
+        folder.mkdir()
+        copy = Path(shutil.copy(weights, folder / "best.pt"))
+        export.run(export.ExportConfig(weights=str(copy), imgsz=IMGSZ, **options))
+        exported[name] = copy
+    runs = [(weights, {})] + [(exported["dynamic"].with_suffix(f".{fmt}"), {}) for fmt in formats] + \
+        [(exported["static"].with_suffix(f".{formats[-1]}"), {"imgsz": (64, 64)})]  # static: its own 96x96 wins
+    with caplog.at_level(logging.INFO):
+        rows = [_label_rows(detect.run(config(path, images[0], tmp_path, save_txt=True, save_conf=True, **extra)))
+                for path, extra in runs]
+    assert "exported for 96x96 inputs; using that instead of --imgsz 64 64" in caplog.text
+    reference = rows[0]
+    assert reference and all(len(lines) for lines in reference.values())
+    height, width = cv2.imread(str(images[0])).shape[:2]
+    pixel = 1.0 / min(height, width)  # detect.py rounds boxes to whole pixels: allow one
+    for other in rows[1:]:
+        assert other.keys() == reference.keys()
+        for name, expected in reference.items():
+            got = np.array(other[name])
+            assert got.shape == np.array(expected).shape
+            assert np.array_equal(got[:, 0], np.array(expected)[:, 0])
+            assert np.abs(got[:, 1:5] - np.array(expected)[:, 1:5]).max() <= pixel + 1e-6
+            assert np.abs(got[:, 5] - np.array(expected)[:, 5]).max() <= 1e-3
+
+
+def test_detect_corrupt_export_is_one_line(weights, tmp_path, capsys):
+    make_images(tmp_path / "images", 1)
+    for suffix in (".onnx", ".torchscript"):
+        bad = tmp_path / f"broken{suffix}"
+        bad.write_bytes(b"\x08\x07" + b"\x00" * 300)
+        code = detect.main(["--weights", str(bad), "--source", str(tmp_path / "images"), "--project", str(tmp_path)])
+        err = capsys.readouterr().err.strip().splitlines()
+        if suffix == ".onnx" and code == 2 and "optional package 'onnxruntime'" in err[-1]:
+            continue  # onnxruntime absent: that one-line message is the answer
+        assert code == 2 and err[-1].startswith(f"detect.py: error: {bad}: not a readable"), err
+        assert not any("Traceback" in line for line in err)

@@ -166,3 +166,99 @@ def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
     assert len(err) == 1 and "nope.pt" in err[0]
     assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 2
     assert "no 'test' split" in capsys.readouterr().err
+
+
+# --- exported models (export.py, models/backends.py) -------------------------------------------------
+
+def _formats() -> tuple:
+    """TorchScript always; ONNX too when onnx and onnxruntime are installed (optional packages)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return ("torchscript",)
+    return ("torchscript", "onnx")
+
+
+@pytest.fixture
+def own_console():
+    """val.main() binds the root log handler to the sys.stdout of the test that called it, closed once that test
+    ends: a later test that logs before calling main() would write to it. Start without that handler."""
+    import logging
+    logging.getLogger().handlers[:] = [logging.NullHandler()]
+
+
+def _export(checkpoint, folder, **options):
+    """Copy ``checkpoint`` into ``folder`` and export it there; returns the copied .pt path."""
+    import shutil
+
+    import export
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / checkpoint.name
+    shutil.copy(checkpoint, weights)
+    export.run(export.ExportConfig(weights=str(weights), **options))
+    return weights
+
+
+@pytest.fixture(scope="module")
+def dynamic_exports(tiny, checkpoint):
+    weights = _export(checkpoint, tiny[0] / "dynamic", imgsz=(64, 64), include=_formats(), dynamic=True)
+    return [weights] + [weights.with_suffix(f".{fmt}") for fmt in _formats()]
+
+
+def _label_rows(save_dir):
+    """{file name: sorted rows of class, cx, cy, w, h, conf} from a --save-txt --save-conf run."""
+    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
+            for path in sorted((save_dir / "labels").glob("*.txt"))}
+
+
+def test_val_on_exported_models_equals_the_checkpoint(tiny, dynamic_exports, own_console):
+    root, data = tiny
+    results = [val.run(data=data, weights=str(path), imgsz=64, batch_size=4, workers=0, plots=False, save_txt=True,
+                       save_conf=True, project=root / "runs-exported", device="cpu") for path in dynamic_exports]
+    reference = results[0]
+    assert reference.seen == 12 and reference.map50 > 0  # the random tiny model does find something
+    reference_rows = _label_rows(reference.save_dir)
+    assert reference_rows
+    for result in results[1:]:
+        for metric in ("mp", "mr", "map50", "map"):
+            assert getattr(result, metric) == pytest.approx(getattr(reference, metric), abs=0.001), metric
+        rows = _label_rows(result.save_dir)
+        assert rows.keys() == reference_rows.keys()
+        for name, expected in reference_rows.items():
+            assert np.allclose(rows[name], expected, atol=1e-3), name
+
+
+def test_val_static_export_runs_square_batches_of_its_own_size(tiny, checkpoint, caplog, own_console):
+    from models.backends import load_backend
+    from utils.data.dataset_yaml import load_data_config
+    from utils.data.loader import create_dataloader
+    root, data = tiny
+    fmt = _formats()[-1]
+    weights = _export(checkpoint, root / "static", imgsz=(64, 64), include=(fmt,), batch_size=2)
+    with caplog.at_level("INFO"):
+        result = val.run(data=data, weights=str(weights.with_suffix(f".{fmt}")), imgsz=96, batch_size=4, workers=0,
+                         plots=False, project=root / "runs-static", device="cpu")
+    assert "exported for 64x64 inputs; validating at 64 instead of --imgsz 96" in caplog.text
+    config = load_data_config(data)
+    square = create_dataloader(config.val, 64, 4, 32, rect=False, pad=0.0, workers=0, names=config.names)[0]
+    expected = validate(load_backend(weights), square, config.names, "cpu", plots=False)
+    assert (result.map50, result.map, result.mp, result.mr) == \
+        pytest.approx((expected.map50, expected.map, expected.mp, expected.mr), abs=0.001)
+
+
+def test_val_refuses_non_square_static_exports_and_corrupt_files(tiny, checkpoint, capsys, tmp_path,
+                                                                 own_console):
+    root, data = tiny
+    base = ["--data", str(data), "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs")]
+    weights = _export(checkpoint, tmp_path / "oblong", imgsz=(64, 96), include=_formats())
+    for fmt in _formats():
+        exported = weights.with_suffix(f".{fmt}")
+        assert val.main(["--weights", str(exported), *base]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exported for 64x96 inputs; val.py needs a square or a --dynamic export" in err[0]
+        truncated = tmp_path / f"truncated.{fmt}"
+        truncated.write_bytes(exported.read_bytes()[:20000])
+        assert val.main(["--weights", str(truncated), *base]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"val.py: error: {truncated}: not a readable"), err

@@ -1,0 +1,388 @@
+"""Export a checkpoint to TorchScript and/or ONNX, beside the weights (YOLOv5 export.py flags).
+
+    python export.py --weights runs/train/exp/weights/best.pt --include torchscript onnx
+    python export.py --weights best.pt --include onnx --dynamic            # any batch and image size
+    python export.py --weights best.pt --include onnx --imgsz 320 --batch-size 8
+
+Writes ``best.torchscript`` / ``best.onnx`` next to ``best.pt``, each holding its metadata (names,
+stride, input size, batch, dynamic, nc, format version; see models/backends.py) so val.py and detect.py
+take it as ``--weights``. The exported model returns the decoded ``(batch, N, 5 + nc)`` output that NMS
+takes. ONNX needs the optional packages in requirements-export.txt.
+
+Each file is checked before it is kept: the exported model is loaded back and run on the same random
+input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
+difference above ``TOLERANCE`` of the output's scale is an error (exit 1) and nothing is written.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from models.backends import BACKENDS, TORCHSCRIPT_METADATA, ExportInfo, first_line, require  # noqa: E402
+from utils.cli import add_device_flag  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+
+LOGGER = logging.getLogger("export")
+SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx"}
+TITLES = {"torchscript": "TorchScript", "onnx": "ONNX"}
+OPSETS = range(11, 21)  # Range/Resize need 11; 20 is the TorchScript-based ONNX exporter's newest
+# Largest allowed |exported - PyTorch| as a fraction of the output's scale: the input's longest side for
+# the box columns (pixels), 1 for objectness and class scores. fp32 rounding differences between
+# kernels stay near 1e-6 of the scale; 1e-3 leaves room for that and still catches a real fault (half a
+# cell's offset at stride 8 is 4 px, 6e-3 of 640). fp16 keeps ~3 significant digits, hence 1e-2.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2}
+
+
+class ExportError(UserError):
+    """A flag or file export.py cannot use; one line naming it."""
+
+
+class ParityError(RuntimeError):
+    """The exported model's output differs from the PyTorch model's beyond the tolerance."""
+
+
+@dataclass
+class ExportConfig:
+    weights: str = "yolov5s.pt"
+    imgsz: tuple = (640, 640)  # (height, width)
+    batch_size: int = 1
+    include: tuple = ("torchscript",)
+    device: str = "cpu"
+    half: bool = False
+    dynamic: bool = False
+    simplify: bool = False
+    opset: int = 17
+    optimize: bool = False
+
+
+@dataclass
+class Parity:
+    shape: tuple
+    box_pixels: float  # max |diff| of the box columns, pixels
+    scores: float  # max |diff| of objectness and class scores
+    box_limit: float
+    score_limit: float
+
+    @property
+    def ok(self) -> bool:
+        return self.box_pixels <= self.box_limit and self.scores <= self.score_limit
+
+    def describe(self) -> str:
+        shape = "x".join(str(s) for s in self.shape)
+        return (f"max |diff| {self.box_pixels:.3g} px (boxes), {self.scores:.3g} (scores) at {shape}; "
+                f"tolerance {self.box_limit:.3g} px, {self.score_limit:.3g}")
+
+
+@dataclass
+class ExportResult:
+    format: str
+    path: Path
+    megabytes: float
+    seconds: float
+    parity: list = field(default_factory=list)
+
+
+class PredictionOnly(nn.Module):
+    """The exported graph: the eval-mode model's decoded output alone (the raw maps are for the loss)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images):
+        return self.model(images)[0]
+
+
+def run(config: ExportConfig) -> list[ExportResult]:
+    """Export ``config.weights`` to each format in ``config.include``; returns what was written."""
+    from models import for_inference, load_model
+    from utils.device import select_device
+
+    formats = check_formats(config.include)
+    weights = Path(config.weights)
+    if not weights.is_file():
+        raise ExportError(f"{weights}: weights file not found (--weights)")
+    check_writable(weights.parent)
+    device = select_device(config.device)
+    check_options(config, formats, device)
+    model = for_inference(load_model(weights, device=device))
+    if config.half:
+        model.half()
+    stride = int(model.stride.max())
+    info = ExportInfo(names=tuple(model.names), stride=stride, imgsz=round_size(config.imgsz, stride),
+                      batch=config.batch_size, dynamic=config.dynamic, half=config.half, channels_last=True,
+                      device=device.type)
+    LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
+                "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
+    exporter = Exporter(model, info, device, config)
+    return [exporter.export(fmt, weights.with_suffix(SUFFIXES[fmt])) for fmt in formats]
+
+
+def check_formats(include) -> list[str]:
+    formats = [str(name).lower() for name in include]
+    unknown = [name for name in formats if name not in SUFFIXES]
+    if unknown or not formats:
+        raise ExportError(f"--include {' '.join(unknown) or '(none)'}: not supported "
+                          f"(supported: {', '.join(SUFFIXES)})")
+    return list(dict.fromkeys(formats))
+
+
+def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
+    """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
+    if config.half and device.type != "cuda":
+        raise ExportError("--half needs a CUDA device (--device 0); CPU exports are float32")
+    if config.half and config.dynamic:
+        raise ExportError("--half and --dynamic cannot be combined (as in YOLOv5)")
+    if config.optimize and device.type != "cpu":
+        raise ExportError("--optimize (TorchScript mobile optimisation) is CPU only: use --device cpu")
+    if config.optimize and not getattr(torch._C, "_is_xnnpack_enabled", lambda: True)():
+        raise ExportError("--optimize needs a torch build with XNNPACK, which this one lacks; export without it")
+    if config.batch_size < 1:
+        raise ExportError(f"--batch-size {config.batch_size}: must be 1 or more")
+    if min(config.imgsz) < 1:
+        raise ExportError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be positive")
+    if "onnx" in formats:
+        if config.opset not in OPSETS:
+            raise ExportError(f"--opset {config.opset}: supported {OPSETS.start} to {OPSETS.stop - 1}")
+        require("onnx", purpose="--include onnx")
+        require("onnxruntime", purpose="the ONNX parity check")
+        if config.simplify:
+            require("onnxsim", purpose="--simplify")
+    elif config.simplify:
+        LOGGER.info("--simplify ignored: it applies to --include onnx")
+
+
+def round_size(imgsz, stride: int) -> tuple[int, int]:
+    """(height, width), each rounded up to a multiple of ``stride`` (with a warning, as YOLOv5 does)."""
+    sizes = list(imgsz) * 2 if len(imgsz) == 1 else list(imgsz)[:2]
+    rounded = tuple(max(-(-int(side) // stride) * stride, stride) for side in sizes)
+    if rounded != tuple(sizes):
+        LOGGER.warning("WARNING: --imgsz %s must be a multiple of max stride %d, updating to %s", sizes, stride,
+                       list(rounded))
+    return rounded
+
+
+def check_writable(folder: Path) -> None:
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".export-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise ExportError(f"{folder}: export folder is not writable ({error.strerror or error})") from None
+
+
+class Exporter:
+    """Exports one loaded model to several formats, checking each file against the model."""
+
+    def __init__(self, model: nn.Module, info: ExportInfo, device: torch.device, config: ExportConfig):
+        self.model, self.info, self.device, self.config = model, info, device, config
+        self.graph = PredictionOnly(model).eval()
+        self.dtype = torch.float16 if info.half else torch.float32
+        self.example = self.input((info.batch, 3, *info.imgsz))
+        with torch.no_grad():
+            self.graph(self.example)  # one eager pass first, as inference would
+
+    def input(self, shape) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        image = torch.rand(shape, generator=generator).to(self.device, self.dtype)
+        return image.contiguous(memory_format=torch.channels_last)
+
+    def export(self, fmt: str, path: Path) -> ExportResult:
+        start = time.perf_counter()
+        data = self.torchscript() if fmt == "torchscript" else self.onnx()
+        temp = write_temp(data, path)
+        seconds = time.perf_counter() - start
+        try:
+            parity = self.check(fmt, temp, path)
+            os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+        result = ExportResult(fmt, path, path.stat().st_size / 1e6, seconds, parity)
+        LOGGER.info("%s: saved %s (%.1f MB) in %.1f s", TITLES[fmt], path, result.megabytes, seconds)
+        for figure in parity:
+            LOGGER.info("%s parity: %s", TITLES[fmt], figure.describe())
+        return result
+
+    def torchscript(self) -> bytes:
+        with quiet_tracing(), torch.no_grad():
+            module = torch.jit.trace(self.graph, self.example, strict=False)
+        if self.config.optimize:
+            from torch.utils.mobile_optimizer import optimize_for_mobile
+            try:
+                module = optimize_for_mobile(module)
+            except RuntimeError as error:
+                raise ExportError(f"--optimize failed ({str(error).strip().splitlines()[-1][:200]})") from None
+        buffer = io.BytesIO()
+        with quiet_tracing():
+            torch.jit.save(module, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(self.info.to_dict())})
+        return buffer.getvalue()
+
+    def onnx(self) -> bytes:
+        import onnx
+
+        axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}}
+        buffer = io.BytesIO()
+        try:
+            with quiet_tracing(), torch.no_grad():
+                torch.onnx.export(self.graph, (self.example,), buffer, dynamo=False, opset_version=self.config.opset,
+                                  input_names=["images"], output_names=["output0"], do_constant_folding=True,
+                                  dynamic_axes=axes if self.info.dynamic else None)
+        except (RuntimeError, ValueError) as error:
+            raise ExportError(f"ONNX export at --opset {self.config.opset} failed ({first_line(error)})") from None
+        proto = onnx.load_from_string(buffer.getvalue())
+        onnx.checker.check_model(proto)
+        if self.config.simplify:
+            proto = simplify(proto)
+        for key, value in self.info.to_dict().items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, json.dumps(value)
+        return proto.SerializeToString()
+
+    def check(self, fmt: str, written: Path, path: Path) -> list[Parity]:
+        """Load the ``written`` file back and compare it with the PyTorch model; ParityError beyond
+        TOLERANCE (``path`` is the name it is meant to get)."""
+        backend = BACKENDS[SUFFIXES[fmt]](written, self.device)
+        shapes = [tuple(self.example.shape)]
+        if self.info.dynamic:
+            shapes.append(second_shape(self.example.shape, self.info.stride))
+        figures = []
+        for shape in shapes:
+            image = self.input(shape)
+            with torch.no_grad():
+                reference = self.graph(image).float()
+                try:
+                    exported, _ = backend(image)
+                except Exception as error:  # e.g. a size baked into the graph: a parity failure, not a crash
+                    raise ParityError(f"{path}: the {TITLES[fmt]} model fails on a {'x'.join(map(str, shape))} "
+                                      f"input ({first_line(error)}); not written") from None
+            figure = compare(reference, exported, shape, TOLERANCE[self.dtype])
+            figures.append(figure)
+            if not figure.ok:
+                raise ParityError(f"{path}: the {TITLES[fmt]} model differs from the PyTorch model: "
+                                  f"{figure.describe()}; not written")
+        return figures
+
+
+def second_shape(shape, stride: int) -> tuple:
+    """Another batch and a non-square smaller size, to check a --dynamic export away from its example."""
+    batch, channels, height, width = shape
+    new_height = max(stride, height * 3 // 4 // stride * stride)
+    new_width = max(stride, width // 2 // stride * stride)
+    if (new_height, new_width) == (height, width):
+        new_height += stride
+    return batch + 1, channels, new_height, new_width
+
+
+def compare(reference: torch.Tensor, exported: torch.Tensor, shape, tolerance: float) -> Parity:
+    """Max |diff| of the box columns (pixels) and of the score columns; non-finite values count as inf."""
+    if exported.shape != reference.shape:
+        return Parity(tuple(shape), float("inf"), float("inf"), tolerance * max(shape[2:]), tolerance)
+    difference = (exported.float() - reference.float()).abs()
+    difference = torch.where(torch.isfinite(difference), difference, torch.full_like(difference, float("inf")))
+    boxes = float(difference[..., :4].max()) if difference.numel() else 0.0
+    scores = float(difference[..., 4:].max()) if difference.numel() else 0.0
+    return Parity(tuple(shape), boxes, scores, tolerance * max(shape[2:]), tolerance)
+
+
+def simplify(proto):
+    import onnxsim
+
+    try:
+        simplified, valid = onnxsim.simplify(proto)
+    except Exception as error:  # onnxsim raises its own and onnxruntime's exception types
+        raise ExportError(f"--simplify failed ({first_line(error)})") from None
+    if not valid:
+        raise ExportError("--simplify produced a model onnxsim could not validate; export without --simplify")
+    return simplified
+
+
+def write_temp(data: bytes, path: Path) -> Path:
+    """``data`` in a hidden temp file beside ``path`` (same suffix), fsynced, with the permissions a new
+    file gets (mkstemp's are owner-only); replaced into place once checked."""
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    with os.fdopen(handle, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)
+    return Path(name)
+
+
+@contextmanager
+def quiet_tracing():
+    """Silence the tracer's notes on Python values and torch's deprecation notices for TorchScript/ONNX
+    (torch.jit is deprecated in favour of torch.export, but it is what runs without extra packages)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export")
+        yield
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="export.py", description="Export a checkpoint to TorchScript / ONNX")
+    add = parser.add_argument
+    add("--weights", type=str, default="yolov5s.pt", help="checkpoint path (ours or YOLOv5's .pt)")
+    add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640, 640], help="image size h w (or one)")
+    add("--batch-size", type=int, default=1, help="batch size")
+    add_device_flag(parser)
+    parser.set_defaults(device="cpu")
+    add("--half", action="store_true", help="FP16 half-precision export (CUDA only)")
+    add("--optimize", action="store_true", help="TorchScript: optimize for mobile (CPU only)")
+    add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript and ONNX)")
+    add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
+    add("--opset", type=int, default=17, help="ONNX: opset version")
+    add("--include", nargs="+", default=["torchscript"], help="formats: torchscript, onnx")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> ExportConfig:
+    values = vars(args).copy()
+    values["imgsz"] = tuple(values["imgsz"] * 2 if len(values["imgsz"]) == 1 else values["imgsz"][:2])
+    values["include"] = tuple(values["include"])
+    return ExportConfig(**values)
+
+
+def main(argv=None) -> int:
+    config = config_from_args(parse_args(argv))
+    from utils.loggers import setup_logging
+
+    setup_logging()
+    start = time.perf_counter()
+    try:
+        results = run(config)
+    except UserError as error:
+        print(f"export.py: error: {error}", file=sys.stderr)
+        return 2
+    except ParityError as error:
+        print(f"export.py: error: {error}", file=sys.stderr)
+        return 1
+    LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
+                ", ".join(str(result.path) for result in results))
+    for result in results:
+        LOGGER.info("Validate: python val.py --weights %s --data data.yaml | Detect: python detect.py --weights %s",
+                    result.path, result.path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""export.py and models/backends.py: TorchScript / ONNX exports of a tiny model, parity with the PyTorch
+model, dynamic shapes, metadata inside the files, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import export
+from models import for_inference, load_model
+from models.backends import (METADATA_KEYS, TORCHSCRIPT_METADATA, BackendError, OnnxBackend, PyTorchBackend,
+                             TorchScriptBackend, load_backend)
+from tests.conftest import TINY_MODEL_YAML
+
+NAMES = ["cat", "dog"]
+IMGSZ = 64
+
+
+def onnx_available() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# TorchScript needs nothing optional: it is always tested; ONNX when onnx and onnxruntime are installed
+FORMATS = ("torchscript", "onnx") if onnx_available() else ("torchscript",)
+SUFFIXES = tuple(export.SUFFIXES[fmt] for fmt in FORMATS)
+
+
+def save_tiny(path: Path, seed: int = 0) -> Path:
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(seed)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+    model.names = list(NAMES)
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("export") / "best.pt")
+
+
+@pytest.fixture(scope="module")
+def eager(weights):
+    return for_inference(load_model(weights))
+
+
+def run_export(weights: Path, *flags: str) -> int:
+    return export.main(["--weights", str(weights), "--imgsz", str(IMGSZ), *flags])
+
+
+def copy_weights(weights: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(weights, folder / "best.pt"))
+
+
+def eager_output(model, images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(images.contiguous(memory_format=torch.channels_last))[0]
+
+
+def assert_close(exported: torch.Tensor, reference: torch.Tensor, size: int) -> None:
+    """Within export.py's fp32 tolerance: 1e-3 of the image size on boxes, 1e-3 on scores."""
+    assert exported.shape == reference.shape
+    assert (exported[..., :4] - reference[..., :4]).abs().max() <= 1e-3 * size
+    assert (exported[..., 4:] - reference[..., 4:]).abs().max() <= 1e-3
+
+
+def one_error_line(capsys, script: str = "export.py") -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{script}: error: "), err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def static_files(weights, tmp_path_factory):
+    """best.torchscript (and best.onnx) exported at 64x64, batch 2 (static shapes)."""
+    source = copy_weights(weights, tmp_path_factory.mktemp("static"))
+    assert run_export(source, "--include", *FORMATS, "--batch-size", "2") == 0
+    return [source.with_suffix(suffix) for suffix in SUFFIXES]
+
+
+@pytest.fixture(scope="module")
+def dynamic_files(weights, tmp_path_factory):
+    source = copy_weights(weights, tmp_path_factory.mktemp("dynamic"))
+    assert run_export(source, "--include", *FORMATS, "--dynamic") == 0
+    return [source.with_suffix(suffix) for suffix in SUFFIXES]
+
+
+def onnx_file(files) -> Path:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    return files[1]
+
+
+def test_export_writes_both_formats_beside_the_weights_with_summary_and_parity(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", *FORMATS) == 0
+    out = capsys.readouterr().out
+    for title, suffix in (("TorchScript", ".torchscript"), ("ONNX", ".onnx"))[:len(FORMATS)]:
+        path = source.with_suffix(suffix)
+        assert path.is_file()
+        size = f"{path.stat().st_size / 1e6:.1f} MB"
+        assert any(line.startswith(f"{title}: saved {path} ({size}) in ") and line.endswith(" s")
+                   for line in out.splitlines()), out
+        parity = [line for line in out.splitlines() if line.startswith(f"{title} parity: max |diff| ")]
+        assert len(parity) == 1 and "at 1x3x64x64; tolerance 0.064 px, 0.001" in parity[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.pt", *(f"best{s}" for s in SUFFIXES)])  # no temp
+
+
+def test_metadata_round_trip_inside_the_files(static_files, eager):
+    torchscript = static_files[0]
+    expected = {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32, "imgsz": [IMGSZ, IMGSZ],
+                "batch": 2, "dynamic": False, "half": False, "channels_last": True, "device": "cpu"}
+    with zipfile.ZipFile(torchscript) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(f"extra/{TORCHSCRIPT_METADATA}"))
+        assert json.loads(archive.read(name)) == expected
+    assert not list(torchscript.parent.glob("*.json")) and not list(torchscript.parent.glob("*.yaml"))  # no side files
+    for path, kind in zip(static_files, (TorchScriptBackend, OnnxBackend)):
+        backend = load_backend(path)
+        assert type(backend) is kind
+        assert (backend.names, backend.nc, backend.stride, backend.imgsz, backend.dynamic) == \
+            (NAMES, 2, 32, (IMGSZ, IMGSZ), False)
+    checkpoint = load_backend(torchscript.with_suffix(".pt"))
+    assert type(checkpoint) is PyTorchBackend and checkpoint.imgsz is None and checkpoint.names == NAMES
+
+
+def test_onnx_metadata_props(static_files):
+    path = onnx_file(static_files)
+    import onnx
+
+    props = {p.key: json.loads(p.value) for p in onnx.load(str(path)).metadata_props}
+    assert tuple(props) == METADATA_KEYS
+    assert (props["names"], props["imgsz"], props["batch"], props["dynamic"]) == (NAMES, [IMGSZ, IMGSZ], 2, False)
+
+
+def test_static_exports_match_eager_chunk_other_batches_and_refuse_other_sizes(static_files, eager):
+    images = torch.rand(3, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(1))
+    reference = eager_output(eager, images)
+    for path in static_files:
+        backend = load_backend(path)
+        pred, raw = backend(images)  # batch 3 through a batch-2 export: chunks of 2, the last zero-padded
+        assert raw == []
+        assert_close(pred, reference, IMGSZ)
+        with pytest.raises(BackendError, match=r"exported for 64x64 inputs, got 96x64; export with --dynamic"):
+            backend(torch.rand(2, 3, 96, 64))
+
+
+def test_dynamic_exports_run_at_other_batches_and_sizes(dynamic_files, eager):
+    generator = torch.Generator().manual_seed(2)
+    for path in dynamic_files:
+        backend = load_backend(path)
+        assert backend.dynamic and backend.imgsz is None
+        for shape in ((1, 3, 64, 64), (3, 3, 96, 128), (2, 3, 160, 32)):
+            images = torch.rand(shape, generator=generator)
+            pred, _ = backend(images)
+            assert_close(pred, eager_output(eager, images), max(shape[2:]))
+
+
+def test_dynamic_export_checks_parity_at_a_second_shape(capsys, weights, tmp_path):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--dynamic", "--batch-size", "2", "--imgsz", "64", "96") == 0
+    parity = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TorchScript parity")]
+    assert [line.split(" at ")[1].split(";")[0] for line in parity] == ["2x3x64x96", "3x3x32x32"]
+
+
+def test_compare_flags_differences_beyond_the_tolerance():
+    reference = torch.zeros(1, 10, 7)
+    reference[..., :4] = 320.0
+    same = export.compare(reference, reference.clone(), (1, 3, 640, 640), 1e-3)
+    assert same.ok and same.box_pixels == 0 and same.box_limit == pytest.approx(0.64)
+    boxes_off = reference.clone()
+    boxes_off[0, 3, 1] += 0.5  # half a pixel at 640: inside 1e-3 x 640
+    assert export.compare(reference, boxes_off, (1, 3, 640, 640), 1e-3).ok
+    boxes_off[0, 3, 1] += 0.2
+    figure = export.compare(reference, boxes_off, (1, 3, 640, 640), 1e-3)
+    assert not figure.ok and figure.box_pixels == pytest.approx(0.7, abs=1e-4)
+    scores_off = reference.clone()
+    scores_off[0, 0, 5] = 0.002
+    assert not export.compare(reference, scores_off, (1, 3, 640, 640), 1e-3).ok
+    nan = reference.clone()
+    nan[0, 0, 4] = float("nan")
+    assert not export.compare(reference, nan, (1, 3, 640, 640), 1e-3).ok
+    assert not export.compare(reference, reference[:, :5], (1, 3, 640, 640), 1e-3).ok
+
+
+class SizeSpecific(torch.nn.Module):
+    """Eager output depends on the input height through Python control flow, which a trace freezes."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, images):
+        pred = images.mean((1, 2, 3)).view(-1, 1, 1).expand(-1, 4, 7) * self.scale
+        return (pred if images.shape[2] == IMGSZ else pred + 0.01), []
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_export_that_differs_from_eager_is_an_error_and_not_written(fmt, tmp_path):
+    """A graph right at the example size but wrong at the second --dynamic size: exit 1, nothing kept."""
+    if fmt == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    from models.backends import ExportInfo
+    info = ExportInfo(names=("a", "b"), stride=32, imgsz=(IMGSZ, IMGSZ), batch=1, dynamic=True, channels_last=True,
+                      device="cpu")
+    exporter = export.Exporter(SizeSpecific().eval(), info, torch.device("cpu"), export.ExportConfig(include=(fmt,)))
+    target = tmp_path / f"model{export.SUFFIXES[fmt]}"
+    with pytest.raises(export.ParityError, match=r"differs from the PyTorch model: .* at 2x3x32x32; .*not written"):
+        exporter.export(fmt, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_yolov5_style_onnx_metadata_is_read(static_files, tmp_path):
+    """YOLOv5's exports only store stride and names (a Python dict literal); sizes come from the graph input."""
+    path = onnx_file(static_files)
+    import onnx
+
+    proto = onnx.load(str(path))
+    del proto.metadata_props[:]
+    for key, value in (("stride", "32"), ("names", "{0: 'cat', 1: 'dog'}")):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    path = tmp_path / "yolov5s.onnx"
+    onnx.save(proto, str(path))
+    backend = load_backend(path)
+    assert (backend.names, backend.stride, backend.imgsz, backend.info.batch) == (NAMES, 32, (IMGSZ, IMGSZ), 2)
+
+
+def test_onnx_without_metadata_or_with_code_in_names_is_refused(static_files, tmp_path):
+    path = onnx_file(static_files)
+    import onnx
+
+    proto = onnx.load(str(path))
+    del proto.metadata_props[:]
+    bare = tmp_path / "bare.onnx"
+    onnx.save(proto, str(bare))
+    with pytest.raises(BackendError, match=r"bare.onnx: not an exported yolo-trainer/YOLOv5 model \(metadata: missing"):
+        load_backend(bare)
+    for key, value in (("stride", "32"), ("names", "__import__('os').system('echo hacked')")):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(bare))
+    with pytest.raises(BackendError, match="not an exported"):  # names are read as a literal, never evaluated
+        load_backend(bare)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
+def test_torchscript_runs_only_on_the_device_type_it_was_traced_on(static_files, tmp_path):
+    torchscript = static_files[0]
+    extra = {TORCHSCRIPT_METADATA: ""}
+    module = torch.jit.load(str(torchscript), _extra_files=extra)
+    values = json.loads(extra[TORCHSCRIPT_METADATA])
+    moved = tmp_path / "cuda.torchscript"
+    torch.jit.save(module, str(moved), _extra_files={TORCHSCRIPT_METADATA: json.dumps({**values, "device": "cuda"})})
+    with pytest.raises(BackendError, match=r"cuda.torchscript: TorchScript traced on cuda runs only there; use "
+                                           r"--device 0 or export again with --device cpu"):
+        load_backend(moved, "cpu")
+
+
+def test_corrupt_and_truncated_exports_are_one_line_errors(static_files, tmp_path):
+    for path in static_files:
+        truncated = tmp_path / f"truncated{path.suffix}"
+        truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+        garbage = tmp_path / f"garbage{path.suffix}"
+        garbage.write_bytes(b"not a model\n" * 50)
+        for bad in (truncated, garbage):
+            with pytest.raises(BackendError) as info:
+                load_backend(bad)
+            message = str(info.value)
+            assert "\n" not in message and message.startswith(str(bad)) and "not a readable" in message
+
+
+def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
+    not_a_model = tmp_path / "notes.pt"
+    not_a_model.write_text("hello")
+    assert export.main(["--weights", str(not_a_model)]) == 2
+    assert "notes.pt" in one_error_line(capsys)
+    plain_dict = tmp_path / "dict.pt"
+    torch.save({"epoch": 3, "optimizer": None}, plain_dict)
+    assert export.main(["--weights", str(plain_dict)]) == 2
+    assert "dict.pt" in one_error_line(capsys)
+    assert export.main(["--weights", str(tmp_path / "missing.pt")]) == 2
+    assert "missing.pt: weights file not found" in one_error_line(capsys)
+    assert run_export(weights, "--include", "onnx", "engine", "tflite") == 2
+    assert one_error_line(capsys) == \
+        "export.py: error: --include engine tflite: not supported (supported: torchscript, onnx)"
+    assert run_export(weights, "--half") == 2
+    assert "--half needs a CUDA device" in one_error_line(capsys)
+    assert run_export(weights, "--include", "onnx", "--opset", "9") == 2
+    assert "--opset 9: supported 11 to 20" in one_error_line(capsys)
+    assert run_export(weights, "--batch-size", "0") == 2
+    assert "--batch-size 0" in one_error_line(capsys)
+
+
+def test_missing_optional_packages_are_named_with_the_install_command(weights, tmp_path, capsys, monkeypatch):
+    source = copy_weights(weights, tmp_path)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    assert run_export(source, "--include", "onnx") == 2
+    assert one_error_line(capsys) == ("export.py: error: --include onnx needs the optional package 'onnx': "
+                                      "pip install onnx (or pip install -r requirements-export.txt)")
+    assert not source.with_suffix(".onnx").exists()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    onnx_file = tmp_path / "model.onnx"
+    onnx_file.write_bytes(b"whatever")
+    with pytest.raises(BackendError, match=r"running model.onnx needs the optional package 'onnxruntime': "
+                                           r"pip install onnxruntime"):
+        load_backend(onnx_file)
+
+
+def test_simplify_without_onnxsim_is_one_line(weights, capsys, monkeypatch):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setitem(sys.modules, "onnxsim", None)  # as if not installed
+    assert run_export(weights, "--include", "onnx", "--simplify") == 2
+    assert "--simplify needs the optional package 'onnxsim': pip install onnxsim" in one_error_line(capsys)
+
+
+def test_simplify_keeps_metadata_and_parity(weights, tmp_path, capsys):
+    pytest.importorskip("onnxsim")
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", "onnx", "--simplify", "--dynamic") == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("ONNX parity")]) == 2
+    backend = load_backend(source.with_suffix(".onnx"))
+    assert backend.names == NAMES and backend.dynamic
+
+
+def test_optimize_exports_or_says_why_not(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path)
+    code = run_export(source, "--optimize")
+    if code == 0:  # a torch build with XNNPACK: the optimised file still matches (checked at export)
+        assert "TorchScript parity" in capsys.readouterr().out and source.with_suffix(".torchscript").is_file()
+    else:
+        assert code == 2 and "--optimize needs a torch build with XNNPACK" in one_error_line(capsys)
+        assert not source.with_suffix(".torchscript").exists()
+
+
+@contextmanager
+def unwritable(folder: Path):
+    """``folder`` made unwritable: mode 0555, and for root (which ignores modes) the immutable attribute."""
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        if _writable(folder):
+            chattr = shutil.which("chattr")
+            immutable = bool(chattr) and subprocess.run([chattr, "+i", str(folder)], capture_output=True).returncode == 0
+            if not immutable or _writable(folder):
+                pytest.skip("cannot make a folder unwritable here (root without chattr +i)")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run([shutil.which("chattr"), "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path / "locked")
+    with unwritable(source.parent):
+        assert run_export(source) == 2
+        line = one_error_line(capsys)
+    assert line.startswith(f"export.py: error: {source.parent}: export folder is not writable (")
+    assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
+
+
+def test_yolov5_checkpoint_exports_with_its_names(shared, tmp_path):
+    """A real ultralytics/yolov5 v7 .pt (imported without running its pickle) exported from a copy."""
+    source = Path(shutil.copy(shared("fixtures", "yolov5", "yolov5n_v7_random.pt"), tmp_path / "yolov5n.pt"))
+    assert export.main(["--weights", str(source), "--imgsz", "96", "128", "--include", FORMATS[-1]]) == 0
+    backend = load_backend(source.with_suffix(SUFFIXES[-1]))
+    checkpoint = load_backend(source)
+    assert backend.names == checkpoint.names and backend.nc == 80 and backend.imgsz == (96, 128)
+    images = torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(backend(images)[0], checkpoint(images.contiguous(memory_format=torch.channels_last))[0], 128)
+
+
+@pytest.mark.slow
+def test_yolov5n_exports_to_both_formats_within_tolerance(tmp_path, capsys):
+    """yolov5n (random weights) at 160, dynamic: both files written, parity at two shapes each."""
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(Path(export.ROOT) / "models" / "yolov5n.yaml")
+    source = save_checkpoint({"model": model_state(model), "ema": None}, tmp_path / "yolov5n.pt")
+    assert export.main(["--weights", str(source), "--imgsz", "160", "--include", *FORMATS, "--dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith(("TorchScript parity", "ONNX parity")) for line in out.splitlines()) == 2 * len(FORMATS)
+    eager = for_inference(load_model(source))
+    images = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(3))
+    for suffix in SUFFIXES:
+        backend = load_backend(source.with_suffix(suffix))
+        assert backend.nc == 80 and backend.stride == 32
+        assert_close(backend(images)[0], eager_output(eager, images), 128)
