@@ -83,7 +83,8 @@ def channel_affine(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) ->
 
 
 class GroupedBatchNorm(torch.autograd.Function):
-    """Training-mode batch normalisation with given float64 batch statistics; exact-order gradient sums."""
+    """Training-mode batch normalisation from given float64 batch statistics; its backward sums the
+    gradients in the same pixel groups and includes the statistics' own gradient terms."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mean, var, eps, group):
