@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.batchnorm import BatchNorm2d
+
 # The activation every Conv built with act=True uses. The parser installs one shared instance per
 # model (SiLU, or the YAML's `activation`), as YOLOv5 does with its class-level default.
 _DEFAULT_ACTIVATION: contextvars.ContextVar[nn.Module | None] = contextvars.ContextVar("default_activation",
@@ -85,7 +87,7 @@ class Conv(ScaledChannels, nn.Module):
     def __init__(self, c1, c2, k=1, s=1, p=None, g=1, d=1, act=True):
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
-        self.bn = nn.BatchNorm2d(c2)
+        self.bn = BatchNorm2d(c2)
         if act is True:
             self.act = _DEFAULT_ACTIVATION.get() or nn.SiLU()
         else:
@@ -166,7 +168,7 @@ class BottleneckCSP(ScaledChannels, nn.Module):
         self.cv2 = nn.Conv2d(c1, hidden, 1, 1, bias=False)
         self.cv3 = nn.Conv2d(hidden, hidden, 1, 1, bias=False)
         self.cv4 = Conv(2 * hidden, c2, 1, 1)
-        self.bn = nn.BatchNorm2d(2 * hidden)
+        self.bn = BatchNorm2d(2 * hidden)
         self.act = nn.SiLU()
         self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut, g, e=1.0) for _ in range(n)))
 

@@ -2,7 +2,9 @@
 
 - CUDA: fp16 autocast with a GradScaler by default, after a self-check on a synthetic batch that
   falls back to fp32 with a warning when fp16 outputs disagree with fp32.
-- CPU: fp32 by default; ``--amp bf16`` uses bf16 autocast (fast on CPUs with AMX/AVX512-BF16 units).
+- CPU: ``--amp auto`` trains with bf16 autocast where the CPU has AMX bf16 units and in fp32
+  otherwise (utils.precision.cpu_bf16_choice; AVX512-BF16 alone stays fp32); ``--amp bf16`` forces
+  bf16, ``--amp off`` forces fp32. The choice and its reason are logged.
 - channels_last conv weights and inputs where it is faster (CPU and CUDA alike here).
 """
 from __future__ import annotations
@@ -14,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-LOGGER = logging.getLogger(__name__)
+from utils.precision import AMP_CHOICES, cpu_bf16_choice, cpu_has_native_bf16, warn_emulated_bf16
 
-AMP_CHOICES = ("auto", "fp16", "bf16", "off")
+LOGGER = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,28 +40,47 @@ class Precision:
 def choose_precision(amp: str, device: torch.device, model: torch.nn.Module) -> Precision:
     if amp not in AMP_CHOICES:
         raise ValueError(f"--amp must be one of {', '.join(AMP_CHOICES)}, got '{amp}'")
-    dtype = None
-    if amp == "bf16":
-        dtype = torch.bfloat16
-        if device.type == "cpu" and not cpu_has_native_bf16():
-            LOGGER.warning("AMP: this CPU has no native bf16 units (no AVX512-BF16/AMX); bf16 autocast is emulated "
-                           "and much slower than fp32 here (8x for yolov5n measured on an AVX2 CPU): consider --amp off")
-    elif amp in ("auto", "fp16") and device.type == "cuda":
-        dtype = torch.float16 if fp16_self_check(model, device) else None
-    elif amp == "fp16":
-        LOGGER.warning("AMP: fp16 autocast needs CUDA; training in fp32 on %s (use --amp bf16 on CPU)", device.type)
+    if device.type == "cpu":
+        dtype, reason = cpu_training_dtype(amp)
+    else:
+        dtype, reason = accelerator_training_dtype(amp, device, model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     precision = Precision(device.type, dtype, scaler)
-    LOGGER.info("AMP: training in %s on %s", precision.name, device.type)
+    if dtype is None:
+        LOGGER.info("AMP: training in fp32 on %s (%s)", device.type, reason)
+    else:
+        LOGGER.info("AMP: %s autocast on %s (%s)", precision.name, device.type, reason)
     return precision
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN reports bf16 support on this CPU (AVX512-BF16 or AMX); True when it cannot tell."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return True
+def cpu_training_dtype(amp: str) -> tuple[torch.dtype | None, str]:
+    """(autocast dtype or None for fp32, reason) on the CPU."""
+    if amp == "off":
+        return None, "--amp off"
+    if amp == "bf16":
+        if not cpu_has_native_bf16():
+            warn_emulated_bf16()
+        return torch.bfloat16, "--amp bf16"
+    if amp == "fp16":
+        LOGGER.warning("AMP: fp16 autocast needs CUDA; training in fp32 on cpu (use --amp bf16 on CPU)")
+        return None, "fp16 needs CUDA"
+    use_bf16, reason = cpu_bf16_choice()
+    return (torch.bfloat16 if use_bf16 else None), reason
+
+
+def accelerator_training_dtype(amp: str, device: torch.device, model: torch.nn.Module):
+    """(autocast dtype or None for fp32, reason) on CUDA (fp16 after the self-check) and other devices."""
+    if amp == "bf16":
+        return torch.bfloat16, "--amp bf16"
+    if amp == "off":
+        return None, "--amp off"
+    if device.type != "cuda":
+        if amp == "fp16":
+            LOGGER.warning("AMP: fp16 autocast needs CUDA; training in fp32 on %s", device.type)
+        return None, f"fp16 autocast needs CUDA, not {device.type}"
+    if fp16_self_check(model, device):
+        return torch.float16, f"--amp {amp}, self-check passed"
+    return None, "fp16 self-check failed"
 
 
 def fp16_self_check(model: torch.nn.Module, device: torch.device, imgsz: int = 256) -> bool:

@@ -1,0 +1,106 @@
+"""Which precision to compute in on the CPU, for training and inference alike.
+
+bf16 autocast pays off on a CPU only where matrix units do the bf16 products: Intel AMX (tile
+registers with the AMX-BF16 instructions). AVX512-BF16 alone is not enough: ``--amp auto`` keeps fp32
+there, as on every CPU without AMX; ``--amp bf16`` still forces bf16 anywhere. The capability comes
+from ``torch.cpu.get_capabilities()`` (cpuinfo's ``amx_tile``/``amx_bf16``), and on Linux the process
+must also be granted the AMX tile state (``torch.cpu._init_amx()`` asks for it).
+
+``inference_autocast(device, half, amp)`` is the inference side (val.py, detect.py): bf16 autocast on
+CPUs with AMX, fp32 otherwise; ``--half`` remains CUDA fp16 and is applied by the caller, as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+LOGGER = logging.getLogger(__name__)
+
+AMP_CHOICES = ("auto", "fp16", "bf16", "off")
+VECTOR_UNITS = (("avx512_f", "AVX-512"), ("avx2", "AVX2"), ("neon", "NEON"))  # widest first, for the reason
+
+
+def cpu_capabilities() -> dict:
+    """torch's view of the CPU's instruction sets ({} when this torch cannot tell)."""
+    try:
+        return dict(torch.cpu.get_capabilities())
+    except (AttributeError, RuntimeError):
+        return {}
+
+
+def amx_permitted() -> bool:
+    """Whether the OS lets this process use the AMX tile state (Linux asks for it per process).
+
+    A torch without ``torch.cpu._init_amx`` cannot ask; oneDNN then asks itself, so cpuinfo is trusted."""
+    request = getattr(torch.cpu, "_init_amx", None)
+    if request is None:
+        return True
+    try:
+        return bool(request())
+    except RuntimeError:
+        return False
+
+
+def cpu_bf16_choice(capabilities: dict | None = None) -> tuple[bool, str]:
+    """(use bf16 autocast, reason): True only with AMX tiles and AMX-BF16 usable by this process."""
+    capabilities = cpu_capabilities() if capabilities is None else capabilities
+    if not capabilities:
+        return False, "CPU capabilities unknown to this torch"
+    if capabilities.get("amx_tile") and capabilities.get("amx_bf16"):
+        if amx_permitted():
+            return True, "AMX"
+        return False, "AMX present but the OS did not grant its tile state to this process"
+    if capabilities.get("avx512_bf16"):
+        return False, "no AMX bf16 units: AVX512-BF16 without AMX"
+    widest = next((label for name, label in VECTOR_UNITS if capabilities.get(name)), None)
+    return False, f"no AMX bf16 units: {widest}" if widest else "no AMX bf16 units"
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN reports bf16 support on this CPU (AVX512-BF16 or AMX); True when it cannot tell."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
+
+
+def warn_emulated_bf16() -> None:
+    LOGGER.warning("AMP: this CPU has no native bf16 units (no AVX512-BF16/AMX); bf16 autocast is emulated "
+                   "and much slower than fp32 here (8x for yolov5n measured on an AVX2 CPU): consider --amp off")
+
+
+def inference_dtype(device: torch.device, half: bool = False, amp: str = "auto") -> tuple[torch.dtype | None, str]:
+    """(autocast dtype or None for none, reason) for running a model on ``device``.
+
+    CUDA: None (``--half`` converts the model to fp16 in the caller, as before). CPU: bf16 with AMX under
+    ``amp='auto'``, always under ``amp='bf16'``, never under ``amp='off'``; fp16 is CUDA-only.
+    """
+    if amp not in AMP_CHOICES:
+        raise ValueError(f"--amp must be one of {', '.join(AMP_CHOICES)}, got '{amp}'")
+    device = torch.device(device)
+    if device.type != "cpu":
+        return None, "fp16 (--half)" if half else "fp32"
+    if amp == "off":
+        return None, "fp32 (--amp off)"
+    if amp == "bf16":
+        return torch.bfloat16, "bf16 autocast (--amp bf16)"
+    if amp == "fp16":
+        return None, "fp32 (fp16 needs CUDA)"
+    use_bf16, reason = cpu_bf16_choice()
+    return (torch.bfloat16, f"bf16 autocast ({reason})") if use_bf16 else (None, f"fp32 ({reason})")
+
+
+def inference_autocast(device, half: bool = False, amp: str = "auto"):
+    """Context manager to run a model's forward passes in; logs which precision and why."""
+    device = torch.device(device)
+    dtype, reason = inference_dtype(device, half, amp)
+    if half and device.type == "cpu":
+        LOGGER.warning("--half is CUDA fp16 only; ignored on cpu")
+    if dtype == torch.bfloat16 and amp == "bf16" and not cpu_has_native_bf16():
+        warn_emulated_bf16()
+    LOGGER.info("Inference: %s on %s", reason, device.type)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
