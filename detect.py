@@ -128,7 +128,10 @@ def _load_model(config: DetectConfig, device: torch.device):
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
-    return load_backend(weights, device, half=half), half
+    model = load_backend(weights, device, half=half)
+    if model.anchors_text():
+        LOGGER.info("%s", model.anchors_text())
+    return model, half
 
 
 def _input_size(model, imgsz) -> tuple[tuple[int, int], bool]:

@@ -181,6 +181,10 @@ class Backend(nn.Module):
     def _run(self, images: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def anchors_text(self) -> str | None:
+        """The anchors in pixels per level (printed at start), where the file keeps them (checkpoints)."""
+        return None
+
 
 class PyTorchBackend(Backend):
     """A checkpoint (ours or YOLOv5's), BatchNorm folded and channels_last as val.py always ran it."""
@@ -198,6 +202,11 @@ class PyTorchBackend(Backend):
 
     def forward(self, images: torch.Tensor):
         return self.model(images)  # (pred, raw) as the model gives them
+
+    def anchors_text(self) -> str | None:
+        from utils.autoanchor import format_anchors
+
+        return format_anchors(self.model)
 
 
 class TorchScriptBackend(Backend):

@@ -84,3 +84,35 @@ def test_loader_workers_train_exactly_like_the_main_process(tiny):
         assert run_train(tiny, "--noplots", "--workers", workers, "--name", f"workers{workers}") == 0
     rows = [(root / "runs" / f"workers{w}" / "results.csv").read_text() for w in ("0", "2")]
     assert rows[0] == rows[1]
+
+
+@pytest.mark.slow
+def test_autoanchor_fits_a_count_yaml_and_the_anchors_travel_with_the_weights(tiny, capsys):
+    """A model YAML with 'anchors: 3' gets anchors from AutoAnchor; they are printed, written to anchors.yaml,
+    stored in the checkpoint's YAML and printed again by val.py from the checkpoint."""
+    import val
+    import yaml
+    from models import load_model
+
+    root, data, cfg = tiny
+    counted = root / "counted.yaml"
+    text = cfg.read_text()
+    start, end = text.index("anchors:"), text.index("backbone:")
+    counted.write_text(text[:start] + "anchors: 3\n" + text[end:])
+    args = ["--data", str(data), "--cfg", str(counted), "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
+            "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), "--name", "anchors", "--noplots"]
+    assert train_script.main(args) == 0
+    out = capsys.readouterr().out
+    assert "AutoAnchor" in out and "Anchors (pixels, width x height) per level" in out
+    written = yaml.safe_load((root / "runs" / "anchors" / "anchors.yaml").read_text())["anchors"]
+    best = root / "runs" / "anchors" / "weights" / "best.pt"
+    model = load_model(best)
+    assert model.yaml["anchors"] == written
+    pixels = (model.model[-1].anchors * model.model[-1].stride.view(-1, 1, 1)).view(3, -1)
+    assert torch.allclose(pixels, torch.tensor(written, dtype=torch.float32), atol=1e-4)
+    areas = pixels.view(3, 3, 2).prod(-1).mean(-1)
+    assert bool((areas[1:] >= areas[:-1]).all())  # area grows with stride
+    assert val.main(["--data", str(data), "--weights", str(best), "--imgsz", "64", "--device", "cpu",
+                     "--project", str(root / "val")]) == 0
+    assert "Anchors (pixels, width x height) per level" in capsys.readouterr().out
+    assert train_script.main([*args, "--name", "anchors-off", "--noautoanchor"]) == 2  # a count needs AutoAnchor

@@ -345,10 +345,11 @@ def load_resumable(path) -> tuple[dict, Path]:
 
 
 def strip_checkpoint(path) -> None:
-    """Finish a run's checkpoint for use: EMA weights (fp16) become the model; training state dropped."""
+    """Finish a run's checkpoint for use: EMA weights (fp16, anchors fp32) become the model; training state dropped."""
     checkpoint = load_checkpoint(path)
     entry = model_entry(checkpoint)
-    entry = {**entry, "state_dict": {k: v.half() if v.is_floating_point() else v for k, v in entry["state_dict"].items()}}
+    entry = {**entry, "state_dict": {k: v.half() if v.is_floating_point() and not k.endswith(".anchors") else v
+                                     for k, v in entry["state_dict"].items()}}  # anchors stay exact (pixels / stride)
     keep = {k: checkpoint[k] for k in ("format", "epoch", "best_fitness", "config", "hyp", "date") if k in checkpoint}
     save_checkpoint({**keep, "model": entry, "ema": None, "finished": True}, path)
     LOGGER.info("Optimizer stripped from %s, %.1fMB", path, Path(path).stat().st_size / 1e6)

@@ -32,6 +32,8 @@ class RunData:
     seed: int
     batches_per_epoch: int
     labels: np.ndarray  # (n, 5) every training box [class, cx, cy, w, h] normalised (labels.jpg)
+    image_labels: list  # per training image, (n, 5) like labels (AutoAnchor)
+    image_shapes: np.ndarray  # (N, 2) width, height of each training image
     class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -85,17 +87,29 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
             shard="batches")
     workers = getattr(train_loader, "num_workers", 0)
     run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
-                       labels, class_weights(dataset.labels, len(names)))
+                       labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))
     run_data.set_epoch(0)
     return run_data
 
 
-def check_anchors(model, config: TrainConfig) -> None:
-    if getattr(model, "anchors_placeholder", False):
-        raise ConfigError(f"{config.cfg or config.weights}: the model YAML asks AutoAnchor to compute its anchors "
-                          "(anchors: <count>), and AutoAnchor is not available yet; give pixel anchors in the YAML")
-    if not config.noautoanchor:
-        LOGGER.info("AutoAnchor: not available yet; training with the model's anchors (pass --noautoanchor to silence)")
+def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
+    """AutoAnchor before a new run (utils.autoanchor): computed once, on the main process, and sent to every
+    process. A YAML that gives an anchor count needs it; --noautoanchor keeps the model's anchors."""
+    from utils.autoanchor import anchor_pixels, check_anchors, set_anchors
+
+    placeholder = getattr(model, "anchors_placeholder", False)
+    if config.noautoanchor:
+        if placeholder:
+            raise ConfigError(f"{config.cfg or config.weights}: the model YAML gives an anchor count ('anchors: <n>'), "
+                              "which AutoAnchor turns into anchors: drop --noautoanchor or give pixel anchors")
+        return
+    anchors = None
+    if dist.is_main_process():
+        check_anchors(model, data.image_labels, data.image_shapes, data.imgsz, thr=hyp.anchor_t, seed=config.seed)
+        anchors = anchor_pixels(model).reshape(-1, 2)
+    anchors = dist.broadcast_object(anchors)
+    if not dist.is_main_process():
+        set_anchors(model, anchors)
 
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,

@@ -18,6 +18,7 @@ import yaml
 
 from models.fused import FusedCopy
 from utils import dist
+from utils.autoanchor import format_anchors, write_anchors_yaml
 from utils.checkpoint import TrainingState, training_checkpoint
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
@@ -32,7 +33,7 @@ from utils.trainer.optim import accumulate_steps, build_optimizer, lr_lambda, sc
 from utils.trainer.resume import mark_folder
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
 from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
-from utils.trainer.stages import build_data, check_anchors, final_validation, load_data, validate_epoch
+from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
 from utils.trainer.state import RunState, capture_rng, restore_rng
 
 LOGGER = logging.getLogger(__name__)
@@ -78,12 +79,14 @@ class Trainer:
         seed_everything(config.seed + 1 + max(self.info.rank, 0), config.deterministic)
         data_cfg, names = load_data(config)
         if resume is not None:
-            model = resumed_model(resume.model, names, str(resume.path))
+            model = resumed_model(resume.model, names, str(resume.path))  # anchors included
         else:
             model = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
-            check_anchors(model, config)
         grid_stride = max(int(model.stride.max()), 32)
         self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info)
+        if resume is None:
+            fit_anchors(model, config, hyp, self.data)
+        LOGGER.info("%s", format_anchors(model))
         self.model = model.to(device)
         self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info)
         self.model = unwrap_model(self.step.model)  # --sync-bn may have replaced its BatchNorm layers
@@ -103,6 +106,7 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _start_outputs(self, new_run: bool) -> None:
         if new_run:
+            write_anchors_yaml(self.model, self.save_dir / "anchors.yaml")
             _save_yaml(self.save_dir / "hyp.yaml", self.hyp.to_dict())
             _save_yaml(self.save_dir / "opt.yaml", self.config.to_dict())
             if not self.config.noplots:
