@@ -20,10 +20,6 @@ if str(ROOT) not in sys.path:
 
 LOGGER = logging.getLogger("train")
 
-NOT_AVAILABLE_YET = {
-    "evolve": "--evolve is not available yet (hyperparameter evolution comes with the evolution work)",
-}
-
 
 def build_parser() -> argparse.ArgumentParser:
     from utils.cli import add_device_flag, add_run_folder_flags
@@ -44,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
     parser.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for x generations")
+    parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
+                        help="--evolve search space: which hyperparameters evolve, with their bounds")
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
                         choices=("ram", "disk", "auto", "off"),
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
@@ -104,11 +102,9 @@ def main(argv=None) -> int:
     if problem:
         print(f"train.py: error: {problem}", file=sys.stderr)
         return 2
-    for flag, message in NOT_AVAILABLE_YET.items():
-        if getattr(args, flag):
-            print(f"train.py: error: {message}", file=sys.stderr)
-            return 2
     try:
+        if args.evolve:
+            return run_evolution(config_from_args(args), args.evolve_space)
         return run(config_from_args(args), explicit_options(argv))
     except KeyboardInterrupt:
         print("train.py: interrupted", file=sys.stderr)
@@ -161,6 +157,50 @@ def run(config, explicit: dict) -> int:
         return interrupted.exit_status
     finally:
         dist.cleanup()
+    return 0
+
+
+def run_evolution(config, space_path: str) -> int:
+    """--evolve N: N generations, each a training run (only its final epoch validated and saved) of hyperparameters
+    mutated from the best rows of <project>/<name>/evolve.csv (default runs/evolve/exp, never incremented: several
+    processes given the same folder cooperate, and running the command again continues the evolution)."""
+    import dataclasses
+    import os
+    import shutil
+
+    from utils.config import Hyp, resolve_hyp_path
+    from utils.errors import UserError
+    from utils.evolve import METRIC_COLUMNS, SearchSpace, evolve
+    from utils.trainer import TrainingInterrupted, setup_process, train
+
+    project = Path("runs/evolve") if config.project == "runs/train" else Path(config.project)
+    folder = project / config.name
+    try:
+        space = SearchSpace.load(space_path if Path(space_path).exists() else ROOT / space_path)
+        base = Hyp.load(config.hyp)
+        if not config.cfg and not config.weights:
+            config.cfg = str(ROOT / "models/yolov5n.yaml")
+        device = setup_process(config.device)
+        scratch = folder / f".generation-{os.getpid()}"  # this process's training folder, emptied each time
+
+        def run_generation(hyp, number: int) -> dict:
+            shutil.rmtree(scratch, ignore_errors=True)
+            generation = dataclasses.replace(config, save_dir=str(scratch), noval=True, nosave=True, noplots=True,
+                                             hyp=str(resolve_hyp_path(config.hyp)))
+            result = train(generation, hyp, device)
+            shutil.rmtree(scratch, ignore_errors=True)
+            return {key: result.last_row[key] for key in METRIC_COLUMNS}
+
+        best = evolve(run_generation, config.evolve, folder, space, base, seed=config.seed)
+    except UserError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as interrupted:
+        print(f"train.py: evolution {interrupted}; run the same command again to continue it", file=sys.stderr)
+        return interrupted.exit_status
+    if best is not None:
+        LOGGER.info("Evolution results in %s (evolve.csv, hyp_evolve.yaml, evolve.png). Train with the best: "
+                    "python train.py --hyp %s", folder, folder / "hyp_evolve.yaml")
     return 0
 
 

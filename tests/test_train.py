@@ -63,9 +63,24 @@ def test_cpu_bf16_autocast_run_trains_and_saves_float_weights(tiny):
     assert torch.bfloat16 not in dtypes
 
 
-def test_unfinished_flags_say_not_available(tiny, capsys):
-    assert run_train(tiny, "--evolve") == 2
-    assert "not available yet" in capsys.readouterr().err
+@pytest.mark.slow
+def test_evolve_runs_generations_and_continues_counting(tiny):
+    root = tiny[0]
+    folder = root / "runs" / "evolve"
+    for generations in ("2", "1"):
+        assert run_train(tiny, "--evolve", generations, "--epochs", "1", "--name", "evolve") == 0
+    lines = (folder / "evolve.csv").read_text().splitlines()
+    assert len(lines) == 4 and "metrics/mAP_0.5" in lines[0] and "lr0" in lines[0]  # header + generations 1-3
+    assert (folder / "hyp_evolve.yaml").read_text().startswith("#")
+    assert (folder / "evolve.png").stat().st_size > 1000
+    assert not list(folder.glob(".generation-*"))  # each generation's training folder is removed
+    assert not (root / "runs" / "evolve2").exists()  # never a new folder
+
+
+def test_evolve_is_refused_under_torchrun(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    problem = train_script.launch_problem(train_script.parse_args(["--evolve", "3"]))
+    assert "--evolve" in problem and "per GPU" in problem
 
 
 def test_bad_data_yaml_is_one_line_error(tiny, capsys, tmp_path):

@@ -46,6 +46,7 @@ class TrainResult:
     last: Path | None
     final_metrics: dict = field(default_factory=dict)
     epochs_run: int = 0
+    last_row: dict = field(default_factory=dict)  # the last results.csv row (losses, metrics, learning rates)
 
 
 class TrainingInterrupted(Exception):
@@ -241,12 +242,14 @@ class Trainer:
                 f"position. Resume with: python train.py --resume {last}")
 
     def _finish(self, start: float) -> TrainResult:
-        result = TrainResult(self.save_dir, None, None, epochs_run=self.state.epoch)
+        result = TrainResult(self.save_dir, None, None, epochs_run=self.state.epoch,
+                             last_row=dict(self.state.results[-1]) if self.state.results else {})
         self._check_ranks_agree()
         LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
         weights = self.save_dir / "weights"
-        result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
-                                                self.device, self.val_loss, self.save_dir, self.info.distributed)
+        if not self.config.evolve:  # a generation of --evolve is judged by its final epoch's row
+            result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
+                                                    self.device, self.val_loss, self.save_dir, self.info.distributed)
         if self.recorder is not None:
             result.best = weights / "best.pt" if (weights / "best.pt").exists() else None
             result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
