@@ -19,6 +19,7 @@ from torch import nn
 from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck, BottleneckCSP, C3Ghost, C3x,
                            Concat, Contract, Conv, CrossConv, DWConv, Expand, Focus, GhostBottleneck, GhostConv,
                            RowInputs, SameChannels, ScaledChannels, default_activation, fuse_conv_and_bn)
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent
@@ -27,7 +28,7 @@ ACTIVATIONS = {f"nn.{cls.__name__}": cls for cls in (nn.SiLU, nn.ReLU, nn.ReLU6,
                                                      nn.Mish, nn.GELU, nn.ELU, nn.Sigmoid, nn.Tanh, nn.Identity)}
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError):
     """A model YAML that cannot be built; the message names the file, the row and the problem."""
 
 

@@ -35,6 +35,7 @@ from utils.config import Hyp
 from utils.data.images import apply_orientation, exif_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when all copies need at
 AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
 
 
-class CacheError(ValueError):
+class CacheError(UserError):
     """An image cache that cannot be built (e.g. not enough memory); the message has the numbers."""
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from utils.errors import UserError
+
 LOGGER = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +27,7 @@ SPLITS = ("train", "val", "test")
 REQUIRED_SPLITS = ("train", "val")
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError):
     """A dataset YAML that cannot be used; the message names the file, the key and the path tried."""
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from utils.errors import UserError
+
 IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
 VID_EXTENSIONS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 
@@ -25,7 +27,7 @@ _EXIF_OPS = {
 }
 
 
-class ImageError(ValueError):
+class ImageError(UserError):
     """An image file that cannot be used; the message names the file and the reason."""
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import yaml
 
 from utils.data.images import IMG_EXTENSIONS
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ SPLITS = ("train", "val", "test")
 _UNSAFE_XML = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError):
     """An annotation file (or the dataset it describes) that cannot be imported; names file and reason."""
 
 

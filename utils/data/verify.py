@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.images import IMG_EXTENSIONS, is_image_file, read_image
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "yolo-trainer" / "labels"
 COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images", "label_files")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A split that cannot be used at all (no images, no labels, nothing usable); one line."""
 
 
