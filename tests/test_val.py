@@ -158,11 +158,33 @@ def test_cli_run_writes_outputs(tiny, checkpoint, capsys):
 def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
     root, data = tiny
     base = ["--device", "cpu", "--project", str(tmp_path / "runs"), "--workers", "0"]
-    assert val.main(["--data", str(tmp_path / "missing.yaml"), "--weights", str(checkpoint), *base]) == 2
+    assert val.main(["--data", str(tmp_path / "missing.yaml"), "--weights", str(checkpoint), *base]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("val.py: error:") and "missing.yaml" in err[0]
-    assert val.main(["--data", str(data), "--weights", str(tmp_path / "nope.pt"), *base]) == 2
+    assert val.main(["--data", str(data), "--weights", str(tmp_path / "nope.pt"), *base]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope.pt" in err[0]
-    assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 2
+    assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 1
     assert "no 'test' split" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--batch-size", "0", "expected an integer in [1, 4096], got '0'"),
+    ("--batch-size", "-1", "expected an integer in [1, 4096], got '-1'"),
+    ("--batch-size", "8.5", "expected an integer in [1, 4096], got '8.5'"),
+    ("--conf-thres", "-1", "expected a number in [0, 1], got '-1'"),
+    ("--conf-thres", "nan", "expected a number in [0, 1], got 'nan'"),
+    ("--iou-thres", "2", "expected a number in [0, 1], got '2'"),
+    ("--imgsz", "0", "expected an integer in [32, 16384], got '0'"),
+    ("--imgsz", "-32", "expected an integer in [32, 16384], got '-32'"),
+    ("--imgsz", "100000", "expected an integer in [32, 16384], got '100000'"),
+    ("--max-det", "0", "expected an integer in [1, 100000], got '0'"),
+    ("--workers", "-1", "expected an integer in [0, 1024], got '-1'"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(capsys, tmp_path, flag, value, expected):
+    argv = ["--weights", str(tmp_path / "unused.pt"), "--project", str(tmp_path / "runs"), f"{flag}={value}"]
+    assert val.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    names = {"--imgsz": "--imgsz/--img/--img-size"}
+    assert err == [f"val.py: error: argument {names.get(flag, flag)}: {expected} (see val.py --help)"]
+    assert not (tmp_path / "runs").exists()  # refused before any work
