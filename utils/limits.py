@@ -43,6 +43,7 @@ MAX_LEVELS = 8  # Detect levels: yolov5-p7 has 5
 MAX_ANCHORS_PER_LEVEL = 16  # YOLOv5 uses 3
 MAX_ANCHOR_PIXELS = 100_000.0  # an anchor side in input pixels (the image size limit is 16,384)
 MAX_PARAMETERS = 500_000_000  # yolov5x6 has 140.8 M, yolov5-p7 144.3 M (2 GB of float32 at the limit)
+MAX_MODEL_MODULES = 10_000  # modules in one model: yolov5x6 has 575 (each takes ~0.2 ms to build)
 
 # ---------------------------------------------------------------- checkpoints (YOLOv5 pickles)
 MAX_PICKLE_BYTES = 32 << 20  # data.pkl: 87 KB for yolov5n, well under 2 MB for a yolov5x6 training file
