@@ -46,8 +46,8 @@ MAX_PARAMETERS = 500_000_000  # yolov5x6 has 140.8 M, yolov5-p7 144.3 M (2 GB of
 MAX_MODEL_MODULES = 10_000  # modules in one model: yolov5x6 has 575 (each takes ~0.2 ms to build)
 
 # ---------------------------------------------------------------- checkpoints (YOLOv5 pickles)
-MAX_PICKLE_BYTES = 32 << 20  # data.pkl: 87 KB for yolov5n, well under 2 MB for a yolov5x6 training file
-MAX_TENSOR_BYTES = 2 << 30  # storages read for "model" + "ema": yolov5x6 in float32 needs 1.13 GB
+MAX_PICKLE_BYTES = 32_000_000  # data.pkl: 87 KB for yolov5n, well under 2 MB for a yolov5x6 training file
+MAX_TENSOR_BYTES = 2_000_000_000  # storages read for "model" + "ema": yolov5x6 in float32 needs 1.13 GB
 MAX_TENSORS = 100_000  # tensors in one module tree: yolov5x6 has about 1,000
 MAX_MODULES = 100_000  # module records walked in one tree: yolov5x6 has about 800
 MAX_TENSOR_DIMS = 8
