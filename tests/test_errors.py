@@ -26,8 +26,10 @@ def stderr_lines(capsys) -> list[str]:
     (KeyboardInterrupt(), 130, "tool: interrupted"),
     (OSError(errno.ENOSPC, "No space left on device", "runs/exp/weights/last.pt"), 1,
      "tool: error: could not write runs/exp/weights/last.pt: No space left on device"),
-    (OSError(errno.EROFS, "Read-only file system"), 1, "tool: error: could not write an output file: Read-only file system"),
-    (PermissionError(errno.EACCES, "Permission denied", "/root/x.yaml"), 1, "tool: error: /root/x.yaml: Permission denied"),
+    (OSError(errno.EROFS, "Read-only file system"), 1,
+     "tool: error: could not write an output file: Read-only file system"),
+    (PermissionError(errno.EACCES, "Permission denied", "/root/x.yaml"), 1,
+     "tool: error: /root/x.yaml: Permission denied"),
 ])
 def test_expected_failures_are_one_line_with_their_exit_code(capsys, error, code, line):
     assert run_main("tool", raising(error), []) == code

@@ -279,8 +279,10 @@ def set_row(section, index, row):
     (hostile("nc", 100_000_000), "nc must be an integer in [1, 100000], got 100000000"),
     (hostile("nc", 2.5), "nc must be an integer in [1, 100000], got 2.5"),
     (hostile("ch", 10_000), "ch must be an integer in [1, 64], got 10000"),
-    (hostile("anchors", [[-10, 13, 16, 30, 33, 23]] * 3), "anchor sizes must be finite numbers in (0, 100000] pixels, got -10"),
-    (hostile("anchors", [[float("nan"), 13]] * 3), "anchor sizes must be finite numbers in (0, 100000] pixels, got nan"),
+    (hostile("anchors", [[-10, 13, 16, 30, 33, 23]] * 3),
+     "anchor sizes must be finite numbers in (0, 100000] pixels, got -10"),
+    (hostile("anchors", [[float("nan"), 13]] * 3),
+     "anchor sizes must be finite numbers in (0, 100000] pixels, got nan"),
     (hostile("anchors", 1_000_000), "anchors must be an integer in [1, 16] (anchors per level)"),
     (hostile("anchors", [[10, 13, 16]] * 3), "anchors must be an integer in [1, 16]"),
     (hostile(set_row("backbone", 2, [-1, 1_000_000_000, "C3", [128]])),
@@ -310,7 +312,8 @@ def test_size_limits_are_checked_before_memory_is_used():
             "head": [[-1, 1, "Detect", ["nc", "anchors"]]]}
     wide = {**base, "backbone": [[-1, 1, "Conv", [16384, 3, 2]]] * 3}  # 2.4 G parameters
     many = {**base, "width_multiple": 0.01, "backbone": [[-1, 100, "C3", [8]]] * 999}
-    upsampled = {**base, "backbone": [[-1, 1, "Conv", [16384, 1, 1]]] + [[-1, 1, "nn.Upsample", [None, 64, "nearest"]]] * 2}
+    upsample = [-1, 1, "nn.Upsample", [None, 64, "nearest"]]
+    upsampled = {**base, "backbone": [[-1, 1, "Conv", [16384, 1, 1]], upsample, upsample]}  # 1.1 TB at 64 px
     for config, expected in ((wide, "more than 500 M parameters by layer 1"),
                              (many, "more than 10000 modules by layer"),
                              (upsampled, "the probe forward pass would produce more than 275079 M values by layer 1")):

@@ -166,6 +166,15 @@ def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
     assert len(err) == 1 and "nope.pt" in err[0]
     assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 1
     assert "no 'test' split" in capsys.readouterr().err
+    assert val.main(["--data", str(data), "--weights", str(checkpoint), *base, "--device", "99"]) == 2  # a bad flag
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("val.py: error: --device 99")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a file where the run folder's parent should be")
+    argv = ["--data", str(data), "--weights", str(checkpoint), "--device", "cpu", "--project", str(blocker / "runs")]
+    assert val.main(argv) == 1  # an OSError while creating outputs: one line naming the path
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("val.py: error: ") and str(blocker) in err[0]
 
 
 @pytest.mark.parametrize("flag, value, expected", [
