@@ -4,10 +4,11 @@ Module names in a model YAML resolve through ``MODULES`` (no eval). String argum
 by a tiny parser: the symbols ``nc``, ``anchors``, ``None``, ``True``, ``False``, numeric literals
 and calls of allow-listed constructors with literal arguments, such as ``nn.LeakyReLU(0.1)``.
 
-Every value is bounded before anything is built (``utils.limits``: nc, depth/width multiples, rows,
-repeats, channels, other numeric arguments such as kernel sizes, anchors positive and finite), and a
-shape-only build on the meta device counts parameters and modules first, so a YAML (or the YAML dict
-inside a checkpoint) cannot make the build run for minutes or exhaust memory.
+Every value is bounded before anything is built (``models.bounds``: nc, depth/width multiples, rows,
+repeats, channels, other numeric arguments such as kernel sizes, anchors positive and finite), a
+shape-only build on the meta device counts parameters and modules first, and the stride probe runs
+under ``models.budget.ActivationBudget``, so a YAML (or the YAML dict inside a checkpoint) cannot make
+the build run for minutes or exhaust memory.
 """
 from __future__ import annotations
 
@@ -21,23 +22,21 @@ import torch
 import yaml
 from torch import nn
 
+from models.bounds import (REQUIRED_KEYS, check_anchors, check_arguments, check_config, check_nc, is_count,
+                           scaled_repeats)
 from models.budget import MAX_PROBE_VALUES, ActivationBudget
 from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck, BottleneckCSP, C3Ghost, C3x,
                            Concat, Contract, Conv, CrossConv, DWConv, Expand, Focus, GhostBottleneck, GhostConv,
                            RowInputs, SameChannels, ScaledChannels, default_activation, fuse_conv_and_bn)
 from utils.errors import UserError, shorten
-from utils.limits import (MAX_ANCHOR_PIXELS, MAX_ANCHORS_PER_LEVEL, MAX_ARGUMENT, MAX_CHANNELS, MAX_CLASSES,
-                          MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_LEVELS, MAX_MODEL_MODULES, MAX_MULTIPLE, MAX_PARAMETERS,
-                          MAX_REPEATS, Range)
+from utils.limits import MAX_ARGUMENT, MAX_CHANNELS, MAX_MODEL_MODULES, MAX_PARAMETERS, MAX_REPEATS
 from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent
-REQUIRED_KEYS = ("nc", "depth_multiple", "width_multiple", "anchors", "backbone", "head")
 ACTIVATIONS = {f"nn.{cls.__name__}": cls for cls in (nn.SiLU, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardswish,
                                                      nn.Mish, nn.GELU, nn.ELU, nn.Sigmoid, nn.Tanh, nn.Identity)}
 MAX_SYMBOL_LENGTH = 200  # characters of a string argument that is parsed (e.g. "nn.LeakyReLU(0.1)")
-MAX_ARGUMENT_ITEMS = 256  # numbers, strings and lists in one row's args, nested lists included
 
 
 class ModelConfigError(UserError):
@@ -193,54 +192,12 @@ def load_model_config(cfg) -> tuple[dict, str]:
     return data, path.name
 
 
-def _is_count(value, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def check_nc(nc) -> None:
-    if not _is_count(nc, 1, MAX_CLASSES):
-        raise ValueError(f"nc must be an integer in [1, {MAX_CLASSES}], got {shorten(nc)}")
-
-
-def check_anchors(anchors) -> None:
-    """An anchor count per level, or 1..MAX_LEVELS equal-length lists of positive finite pixel (w, h) pairs."""
-    if _is_count(anchors, 1, MAX_ANCHORS_PER_LEVEL):
-        return
-    pixels = Range(0, MAX_ANCHOR_PIXELS, low_open=True)
-    levels_ok = isinstance(anchors, list) and 0 < len(anchors) <= MAX_LEVELS and all(
-        isinstance(level, list) and 0 < len(level) <= 2 * MAX_ANCHORS_PER_LEVEL and len(level) % 2 == 0
-        and len(level) == len(anchors[0]) for level in anchors)
-    if not levels_ok:
-        raise ValueError(f"anchors must be an integer in [1, {MAX_ANCHORS_PER_LEVEL}] (anchors per level) or 1 to "
-                         f"{MAX_LEVELS} equal-length lists of up to {MAX_ANCHORS_PER_LEVEL} (w, h) pixel pairs, "
-                         f"got {shorten(anchors)}")
-    for value in (value for level in anchors for value in level):
-        if value not in pixels:
-            raise ValueError(f"anchor sizes must be finite numbers in {pixels} pixels, got {shorten(value)}")
-
-
 def _check_config(d: dict, source: str) -> None:
-    """Bounds of the top-level keys (see utils.limits), before any row is looked at."""
-    missing = [key for key in REQUIRED_KEYS if key not in d]
-    if missing:
-        raise ModelConfigError(f"{source}: missing key(s) {', '.join(missing)}")
+    """Bounds of the top-level keys (models.bounds), before any row is looked at."""
     try:
-        check_nc(d["nc"])
-        check_anchors(d["anchors"])
+        check_config(d)
     except ValueError as error:
         raise ModelConfigError(f"{source}: {error}") from None
-    multiples = Range(0, MAX_MULTIPLE, low_open=True)
-    for key in ("depth_multiple", "width_multiple"):
-        if d[key] not in multiples:
-            raise ModelConfigError(f"{source}: {key} must be a number in {multiples}, got {shorten(d[key])}")
-    if not _is_count(d.get("ch", 3), 1, MAX_INPUT_CHANNELS):
-        raise ModelConfigError(f"{source}: ch must be an integer in [1, {MAX_INPUT_CHANNELS}], "
-                               f"got {shorten(d.get('ch'))}")
-    for key in ("backbone", "head"):
-        if not isinstance(d[key], list):
-            raise ModelConfigError(f"{source}: '{key}' must be a list of [from, number, module, args] rows")
-    if len(d["backbone"]) + len(d["head"]) > MAX_LAYERS:
-        raise ModelConfigError(f"{source}: {len(d['backbone']) + len(d['head'])} rows, more than {MAX_LAYERS}")
 
 
 def _model_activation(d: dict, source: str) -> nn.Module:
@@ -270,7 +227,7 @@ def _check_row(row, index: int):
     for j in origins:
         if not (-index <= j < index) and not (index == 0 and j == -1):
             raise ValueError(f"'from' {shorten(j)} does not name an earlier layer")
-    if not _is_count(number, 1, MAX_REPEATS):
+    if not is_count(number, 1, MAX_REPEATS):
         raise ValueError(f"'number' must be a positive integer (at most {MAX_REPEATS}), got {shorten(number)}")
     if not isinstance(name, str) or name not in MODULES:
         raise ValueError(f"unknown module {shorten(name)} (known: {', '.join(sorted(MODULES))})")
@@ -279,37 +236,11 @@ def _check_row(row, index: int):
     return origins, number, name, args
 
 
-def _check_arguments(name: str, args: list) -> None:
-    """Numbers in a row's args: the first (output channels for most blocks) at most MAX_CHANNELS, any
-    other at most MAX_ARGUMENT in size (kernel, stride, padding, scale); nesting and count bounded."""
-    if getattr(MODULES[name][0], "checks_own_arguments", False):
-        return
-    pending, seen = [(value, 0, position == 0) for position, value in enumerate(args)], 0
-    while pending:
-        value, depth, first = pending.pop()
-        seen += 1
-        if seen > MAX_ARGUMENT_ITEMS or depth > 3:
-            raise ValueError(f"args too long or too deeply nested: {shorten(args)}")
-        if isinstance(value, list):
-            pending.extend((item, depth + 1, False) for item in value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            limit = MAX_CHANNELS if first else MAX_ARGUMENT
-            if value not in Range(-limit, limit):
-                raise ValueError(f"{name} argument {shorten(value)} is outside [-{limit}, {limit}]")
-
-
-def _repeats(number: int, depth: float) -> int:
-    repeats = max(round(number * depth), 1) if number > 1 else number
-    if repeats > MAX_REPEATS:
-        raise ValueError(f"'number' {number} x depth_multiple {depth:g} = {repeats} repeats, more than {MAX_REPEATS}")
-    return repeats
-
-
 def _build_layer(name: str, args: list, inputs: RowInputs):
     """(module, output channels) for one row; constructor errors name the module."""
     constructor, rule = MODULES[name]
     args, c_out, repeats = rule(args, inputs)
-    if not _is_count(c_out, 1, MAX_CHANNELS):
+    if not is_count(c_out, 1, MAX_CHANNELS):
         raise ValueError(f"{name} would output {shorten(c_out)} channels, outside [1, {MAX_CHANNELS}]")
     try:
         layer = (nn.Sequential(*(constructor(*args) for _ in range(repeats))) if repeats > 1
@@ -335,8 +266,9 @@ def parse_model(d: dict, ch: list, source: str = "model", on_layer=None):
             try:
                 origins, number, name, args = _check_row(row, i)
                 args = [resolve_symbol(a, symbols) if isinstance(a, str) else a for a in args]
-                _check_arguments(name, args)
-                inputs = RowInputs([ch[k] for k in origins], _repeats(number, depth), width, na * (nc + 5))
+                if not getattr(MODULES[name][0], "checks_own_arguments", False):
+                    check_arguments(name, args)
+                inputs = RowInputs([ch[k] for k in origins], scaled_repeats(number, depth), width, na * (nc + 5))
                 layer, c_out = _build_layer(name, args, inputs)
             except (ValueError, TypeError, IndexError, RuntimeError) as error:
                 message = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
