@@ -277,3 +277,20 @@ def test_coco_non_finite_boxes_and_sizes(tmp_path):
     (tmp_path / "nan.json").write_text(text.replace("[1, 2, 3, 4]", "[1, NaN, 3, 4]"))
     with pytest.raises(AnnotationError, match=r"annotations\[0\] bbox must be 4 finite numbers, got \[1, nan, 3, 4\]"):
         coco_to_yolo(tmp_path / "nan.json", images, tmp_path / "out2")
+
+
+def test_full_disk_is_one_line_naming_the_file(tmp_path, yolo_source, capsys, monkeypatch):
+    import errno
+
+    import utils.data.importers as importers
+
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a", "b"], "val": ["c", "d"]})
+
+    def full_disk(path, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() reports it: no file name
+
+    monkeypatch.setattr(importers, "write_labels", full_disk)
+    assert import_dataset.main(["voc", str(tmp_path / "VOC"), str(tmp_path / "out"), "--names", *NAMES]) == 1
+    assert capsys.readouterr().err == (f"tools.import_dataset: error: could not write "
+                                       f"{tmp_path / 'out' / 'labels' / 'train' / 'a.txt'}: No space left on device\n")
+

@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 
 from utils.data.images import IMG_EXTENSIONS
-from utils.errors import UserError, shorten
+from utils.errors import UserError, shorten, writing
 from utils.limits import MAX_ANNOTATION_XML_BYTES, MAX_CLASSES, MAX_NAME_LENGTH
 from utils.safe_yaml import read_yaml, yaml_reason
 
@@ -148,7 +148,8 @@ def write_data_yaml(out_dir: Path, names: list[str]) -> Path:
     config["nc"] = len(names)
     config["names"] = {index: name for index, name in enumerate(names)}
     yaml_path = out_dir / "data.yaml"
-    yaml_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    with writing(yaml_path):
+        yaml_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return yaml_path
 
 
@@ -371,8 +372,12 @@ def _check_split(split: str | None) -> None:
 
 def _write_sample(out_dir: Path, split: str, image_path: Path, rows: list[tuple], mode: str,
                   summary: ImportSummary) -> None:
-    place_image(image_path, out_dir / "images" / split / image_path.name, mode)
-    write_labels(out_dir / "labels" / split / f"{image_path.stem}.txt", rows)
+    target = out_dir / "images" / split / image_path.name
+    with writing(target):
+        place_image(image_path, target, mode)
+    label = out_dir / "labels" / split / f"{image_path.stem}.txt"
+    with writing(label):
+        write_labels(label, rows)
     summary.images[split] += 1
     summary.boxes += len(rows)
 
