@@ -317,7 +317,8 @@ def _collect_state(record: Record, prefix: str, out: dict, walk: _Walk, depth: i
             if tensor is None or (group == "_buffers" and name in skip):
                 continue
             if not isinstance(tensor, TensorRecord) or not isinstance(name, str):
-                raise CheckpointError(f"{shorten(prefix + str(name)[:100])} is not a tensor")
+                label = prefix + name if isinstance(name, str) else prefix + shorten(name, 40)
+                raise CheckpointError(f"{shorten(label, 120)} is not a tensor")
             walk.visit_tensor()
             out[prefix + name] = tensor
     for name, child in _items(state.get("_modules")):

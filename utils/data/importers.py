@@ -123,7 +123,8 @@ def check_existing_names(out_dir: Path, names: list[str]) -> None:
             raise AnnotationError(f"{yaml_path}: cannot read ({error.strerror or error})") from None
         old_names = old.get("names") if isinstance(old, dict) else None
         if isinstance(old_names, dict):
-            old_names = list(old_names.values()) if list(old_names) == list(range(len(old_names))) else old_names
+            integer_ids = all(isinstance(key, int) and not isinstance(key, bool) for key in old_names)
+            old_names = [old_names[key] for key in sorted(old_names)] if integer_ids else old_names
         if old_names is not None and (not isinstance(old_names, list) or old_names != list(names)):
             raise AnnotationError(f"{yaml_path}: existing class names {shorten(old_names)} differ from "
                                   f"{shorten(names)}; import into another folder or pass the same names")
