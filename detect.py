@@ -23,10 +23,13 @@ import torch
 from tqdm import tqdm
 
 from utils.boxes import scale_boxes, xyxy2xywh
-from utils.cli import add_device_flag, add_half_flag, add_run_folder_flags
+from utils.cli import (ArgumentParser, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
+                       int_in_range, max_detections, positive_int, probability)
 from utils.data.transforms import letterbox
 from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
+from utils.errors import UserError, run_main
+from utils.limits import MAX_CLASSES
 from utils.nms import non_max_suppression
 from utils.paths import increment_path
 from utils.sources import SourceItem, Sources
@@ -35,7 +38,7 @@ LOGGER = logging.getLogger("detect")
 PROGRESS_MIN_IMAGES = 20  # folders larger than this get a progress bar
 
 
-class DetectError(ValueError):
+class DetectError(UserError):
     """A detect.py setting that cannot be used; one line naming it."""
 
 
@@ -313,33 +316,38 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images and videos.")
+    parser = ArgumentParser(prog="detect.py", description="Detect objects in images and videos.")
     add = parser.add_argument
     add("--weights", type=str, default="yolov5s.pt", help="model: .pt (ours or YOLOv5's), .torchscript or .onnx")
     add("--source", type=str, default="data/images", help="image, folder, glob, .txt list or video file")
     add("--data", type=str, default=None, help="dataset YAML (optional; names come from the weights)")
-    add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="inference size h w (or one side)")
-    add("--conf-thres", type=float, default=0.25, help="confidence threshold")
-    add("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
-    add("--max-det", type=int, default=1000, help="maximum detections per image")
+    add("--imgsz", "--img", "--img-size", nargs="+", type=image_size, default=[640],
+        help="inference size h w (or one side)")
+    add("--conf-thres", type=probability, default=0.25, help="confidence threshold")
+    add("--iou-thres", type=probability, default=0.45, help="NMS IoU threshold")
+    add("--max-det", type=max_detections, default=1000, help="maximum detections per image")
     add_device_flag(parser)
     add("--view-img", action="store_true", help="show results (needs a display; not available headless)")
     add("--save-txt", action="store_true", help="save results to labels/*.txt")
     add("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     add("--save-crop", action="store_true", help="save cropped prediction boxes")
     add("--nosave", action="store_true", help="do not save images/videos")
-    add("--classes", nargs="+", type=int, help="filter by class: --classes 0, or --classes 0 2 3")
+    add("--classes", nargs="+", type=int_in_range(0, MAX_CLASSES - 1),
+        help="filter by class: --classes 0, or --classes 0 2 3")
     add("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     add("--augment", action="store_true", help="augmented inference (not supported; ignored)")
     add("--visualize", action="store_true", help="visualize features (not supported; ignored)")
     add_run_folder_flags(parser, "runs/detect")
-    add("--line-thickness", default=3, type=int, help="bounding box thickness (pixels)")
+    add("--line-thickness", default=3, type=int_in_range(1, 100), help="bounding box thickness (pixels)")
     add("--hide-labels", action="store_true", help="hide labels")
     add("--hide-conf", action="store_true", help="hide confidences")
     add_half_flag(parser)
     add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
-    add("--vid-stride", type=int, default=1, help="video frame-rate stride")
-    return parser.parse_args(argv)
+    add("--vid-stride", type=positive_int, default=1, help="video frame-rate stride")
+    args = parser.parse_args(argv)
+    if len(args.imgsz) > 2:
+        parser.error(f"argument --imgsz: expected one size or two (h w), got {len(args.imgsz)}")
+    return args
 
 
 def config_from_args(args: argparse.Namespace) -> DetectConfig:
@@ -359,6 +367,11 @@ class _TqdmHandler(logging.StreamHandler):
 
 
 def main(argv=None) -> int:
+    """Exit code 0, 1 for a bad input file, 2 for a bad flag (see utils.errors.run_main)."""
+    return run_main("detect.py", _main, argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -366,14 +379,7 @@ def main(argv=None) -> int:
     from utils.memory import keep_freed_memory
 
     keep_freed_memory()  # whole-process choice: see utils/memory.py
-    try:
-        config = config_from_args(args)
-        run(config)
-    except ValueError as error:
-        if type(error) is ValueError:  # a plain ValueError is a bug, not a user mistake: keep the traceback
-            raise
-        print(f"detect.py: error: {error}", file=sys.stderr)
-        return 2
+    run(config_from_args(args))
     return 0
 
 

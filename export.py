@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from models.backends import BACKENDS, TORCHSCRIPT_METADATA, ExportInfo, first_line, require  # noqa: E402
 from utils.cli import add_device_flag  # noqa: E402
-from utils.errors import UserError  # noqa: E402
+from utils.errors import ArgumentError, UserError  # noqa: E402
 
 LOGGER = logging.getLogger("export")
 SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx"}
@@ -139,7 +139,7 @@ def check_formats(include) -> list[str]:
     formats = [str(name).lower() for name in include]
     unknown = [name for name in formats if name not in SUFFIXES]
     if unknown or not formats:
-        raise ExportError(f"--include {' '.join(unknown) or '(none)'}: not supported "
+        raise ArgumentError(f"--include {' '.join(unknown) or '(none)'}: not supported "
                           f"(supported: {', '.join(SUFFIXES)})")
     return list(dict.fromkeys(formats))
 
@@ -147,20 +147,20 @@ def check_formats(include) -> list[str]:
 def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
     if config.half and device.type != "cuda":
-        raise ExportError("--half needs a CUDA device (--device 0); CPU exports are float32")
+        raise ArgumentError("--half needs a CUDA device (--device 0); CPU exports are float32")
     if config.half and config.dynamic:
-        raise ExportError("--half and --dynamic cannot be combined (as in YOLOv5)")
+        raise ArgumentError("--half and --dynamic cannot be combined (as in YOLOv5)")
     if config.optimize and device.type != "cpu":
-        raise ExportError("--optimize (TorchScript mobile optimisation) is CPU only: use --device cpu")
+        raise ArgumentError("--optimize (TorchScript mobile optimisation) is CPU only: use --device cpu")
     if config.optimize and not getattr(torch._C, "_is_xnnpack_enabled", lambda: True)():
-        raise ExportError("--optimize needs a torch build with XNNPACK, which this one lacks; export without it")
+        raise ArgumentError("--optimize needs a torch build with XNNPACK, which this one lacks; export without it")
     if config.batch_size < 1:
-        raise ExportError(f"--batch-size {config.batch_size}: must be 1 or more")
+        raise ArgumentError(f"--batch-size {config.batch_size}: must be 1 or more")
     if min(config.imgsz) < 1:
-        raise ExportError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be positive")
+        raise ArgumentError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be positive")
     if "onnx" in formats:
         if config.opset not in OPSETS:
-            raise ExportError(f"--opset {config.opset}: supported {OPSETS.start} to {OPSETS.stop - 1}")
+            raise ArgumentError(f"--opset {config.opset}: supported {OPSETS.start} to {OPSETS.stop - 1}")
         require("onnx", purpose="--include onnx")
         require("onnxruntime", purpose="the ONNX parity check")
         if config.simplify:
@@ -363,6 +363,12 @@ def config_from_args(args: argparse.Namespace) -> ExportConfig:
 
 
 def main(argv=None) -> int:
+    from utils.errors import run_main
+
+    return run_main("export.py", _main, argv)
+
+
+def _main(argv) -> int:
     config = config_from_args(parse_args(argv))
     from utils.loggers import setup_logging
 
@@ -370,10 +376,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         results = run(config)
-    except UserError as error:
-        print(f"export.py: error: {error}", file=sys.stderr)
-        return 2
-    except ParityError as error:
+    except ParityError as error:  # the exported file computes something else: an export failure, not a bug
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1
     LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,

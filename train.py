@@ -22,16 +22,18 @@ LOGGER = logging.getLogger("train")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from utils.cli import add_device_flag, add_run_folder_flags
+    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, batch_size, float_in_range,
+                           image_size, int_in_range, non_negative_int, positive_int, workers)
+    from utils.limits import Range
 
-    parser = argparse.ArgumentParser(description="Train a YOLOv5-style detector")
+    parser = ArgumentParser(prog="train.py", description="Train a YOLOv5-style detector")
     parser.add_argument("--weights", type=str, default="", help="initial weights path ('' to train from --cfg)")
     parser.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/yolov5n.yaml")
     parser.add_argument("--data", type=str, default="", help="dataset YAML ('' = the embedded default dataset)")
     parser.add_argument("--hyp", type=str, default="data/hyps/hyp.scratch-low.yaml", help="hyperparameters path")
-    parser.add_argument("--epochs", type=int, default=100, help="total training epochs")
-    parser.add_argument("--batch-size", type=int, default=16, help="total batch size over all processes")
-    parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="train, val image size (pixels)")
+    parser.add_argument("--epochs", type=positive_int, default=100, help="total training epochs")
+    parser.add_argument("--batch-size", type=batch_size, default=16, help="total batch size over all processes")
+    parser.add_argument("--imgsz", "--img", "--img-size", type=image_size, default=640, help="train, val image size (pixels)")
     parser.add_argument("--rect", action="store_true", help="rectangular training")
     parser.add_argument("--resume", nargs="?", const=True, default=False,
                         help="resume the newest run under --project, or the given last.pt / run folder")
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noval", action="store_true", help="only validate final epoch")
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
-    parser.add_argument("--evolve", type=int, nargs="?", const=300, help="evolve hyperparameters for x generations")
+    parser.add_argument("--evolve", type=positive_int, nargs="?", const=300, help="evolve hyperparameters for x generations")
     parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
                         help="--evolve search space: which hyperparameters evolve, with their bounds")
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
@@ -51,17 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
     parser.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
-    parser.add_argument("--workers", type=int, default=8, help="max dataloader workers (per process in DDP mode)")
+    parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers (per process in DDP mode)")
     add_run_folder_flags(parser, "runs/train")
     parser.add_argument("--quad", action="store_true", help="quad dataloader (accepted; not used)")
     parser.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
-    parser.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon")
-    parser.add_argument("--patience", type=int, default=100, help="EarlyStopping patience (epochs without improvement)")
-    parser.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze layers: backbone=10, first3=0 1 2")
-    parser.add_argument("--save-period", type=int, default=-1, help="save checkpoint every x epochs (disabled if < 1)")
-    parser.add_argument("--save-every-min", type=float, default=10.0,
+    parser.add_argument("--label-smoothing", type=float_in_range(Range(0, 1, high_open=True)), default=0.0, help="label smoothing epsilon")
+    parser.add_argument("--patience", type=non_negative_int, default=100, help="EarlyStopping patience (epochs without improvement)")
+    parser.add_argument("--freeze", nargs="+", type=int_in_range(0, 1000), default=[0], help="freeze layers: backbone=10, first3=0 1 2")
+    parser.add_argument("--save-period", type=int_in_range(-1, 2 ** 31 - 1), default=-1, help="save checkpoint every x epochs (disabled if < 1)")
+    parser.add_argument("--save-every-min", type=float_in_range(Range(0, 10 ** 6)), default=10.0,
                         help="also save last.pt inside long epochs every x minutes of training (0: only at epoch ends)")
-    parser.add_argument("--seed", type=int, default=0, help="global training seed")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="global training seed")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="ignored: torchrun sets LOCAL_RANK")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     parser.add_argument("--amp", default="auto", choices=("auto", "fp16", "bf16", "off"),
@@ -92,6 +94,12 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(argv=None) -> int:
+    from utils.errors import run_main
+
+    return run_main("train.py", _main, argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     from utils.loggers import setup_logging
     from utils.memory import keep_freed_memory
@@ -100,15 +108,12 @@ def main(argv=None) -> int:
     keep_freed_memory()  # whole-process choice: see utils/memory.py
     problem = launch_problem(args, argv)
     if problem:
-        print(f"train.py: error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        if args.evolve:
-            return run_evolution(config_from_args(args), args.evolve_space)
-        return run(config_from_args(args), explicit_options(argv))
-    except KeyboardInterrupt:
-        print("train.py: interrupted", file=sys.stderr)
-        return 130
+        from utils.errors import ArgumentError
+
+        raise ArgumentError(problem)
+    if args.evolve:
+        return run_evolution(config_from_args(args), args.evolve_space)
+    return run(config_from_args(args), explicit_options(argv))
 
 
 def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
@@ -130,7 +135,7 @@ def run(config, explicit: dict) -> int:
     """Set up this process, decide what to train (a new run or a resumed one; decided by the main process
     and shared), train, and tear the process group down on every way out."""
     from utils import dist
-    from utils.errors import UserError
+    from utils.errors import UserError, one_line
     from utils.trainer import TrainingInterrupted, setup_process, train
     from utils.trainer.resume import RunFinished, resolve_run
 
@@ -147,8 +152,8 @@ def run(config, explicit: dict) -> int:
     except UserError as error:
         if dist.is_main_process() or not isinstance(error, dist.SharedError):  # said once, not once per process
             rank = "" if dist.is_main_process() else f"[rank {dist.dist_info().rank}] "
-            print(f"{rank}train.py: error: {error}", file=sys.stderr)
-        return 2
+            print(f"{rank}train.py: error: {one_line(error)}", file=sys.stderr)
+        return error.exit_code
     except RunFinished as finished:
         LOGGER.info("%s", finished)
         return 0
@@ -192,9 +197,6 @@ def run_evolution(config, space_path: str) -> int:
             return {key: result.last_row[key] for key in METRIC_COLUMNS}
 
         best = evolve(run_generation, config.evolve, folder, space, base, seed=config.seed)
-    except UserError as error:
-        print(f"train.py: error: {error}", file=sys.stderr)
-        return 2
     except TrainingInterrupted as interrupted:
         print(f"train.py: evolution {interrupted}; run the same command again to continue it", file=sys.stderr)
         return interrupted.exit_status
@@ -219,7 +221,7 @@ def _shared(decide):
     kind, value = dist.broadcast_object(outcome)
     if kind == "error":
         if isinstance(value, UserError) and not dist.is_main_process():
-            raise dist.SharedError(str(value))
+            raise dist.SharedError(str(value), value.exit_code)
         raise value
     return value
 

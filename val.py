@@ -26,14 +26,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from models import is_channels_last  # noqa: E402
-from utils.cli import add_device_flag, add_half_flag, add_run_folder_flags  # noqa: E402
+from utils.cli import (ArgumentParser, add_device_flag, add_half_flag, add_run_folder_flags, batch_size,  # noqa: E402
+                       image_size, max_detections, probability, workers)
+from utils.errors import UserError, run_main  # noqa: E402
 from utils.validation import ValResult, model_dtype, validate  # noqa: E402
 
 LOGGER = logging.getLogger("val")
 
 
-class ValError(ValueError):
-    """A user mistake (missing file, mismatched data); val.py prints it as one line and exits 2."""
+class ValError(UserError):
+    """A user mistake (missing file, mismatched data); val.py prints it as one line and exits 1."""
 
 
 def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300,
@@ -141,18 +143,18 @@ def _warmup(model, device, imgsz: int) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="val.py", description="Validate a detector on a dataset split")
+    parser = ArgumentParser(prog="val.py", description="Validate a detector on a dataset split")
     parser.add_argument("--data", type=str, default=None, help="dataset.yaml path (default: embedded dataset)")
     parser.add_argument("--weights", nargs="+", type=str, default=["yolov5s.pt"],
                         help="model path(s): .pt, .torchscript or .onnx")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size")
-    parser.add_argument("--imgsz", "--img", "--img-size", type=int, default=640, help="inference size (pixels)")
-    parser.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
-    parser.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
+    parser.add_argument("--batch-size", type=batch_size, default=32, help="batch size")
+    parser.add_argument("--imgsz", "--img", "--img-size", type=image_size, default=640, help="inference size (pixels)")
+    parser.add_argument("--conf-thres", type=probability, default=0.001, help="confidence threshold")
+    parser.add_argument("--iou-thres", type=probability, default=0.6, help="NMS IoU threshold")
+    parser.add_argument("--max-det", type=max_detections, default=300, help="maximum detections per image")
     parser.add_argument("--task", default="val", choices=("val", "test", "speed"), help="val, test or speed")
     add_device_flag(parser)
-    parser.add_argument("--workers", type=int, default=8, help="max dataloader workers")
+    parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class dataset")
     parser.add_argument("--augment", action="store_true", help="augmented inference (not supported)")
     parser.add_argument("--verbose", action="store_true", help="report mAP by class")
@@ -168,22 +170,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _user_errors() -> tuple:
-    """Exceptions that report a user mistake (bad file, flag or data), printed as one line."""
-    from models.yolo import ModelConfigError
-    from utils.checkpoint import CheckpointError
-    from utils.config import ConfigError
-    from utils.data.dataset import CacheError
-    from utils.data.dataset_yaml import DataConfigError
-    from utils.data.images import ImageError
-    from utils.data.verify import DatasetError
-    from utils.device import DeviceError
-    from utils.errors import UserError
-    return (ValError, UserError, CheckpointError, ConfigError, CacheError, DataConfigError, DatasetError, DeviceError,
-            ImageError, ModelConfigError, FileNotFoundError)
-
-
 def main(argv=None) -> int:
+    """Exit code 0, 1 for a bad input file, 2 for a bad flag (see utils.errors.run_main)."""
+    return run_main("val.py", _main, argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     from utils.loggers import setup_logging
     from utils.memory import keep_freed_memory
@@ -192,15 +184,8 @@ def main(argv=None) -> int:
     keep_freed_memory()  # whole-process choice: see utils/memory.py
     options = vars(args).copy()
     weights = options.pop("weights")
-    try:
-        for weight in weights:
-            run(weights=weight, **options)
-    except _user_errors() as error:
-        print(f"val.py: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("val.py: interrupted", file=sys.stderr)
-        return 130
+    for weight in weights:
+        run(weights=weight, **options)
     return 0
 
 

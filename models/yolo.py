@@ -3,6 +3,12 @@
 Module names in a model YAML resolve through ``MODULES`` (no eval). String arguments are resolved
 by a tiny parser: the symbols ``nc``, ``anchors``, ``None``, ``True``, ``False``, numeric literals
 and calls of allow-listed constructors with literal arguments, such as ``nn.LeakyReLU(0.1)``.
+
+Every value is bounded before anything is built (``models.bounds``: nc, depth/width multiples, rows,
+repeats, channels, other numeric arguments such as kernel sizes, anchors positive and finite), a
+shape-only build on the meta device counts parameters and modules first, and the stride probe runs
+under ``models.budget.ActivationBudget``, so a YAML (or the YAML dict inside a checkpoint) cannot make
+the build run for minutes or exhaust memory.
 """
 from __future__ import annotations
 
@@ -16,16 +22,21 @@ import torch
 import yaml
 from torch import nn
 
+from models.bounds import (REQUIRED_KEYS, check_anchors, check_arguments, check_config, check_nc, is_count,
+                           scaled_repeats)
+from models.budget import MAX_PROBE_VALUES, ActivationBudget
 from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck, BottleneckCSP, C3Ghost, C3x,
                            Concat, Contract, Conv, CrossConv, DWConv, Expand, Focus, GhostBottleneck, GhostConv,
                            RowInputs, SameChannels, ScaledChannels, default_activation, fuse_conv_and_bn)
-from utils.errors import UserError
+from utils.errors import UserError, shorten
+from utils.limits import MAX_ARGUMENT, MAX_CHANNELS, MAX_MODEL_MODULES, MAX_PARAMETERS, MAX_REPEATS
+from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent
-REQUIRED_KEYS = ("nc", "depth_multiple", "width_multiple", "anchors", "backbone", "head")
 ACTIVATIONS = {f"nn.{cls.__name__}": cls for cls in (nn.SiLU, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardswish,
                                                      nn.Mish, nn.GELU, nn.ELU, nn.Sigmoid, nn.Tanh, nn.Identity)}
+MAX_SYMBOL_LENGTH = 200  # characters of a string argument that is parsed (e.g. "nn.LeakyReLU(0.1)")
 
 
 class ModelConfigError(UserError):
@@ -34,12 +45,15 @@ class ModelConfigError(UserError):
 
 class Detect(nn.Module):
     """Per-level 1x1 convs to na * (5 + nc) outputs; decodes boxes in eval mode."""
+    checks_own_arguments = True  # nc and anchors have their own bounds (check_nc, check_anchors)
 
     @classmethod
     def yaml_args(cls, args: list, row: RowInputs):
         args = list(args)
         if len(args) < 2:
             raise ValueError("Detect needs [nc, anchors]")
+        check_nc(args[0])
+        check_anchors(args[1])
         if isinstance(args[1], int):  # anchors per level, computed later by AutoAnchor
             args[1] = [list(range(args[1] * 2))] * len(row.channels)
         return [args[0], args[1], list(row.channels)], row.channels[0], row.repeats
@@ -61,7 +75,7 @@ class Detect(nn.Module):
         self._grids = [torch.empty(0)] * self.nl
 
     def forward(self, x):
-        x = list(x)
+        x = list(x) if isinstance(x, (list, tuple)) else [x]  # 'from' may name a single layer
         decoded = []
         for i in range(self.nl):
             x[i] = self.m[i](x[i])
@@ -154,6 +168,8 @@ def _literal(node, symbols: dict):
 
 def resolve_symbol(text: str, symbols: dict):
     """Value of a YAML string argument: a symbol, number or allowed constructor call, else the string."""
+    if len(text) > MAX_SYMBOL_LENGTH:
+        return text
     try:
         tree = ast.parse(text.strip(), mode="eval")
         return _literal(tree.body, {"None": None, "True": True, "False": False, **symbols})
@@ -174,9 +190,11 @@ def load_model_config(cfg) -> tuple[dict, str]:
     if not path.is_file():
         raise ModelConfigError(f"{cfg}: model YAML not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+        data = read_yaml(path)
+    except OSError as error:
+        raise ModelConfigError(f"{path}: cannot read ({error.strerror or error})") from None
     except yaml.YAMLError as error:
-        raise ModelConfigError(f"{path}: invalid YAML ({str(error).splitlines()[0]})") from None
+        raise ModelConfigError(f"{path}: invalid YAML ({yaml_reason(error)})") from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path}: a model YAML must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
     data["yaml_file"] = path.name
@@ -184,21 +202,11 @@ def load_model_config(cfg) -> tuple[dict, str]:
 
 
 def _check_config(d: dict, source: str) -> None:
-    missing = [key for key in REQUIRED_KEYS if key not in d]
-    if missing:
-        raise ModelConfigError(f"{source}: missing key(s) {', '.join(missing)}")
-    if not isinstance(d["nc"], int) or d["nc"] < 1:
-        raise ModelConfigError(f"{source}: nc must be a positive integer, got {d['nc']!r}")
-    for key in ("depth_multiple", "width_multiple"):
-        if isinstance(d[key], bool) or not isinstance(d[key], (int, float)) or d[key] <= 0:
-            raise ModelConfigError(f"{source}: {key} must be a positive number, got {d[key]!r}")
-    for key in ("backbone", "head"):
-        if not isinstance(d[key], list):
-            raise ModelConfigError(f"{source}: '{key}' must be a list of [from, number, module, args] rows")
-    anchors = d["anchors"]
-    if not (isinstance(anchors, int) and anchors > 0 or isinstance(anchors, list) and anchors
-            and all(isinstance(level, list) for level in anchors)):
-        raise ModelConfigError(f"{source}: anchors must be an integer or a list of per-level pixel pairs")
+    """Bounds of the top-level keys (models.bounds), before any row is looked at."""
+    try:
+        check_config(d)
+    except ValueError as error:
+        raise ModelConfigError(f"{source}: {error}") from None
 
 
 def _model_activation(d: dict, source: str) -> nn.Module:
@@ -210,7 +218,7 @@ def _model_activation(d: dict, source: str) -> nn.Module:
     except (ValueError, TypeError):
         module = None
     if not isinstance(module, nn.Module):
-        raise ModelConfigError(f"{source}: activation {act!r} is not an allowed constructor "
+        raise ModelConfigError(f"{source}: activation {shorten(act)} is not an allowed constructor "
                                f"({', '.join(ACTIVATIONS)})")
     return module
 
@@ -221,17 +229,19 @@ def _check_row(row, index: int):
         raise ValueError("expected [from, number, module, args]")
     origin, number, name, args = row
     origins = [origin] if isinstance(origin, int) and not isinstance(origin, bool) else origin
-    if not isinstance(origins, list) or not origins or not all(isinstance(j, int) for j in origins):
-        raise ValueError(f"'from' must be an integer or a list of integers, got {origin!r}")
+    if not isinstance(origins, list) or not 0 < len(origins) <= MAX_ARGUMENT or \
+            not all(isinstance(j, int) for j in origins):
+        raise ValueError(f"'from' must be an integer or a list of at most {MAX_ARGUMENT} integers, "
+                         f"got {shorten(origin)}")
     for j in origins:
         if not (-index <= j < index) and not (index == 0 and j == -1):
-            raise ValueError(f"'from' {j} does not name an earlier layer")
-    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-        raise ValueError(f"'number' must be a positive integer, got {number!r}")
+            raise ValueError(f"'from' {shorten(j)} does not name an earlier layer")
+    if not is_count(number, 1, MAX_REPEATS):
+        raise ValueError(f"'number' must be a positive integer (at most {MAX_REPEATS}), got {shorten(number)}")
     if not isinstance(name, str) or name not in MODULES:
-        raise ValueError(f"unknown module {name!r} (known: {', '.join(sorted(MODULES))})")
+        raise ValueError(f"unknown module {shorten(name)} (known: {', '.join(sorted(MODULES))})")
     if not isinstance(args, list):
-        raise ValueError(f"'args' must be a list, got {args!r}")
+        raise ValueError(f"'args' must be a list, got {shorten(args)}")
     return origins, number, name, args
 
 
@@ -239,16 +249,20 @@ def _build_layer(name: str, args: list, inputs: RowInputs):
     """(module, output channels) for one row; constructor errors name the module."""
     constructor, rule = MODULES[name]
     args, c_out, repeats = rule(args, inputs)
+    if not is_count(c_out, 1, MAX_CHANNELS):
+        raise ValueError(f"{name} would output {shorten(c_out)} channels, outside [1, {MAX_CHANNELS}]")
     try:
         layer = (nn.Sequential(*(constructor(*args) for _ in range(repeats))) if repeats > 1
                  else constructor(*args))
     except (ValueError, TypeError, IndexError, RuntimeError) as error:
-        raise ValueError(f"{name}{args} cannot be built: {error}") from None
+        raise ValueError(f"{name}{shorten(args, 120)} cannot be built: {shorten(str(error), 200)}") from None
     return layer, c_out
 
 
-def parse_model(d: dict, ch: list, source: str = "model"):
-    """Build (nn.Sequential of layers, sorted save indices) from a model config dict."""
+def parse_model(d: dict, ch: list, source: str = "model", on_layer=None):
+    """Build (nn.Sequential of layers, sorted save indices) from a model config dict.
+
+    ``on_layer(index, layer)``, when given, sees each layer as soon as it is built (the size check)."""
     _check_config(d, source)
     anchors, nc, depth, width = d["anchors"], d["nc"], d["depth_multiple"], d["width_multiple"]
     na = anchors if isinstance(anchors, int) else len(anchors[0]) // 2
@@ -261,12 +275,15 @@ def parse_model(d: dict, ch: list, source: str = "model"):
             try:
                 origins, number, name, args = _check_row(row, i)
                 args = [resolve_symbol(a, symbols) if isinstance(a, str) else a for a in args]
-                repeats = max(round(number * depth), 1) if number > 1 else number
-                inputs = RowInputs([ch[k] for k in origins], repeats, width, na * (nc + 5))
+                if not getattr(MODULES[name][0], "checks_own_arguments", False):
+                    check_arguments(name, args)
+                inputs = RowInputs([ch[k] for k in origins], scaled_repeats(number, depth), width, na * (nc + 5))
                 layer, c_out = _build_layer(name, args, inputs)
             except (ValueError, TypeError, IndexError, RuntimeError) as error:
-                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                message = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
                 raise ModelConfigError(f"{source}: layer {i} ({section} row {j}): {message}") from None
+            if on_layer is not None:
+                on_layer(i, layer)
             origin = row[0]
             layer.i, layer.f, layer.type = i, origin, name
             layer.np = sum(p.numel() for p in layer.parameters())
@@ -276,6 +293,33 @@ def parse_model(d: dict, ch: list, source: str = "model"):
                 ch = []
             ch.append(c_out)
     return nn.Sequential(*layers), sorted(set(save))
+
+
+class _SizeCount:
+    """``on_layer`` for the meta build: counts parameters and modules, refuses past the limits."""
+
+    def __init__(self, source: str):
+        self.source, self.parameters, self.modules = source, 0, 0
+
+    def __call__(self, index: int, layer: nn.Module) -> None:
+        self.parameters += sum(p.numel() for p in layer.parameters())
+        self.modules += sum(1 for _ in layer.modules())
+        if self.parameters > MAX_PARAMETERS:
+            raise ModelConfigError(f"{self.source}: more than {MAX_PARAMETERS / 1e6:.0f} M parameters by layer "
+                                   f"{index} (yolov5x6 has 141 M)")
+        if self.modules > MAX_MODEL_MODULES:
+            raise ModelConfigError(f"{self.source}: more than {MAX_MODEL_MODULES} modules by layer {index}")
+
+
+def check_model_size(d: dict, ch: int, source: str) -> None:
+    """Build ``d`` on the meta device (shapes only: no memory, no random numbers drawn) and refuse it
+    when its parameters or modules exceed MAX_PARAMETERS / MAX_MODEL_MODULES, before the real build."""
+    with torch.device("meta"):
+        parse_model(deepcopy(d), ch=[ch], source=source, on_layer=_SizeCount(source))
+
+
+def _building_on_meta() -> bool:
+    return torch.empty(0).device.type == "meta"
 
 
 def check_anchor_order(detect: Detect) -> None:
@@ -334,11 +378,13 @@ class DetectionModel(nn.Module):
         source = str(cfg) if not isinstance(cfg, dict) else (self.yaml_file or "model dict")
         ch = self.yaml["ch"] = self.yaml.get("ch", ch)
         if nc and nc != self.yaml.get("nc"):
-            LOGGER.info("Overriding model.yaml nc=%s with nc=%s", self.yaml.get("nc"), nc)
+            LOGGER.info("Overriding model.yaml nc=%s with nc=%s", shorten(self.yaml.get("nc")), nc)
             self.yaml["nc"] = nc
         if anchors:
-            LOGGER.info("Overriding model.yaml anchors with anchors=%s", anchors)
+            LOGGER.info("Overriding model.yaml anchors with anchors=%s", shorten(anchors))
             self.yaml["anchors"] = round(anchors) if isinstance(anchors, (int, float)) else anchors
+        if not _building_on_meta():
+            check_model_size(self.yaml, ch, source)
         self.model, self.save = parse_model(deepcopy(self.yaml), ch=[ch], source=source)
         self.names = [str(i) for i in range(self.yaml["nc"])]
         self.anchors_placeholder = isinstance(self.yaml["anchors"], int)  # AutoAnchor must set real ones
@@ -357,22 +403,34 @@ class DetectionModel(nn.Module):
         detect.anchors /= detect.stride.view(-1, 1, 1)
         self._initialize_biases()
 
-    def _probe_strides(self, ch: int, device, source: str = "model") -> list:
+    def _probe_strides(self, ch: int, device) -> list:
         """Input size / output size of each Detect level, from the smallest square probe (64, 128,
-        256, 512) whose every level is at least 2 cells high, so no level can be clamped."""
+        256, 512) whose every level is at least 2 cells high, so no level can be clamped. Each probe
+        pass runs under an ActivationBudget, so a model that would need too much memory stops early."""
+        name = self.yaml_file or "model"
+
+        def exceeded(index, total):
+            raise ModelConfigError(f"{name}: the probe forward pass would produce more than {total / 1e6:.0f} M "
+                                   f"values by layer {index} (limit {MAX_PROBE_VALUES / 1e6:.0f} M)")
+
         self.eval()
         try:
-            for size in (64, 128, 256, 512):
-                try:
-                    with torch.no_grad():
-                        _, raw = self.forward(torch.zeros(1, ch, size, size, device=device))
-                except RuntimeError as error:  # e.g. a Concat of mismatched sizes: too small a probe
-                    if size == 512:
-                        raise ModelConfigError(f"{self.yaml_file or source}: forward pass fails "
-                                               f"({str(error).splitlines()[0]})") from None
-                    continue
-                if min(level.shape[2] for level in raw) >= 2:
-                    break
+            with ActivationBudget(self, exceeded) as budget:
+                for size in (64, 128, 256, 512):
+                    budget.reset()
+                    try:
+                        with torch.no_grad():
+                            _, raw = self.forward(torch.zeros(1, ch, size, size, device=device))
+                    except ModelConfigError:
+                        raise
+                    except (RuntimeError, ValueError, TypeError, IndexError) as error:  # e.g. a Concat of
+                        # mismatched sizes: too small a probe
+                        if size == 512:
+                            raise ModelConfigError(f"{name}: forward pass fails "
+                                                   f"({str(error).splitlines()[0][:300]})") from None
+                        continue
+                    if min(level.shape[2] for level in raw) >= 2:
+                        break
             return [size / level.shape[2] for level in raw]
         finally:
             self.train()

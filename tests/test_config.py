@@ -59,3 +59,49 @@ def test_train_cache_flag(argv, expected):
     import train
 
     assert train.config_from_args(train.parse_args(argv)).cache == expected
+
+
+def write_hyp(folder: Path, key: str, value: str) -> Path:
+    lines = [f"{k}: {value if k == key else v}" for k, v in Hyp().to_dict().items()]
+    path = folder / f"hyp-{key}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("lr0", ".nan", "'lr0' must be a finite number in (0, 10], got nan"),
+    ("lr0", ".inf", "'lr0' must be a finite number in (0, 10], got inf"),
+    ("lr0", "-5", "'lr0' must be a finite number in (0, 10], got -5"),
+    ("lr0", "0", "'lr0' must be a finite number in (0, 10], got 0"),
+    ("momentum", "1.0", "'momentum' must be a finite number in [0, 1), got 1.0"),
+    ("fliplr", "2", "'fliplr' must be a finite number in [0, 1], got 2"),
+    ("scale", "1.5", "'scale' must be a finite number in [0, 1), got 1.5"),
+    ("anchor_t", "0.5", "'anchor_t' must be a finite number in [1, 100], got 0.5"),
+    ("lr0", "true", "'lr0' must be a number, got True"),
+    ("lr0", "[0.1, 0.2]", "'lr0' must be a number, got [0.1, 0.2]"),
+])
+def test_hyp_values_outside_their_range_name_key_and_range(tmp_path, key, value, expected):
+    path = write_hyp(tmp_path, key, value)
+    with pytest.raises(ConfigError) as error:
+        Hyp.load(path)
+    assert str(error.value) == f"{path}: hyperparameter {expected}"
+
+
+def test_hyp_numeric_strings_and_range_edges_are_accepted(tmp_path):
+    assert Hyp.load(write_hyp(tmp_path, "lr0", "1e-3")).lr0 == 0.001  # YAML 1.1 reads 1e-3 as a string
+    assert Hyp.load(write_hyp(tmp_path, "fliplr", "1")).fliplr == 1.0
+    assert Hyp.load(write_hyp(tmp_path, "momentum", "0")).momentum == 0.0
+
+
+def test_hyp_alias_bomb_and_odd_keys_give_short_messages(tmp_path):
+    bomb = "[&a0 [x, x, x, x, x, x, x, x, x, x]" + "".join(
+        f", &a{k} [" + ", ".join([f"*a{k - 1}"] * 10) + "]" for k in range(1, 9)) + "]"
+    path = write_hyp(tmp_path, "lr0", bomb)  # 10^9 strings once expanded
+    with pytest.raises(ConfigError, match="invalid YAML .*more than 1,000,000 nodes"):
+        Hyp.load(path)
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(path.read_text().replace(f"lr0: {bomb}", "lr0: 0.01") + "1: 2\n? " + "x" * 5000 + "\n: 1\n")
+    with pytest.raises(ConfigError) as error:
+        Hyp.load(odd)
+    message = str(error.value)
+    assert "unknown hyperparameter(s) 1, xxx" in message and len(message) < 200 + len(str(odd))

@@ -129,3 +129,38 @@ def test_shared_badinputs_yaml():
     assert config.names == ["RBC", "WBC", "Platelets"] and config.nc == 3
     assert config.train == [str(file.parent / "images" / "train")]
     assert config.test == []
+
+
+LAUGHS = "[&a0 [x, x, x, x, x, x, x, x, x, x]" + "".join(
+    f", &a{k} [" + ", ".join([f"*a{k - 1}"] * 10) + "]" for k in range(1, 9)) + "]"  # 10^9 strings expanded
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"names: {LAUGHS}\n", "invalid YAML (document too large once aliases are expanded (more than 1,000,000 nodes))"),
+    (f"names: [a]\nnc: {LAUGHS}\n", "invalid YAML (document too large once aliases are expanded"),
+    ("nc: 100000000\n", "nc: expected a positive integer (at most 100000), got 100000000"),
+    ("names: [[1, 2], {a: b}, null]\n", "names: class 0 must be a string, got [1, 2]"),
+    ("names: [a, null]\n", "names: class 1 must be a string, got None"),
+    ("names: [a, true]\n", "names: class 1 must be a string, got True"),
+    ("names: [a, '']\n", "names: class 1 must have 1 to 256 characters, got ''"),
+    (f"names: [a, {'b' * 300}]\n", "names: class 1 must have 1 to 256 characters, got 'bbbb"),
+    ("names: [a]\ntest: \"images\\0/x\"\n", "test: not a usable path (control characters, or longer than 4096 "
+                                             "characters): 'images\\x00/x'"),
+    ("names: [a]\ntest: [[images/val]]\n", "test: expected a path, got ['images/val']"),
+])
+def test_hostile_values_are_refused_with_short_messages(tmp_path, text, expected):
+    make_dataset(tmp_path)
+    file = write_yaml(tmp_path, "train: images/train\nval: images/val\n" + text)
+    with pytest.raises(DataConfigError) as error:
+        load_data_config(file)
+    message = str(error.value)
+    assert message.startswith(f"{file}: ") and expected in message and len(message) < 300 + len(str(file))
+
+
+def test_numeric_class_names_are_used_as_text_with_a_warning(tmp_path, caplog):
+    make_dataset(tmp_path)
+    file = write_yaml(tmp_path, "train: images/train\nval: images/val\nnames: [0, 1, two, 3.5]\n")
+    with caplog.at_level(logging.WARNING):
+        config = load_data_config(file)
+    assert config.names == ["0", "1", "two", "3.5"]
+    assert "3 class name(s) given as numbers, used as text (e.g. class 0: '0')" in caplog.text

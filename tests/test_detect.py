@@ -132,17 +132,39 @@ def test_video_source_writes_annotated_mp4_and_frame_labels(weights, tmp_path):
 def test_missing_source_and_weights_are_one_line_errors(weights, tmp_path, capsys):
     code = detect.main(["--weights", str(weights), "--source", str(tmp_path / "nope"), "--project", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1] == f"detect.py: error: source not found: {tmp_path / 'nope'}"
+    assert code == 1 and err[-1] == f"detect.py: error: source not found: {tmp_path / 'nope'}"
     make_images(tmp_path / "images", 1)
     code = detect.main(["--weights", str(tmp_path / "missing.pt"), "--source", str(tmp_path / "images"),
                         "--project", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("detect.py: error: weights not found:") and "--weights" in err[-1]
+    assert code == 1 and err[-1].startswith("detect.py: error: weights not found:") and "--weights" in err[-1]
     not_weights = tmp_path / "fake.pt"
     not_weights.write_text("hello")
     code = detect.main(["--weights", str(not_weights), "--source", str(tmp_path / "images"), "--project", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("detect.py: error: ") and "fake.pt" in err[-1]
+    assert code == 1 and err[-1].startswith("detect.py: error: ") and "fake.pt" in err[-1]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--imgsz", "0"], "argument --imgsz/--img/--img-size: expected an integer in [32, 16384], got '0'"),
+    (["--imgsz", "100000"], "argument --imgsz/--img/--img-size: expected an integer in [32, 16384], got '100000'"),
+    (["--imgsz", "64", "64", "64"], "argument --imgsz: expected one size or two (h w), got 3"),
+    (["--conf-thres", "-1"], "argument --conf-thres: expected a number in [0, 1], got '-1'"),
+    (["--conf-thres", "nan"], "argument --conf-thres: expected a number in [0, 1], got 'nan'"),
+    (["--iou-thres", "2"], "argument --iou-thres: expected a number in [0, 1], got '2'"),
+    (["--max-det", "0"], "argument --max-det: expected an integer in [1, 100000], got '0'"),
+    (["--line-thickness", "0"], "argument --line-thickness: expected an integer in [1, 100], got '0'"),
+    (["--vid-stride", "0"], "argument --vid-stride: expected an integer in [1, 2147483647], got '0'"),
+    (["--classes", "-1"], "argument --classes: expected an integer in [0, 99999], got '-1'"),
+    (["--classes", "99999999999999999999"],
+     "argument --classes: expected an integer in [0, 99999], got '99999999999999999999'"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(tmp_path, capsys, flags, expected):
+    argv = ["--weights", str(tmp_path / "unused.pt"), "--project", str(tmp_path / "runs"), *flags]
+    assert detect.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"detect.py: error: {expected} (see detect.py --help)"]
+    assert not (tmp_path / "runs").exists()  # refused before any work
 
 
 def test_flags_and_defaults_match_yolov5():
@@ -280,7 +302,7 @@ def test_detect_corrupt_export_is_one_line(weights, tmp_path, capsys):
         bad.write_bytes(b"\x08\x07" + b"\x00" * 300)
         code = detect.main(["--weights", str(bad), "--source", str(tmp_path / "images"), "--project", str(tmp_path)])
         err = capsys.readouterr().err.strip().splitlines()
-        if suffix == ".onnx" and code == 2 and "optional package 'onnxruntime'" in err[-1]:
+        if suffix == ".onnx" and code == 1 and "optional package 'onnxruntime'" in err[-1]:
             continue  # onnxruntime absent: that one-line message is the answer
-        assert code == 2 and err[-1].startswith(f"detect.py: error: {bad}: not a readable"), err
+        assert code == 1 and err[-1].startswith(f"detect.py: error: {bad}: not a readable"), err
         assert not any("Traceback" in line for line in err)

@@ -289,13 +289,13 @@ def test_corrupt_and_truncated_exports_are_one_line_errors(static_files, tmp_pat
 def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
     not_a_model = tmp_path / "notes.pt"
     not_a_model.write_text("hello")
-    assert export.main(["--weights", str(not_a_model)]) == 2
+    assert export.main(["--weights", str(not_a_model)]) == 1  # a bad input file: exit 1; a bad flag: exit 2
     assert "notes.pt" in one_error_line(capsys)
     plain_dict = tmp_path / "dict.pt"
     torch.save({"epoch": 3, "optimizer": None}, plain_dict)
-    assert export.main(["--weights", str(plain_dict)]) == 2
+    assert export.main(["--weights", str(plain_dict)]) == 1
     assert "dict.pt" in one_error_line(capsys)
-    assert export.main(["--weights", str(tmp_path / "missing.pt")]) == 2
+    assert export.main(["--weights", str(tmp_path / "missing.pt")]) == 1
     assert "missing.pt: weights file not found" in one_error_line(capsys)
     assert run_export(weights, "--include", "onnx", "engine", "tflite") == 2
     assert one_error_line(capsys) == \
@@ -311,7 +311,7 @@ def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
 def test_missing_optional_packages_are_named_with_the_install_command(weights, tmp_path, capsys, monkeypatch):
     source = copy_weights(weights, tmp_path)
     monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
-    assert run_export(source, "--include", "onnx") == 2
+    assert run_export(source, "--include", "onnx") == 1
     assert one_error_line(capsys) == ("export.py: error: --include onnx needs the optional package 'onnx': "
                                       "pip install onnx (or pip install -r requirements-export.txt)")
     assert not source.with_suffix(".onnx").exists()
@@ -327,7 +327,7 @@ def test_simplify_without_onnxsim_is_one_line(weights, capsys, monkeypatch):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     monkeypatch.setitem(sys.modules, "onnxsim", None)  # as if not installed
-    assert run_export(weights, "--include", "onnx", "--simplify") == 2
+    assert run_export(weights, "--include", "onnx", "--simplify") == 1
     assert "--simplify needs the optional package 'onnxsim': pip install onnxsim" in one_error_line(capsys)
 
 
@@ -380,7 +380,7 @@ def _writable(folder: Path) -> bool:
 def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
     source = copy_weights(weights, tmp_path / "locked")
     with unwritable(source.parent):
-        assert run_export(source) == 2
+        assert run_export(source) == 1
         line = one_error_line(capsys)
     assert line.startswith(f"export.py: error: {source.parent}: export folder is not writable (")
     assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]

@@ -157,9 +157,10 @@ def _import_other_categories(tmp_path):
 
 @pytest.mark.parametrize("text, reason", [
     ("<annotation><object><name>cat</name>", "malformed XML"),
-    ('<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x "y">]><annotation/>', "DOCTYPE/ENTITY"),
     ("<annotation><object><name>cat</name><bndbox><xmin>a</xmin></bndbox></object></annotation>",
-     "<xmin> is not a number"),
+     "<xmin> is not a finite number: 'a'"),
+    ("<annotation><object><name>cat</name><bndbox><xmin>nan</xmin></bndbox></object></annotation>",
+     "<xmin> is not a finite number: 'nan'"),
     ("<folder>x</folder>", "expected <annotation>"),
 ])
 def test_malformed_voc_names_the_file(tmp_path, text, reason):
@@ -190,6 +191,106 @@ def test_command_line(tmp_path, yolo_source, capsys):
     assert import_dataset.main(["voc", str(tmp_path / "VOC"), str(tmp_path / "out"), "--names", *NAMES]) == 0
     assert "train 2, val 2" in capsys.readouterr().out
     (tmp_path / "bad.json").write_text("{")
-    assert import_dataset.main(["coco", str(tmp_path / "bad.json"), str(tmp_path), str(tmp_path / "o2")]) == 2
+    assert import_dataset.main(["coco", str(tmp_path / "bad.json"), str(tmp_path), str(tmp_path / "o2")]) == 1
     error = capsys.readouterr().err
-    assert error.startswith("error: ") and "bad.json" in error and error.count("\n") == 1
+    assert error.startswith("tools.import_dataset: error: ") and "bad.json" in error and error.count("\n") == 1
+    for flags in (["--split", "../../escaped"], ["--val-fraction", "nan"], ["--val-fraction", "1"]):
+        assert import_dataset.main(["voc", str(tmp_path / "VOC"), str(tmp_path / "o3"), *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"tools.import_dataset: error: argument {flags[0]}: ") and error.count("\n") == 1
+    assert not (tmp_path / "o3").exists() and not (tmp_path / "escaped").exists()
+
+
+# ----------------------------------------------------------------------------- hostile annotation files
+
+
+def _outside_layout(tmp_path):
+    """images/ok.jpg inside the image root; outside/secret.jpg next to it; images/linked.jpg -> the secret."""
+    images, outside = tmp_path / "images", tmp_path / "outside"
+    images.mkdir()
+    outside.mkdir()
+    cv2.imwrite(str(images / "ok.jpg"), np.full((20, 30, 3), 90, np.uint8))
+    cv2.imwrite(str(outside / "secret.jpg"), np.full((24, 24, 3), 200, np.uint8))
+    (images / "linked.jpg").symlink_to(outside / "secret.jpg")
+    return images, outside / "secret.jpg"
+
+
+def _assert_contained(out: Path, secret: Path, imported: set):
+    placed = {p.name for p in (out / "images").rglob("*") if p.is_file()}
+    assert placed == imported
+    assert not any(os.path.samefile(p, secret) for p in out.rglob("*") if p.is_file())
+
+
+def test_coco_file_names_outside_the_image_folder_are_skipped(tmp_path, caplog):
+    images, secret = _outside_layout(tmp_path)
+    entries = ["ok.jpg", "../outside/secret.jpg", str(secret), "linked.jpg", "a\0b.jpg", "x" * 5000 + ".jpg"]
+    data = {"images": [{"id": i, "file_name": name} for i, name in enumerate(entries)],
+            "categories": [{"id": 1, "name": "thing"}], "annotations": []}
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    with caplog.at_level("WARNING"):
+        summary = coco_to_yolo(tmp_path / "ann.json", images, tmp_path / "out")
+    assert summary.images["train"] == 1 and summary.skipped_images == 5
+    _assert_contained(tmp_path / "out", secret, {"ok.jpg"})
+    outside = [r.getMessage() for r in caplog.records if "is outside the images folder" in r.getMessage()]
+    assert len(outside) == 3 and all(str(images.resolve()) in m and m.endswith(", skipped") for m in outside)
+    assert any("'../outside/secret.jpg'" in m for m in outside) and any("'linked.jpg'" in m for m in outside)
+    assert all(len(r.getMessage()) < 1000 for r in caplog.records)
+
+
+def test_voc_filenames_outside_the_image_folder_are_skipped(tmp_path, caplog):
+    images, secret = _outside_layout(tmp_path)
+    box = "<object><name>a</name><bndbox><xmin>2</xmin><ymin>2</ymin><xmax>9</xmax><ymax>9</ymax></bndbox></object>"
+    for stem, name in (("ok", "ok.jpg"), ("up", "../outside/secret.jpg"), ("absolute", str(secret)),
+                       ("link", "linked.jpg")):
+        (images / f"{stem}.xml").write_text(f"<annotation><filename>{name}</filename>{box}</annotation>")
+    with caplog.at_level("WARNING"):
+        summary = voc_to_yolo(images, tmp_path / "out", split="train")
+    assert summary.images["train"] == 1 and summary.skipped_images == 3
+    _assert_contained(tmp_path / "out", secret, {"ok.jpg"})
+    assert sum("is outside the images folder" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_voc_xml_with_doctype_is_skipped_and_the_import_goes_on(tmp_path, yolo_source, caplog):
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a", "b"], "val": ["c", "d"]})
+    bomb = ('<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;">]>'
+            "<annotation><filename>&lol2;</filename></annotation>")
+    (tmp_path / "VOC" / "Annotations" / "b.xml").write_text(bomb)
+    with caplog.at_level("WARNING"):
+        summary = voc_to_yolo(tmp_path / "VOC", tmp_path / "out", names=NAMES)
+    assert summary.images == {"train": 1, "val": 2} and summary.skipped_files == 1
+    assert "skipped annotation files 1" in summary.line()
+    warning = [r.getMessage() for r in caplog.records if "b.xml" in r.getMessage()]
+    assert warning == [f"{tmp_path / 'VOC' / 'Annotations' / 'b.xml'}: DOCTYPE/ENTITY declarations are not allowed "
+                       "in annotation XML, skipped"]
+    for stem in ("a", "c", "d"):
+        assert (tmp_path / "out" / "labels" / ("train" if stem == "a" else "val") / f"{stem}.txt").is_file()
+
+
+def test_coco_non_finite_boxes_and_sizes(tmp_path):
+    images, _ = _outside_layout(tmp_path)
+    text = json.dumps({"images": [{"id": 1, "file_name": "ok.jpg", "width": float("inf"), "height": 20}],
+                       "categories": [{"id": 1, "name": "c"}],
+                       "annotations": [{"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}]})
+    (tmp_path / "inf.json").write_text(text)
+    coco_to_yolo(tmp_path / "inf.json", images, tmp_path / "out")  # the size comes from the image header
+    assert _read_labels(tmp_path / "out" / "labels" / "train" / "ok.txt")[0, 1] == pytest.approx(2.5 / 30, abs=1e-6)
+    (tmp_path / "nan.json").write_text(text.replace("[1, 2, 3, 4]", "[1, NaN, 3, 4]"))
+    with pytest.raises(AnnotationError, match=r"annotations\[0\] bbox must be 4 finite numbers, got \[1, nan, 3, 4\]"):
+        coco_to_yolo(tmp_path / "nan.json", images, tmp_path / "out2")
+
+
+def test_full_disk_is_one_line_naming_the_file(tmp_path, yolo_source, capsys, monkeypatch):
+    import errno
+
+    import utils.data.importers as importers
+
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a", "b"], "val": ["c", "d"]})
+
+    def full_disk(path, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() reports it: no file name
+
+    monkeypatch.setattr(importers, "write_labels", full_disk)
+    assert import_dataset.main(["voc", str(tmp_path / "VOC"), str(tmp_path / "out"), "--names", *NAMES]) == 1
+    assert capsys.readouterr().err == (f"tools.import_dataset: error: could not write "
+                                       f"{tmp_path / 'out' / 'labels' / 'train' / 'a.txt'}: No space left on device\n")
+

@@ -239,3 +239,102 @@ def test_detect_is_last_layer_with_contract_attributes(tiny_model):
     assert isinstance(detect, Detect) and (detect.nc, detect.no, detect.nl, detect.na) == (3, 8, 3, 3)
     assert tiny_model.save == [4, 6, 10, 14, 17, 20, 23]
     assert all(hasattr(layer, attr) for layer in tiny_model.model for attr in ("i", "f", "type", "np"))
+
+
+# ----------------------------------------------------------------------------- bounds on hostile YAMLs
+ALL_YAMLS = sorted(MODELS.glob("*.yaml")) + sorted((MODELS / "hub").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", ALL_YAMLS, ids=lambda p: p.name)
+def test_every_shipped_yaml_is_within_the_bounds(path):
+    from models.yolo import check_model_size, load_model_config
+
+    config, _ = load_model_config(path)
+    check_model_size(config, 3, path.name)  # full width and depth, counted on the meta device
+
+
+def test_largest_probe_fits_the_activation_budget():
+    with torch.device("meta"):  # yolov5-p7 probes at 256 px: the largest pass of any shipped YAML
+        model = DetectionModel(MODELS / "hub" / "yolov5-p7.yaml")
+    assert model._probe_strides(3, torch.device("meta")) == [8.0, 16.0, 32.0, 64.0, 128.0]
+
+
+def hostile(path_or_change, value=None) -> dict:
+    config = tiny_config()
+    if callable(path_or_change):
+        path_or_change(config)
+    else:
+        config[path_or_change] = value
+    return config
+
+
+def set_row(section, index, row):
+    return lambda config: config[section].__setitem__(index, row)
+
+
+@pytest.mark.parametrize("config, expected", [
+    (hostile("depth_multiple", 1e6), "depth_multiple must be a number in (0, 10], got 1000000.0"),
+    (hostile("width_multiple", 1e4), "width_multiple must be a number in (0, 10], got 10000.0"),
+    (hostile("width_multiple", float("nan")), "width_multiple must be a number in (0, 10], got nan"),
+    (hostile("nc", 100_000_000), "nc must be an integer in [1, 100000], got 100000000"),
+    (hostile("nc", 2.5), "nc must be an integer in [1, 100000], got 2.5"),
+    (hostile("ch", 10_000), "ch must be an integer in [1, 64], got 10000"),
+    (hostile("anchors", [[-10, 13, 16, 30, 33, 23]] * 3),
+     "anchor sizes must be finite numbers in (0, 100000] pixels, got -10"),
+    (hostile("anchors", [[float("nan"), 13]] * 3),
+     "anchor sizes must be finite numbers in (0, 100000] pixels, got nan"),
+    (hostile("anchors", 1_000_000), "anchors must be an integer in [1, 16] (anchors per level)"),
+    (hostile("anchors", [[10, 13, 16]] * 3), "anchors must be an integer in [1, 16]"),
+    (hostile(set_row("backbone", 2, [-1, 1_000_000_000, "C3", [128]])),
+     "layer 2 (backbone row 2): 'number' must be a positive integer (at most 100), got 1000000000"),
+    (hostile(lambda c: c.update(depth_multiple=10.0, backbone=c["backbone"][:2] + [[-1, 20, "C3", [128]]]
+                                + c["backbone"][3:])),
+     "layer 2 (backbone row 2): 'number' 20 x depth_multiple 10 = 200 repeats, more than 100"),
+    (hostile(set_row("backbone", 1, [-1, 1, "Conv", [10_000_000, 3, 2]])),
+     "layer 1 (backbone row 1): Conv argument 10000000 is outside [-16384, 16384]"),
+    (hostile(set_row("backbone", 1, [-1, 1, "Conv", [128, 4096, 2]])),
+     "layer 1 (backbone row 1): Conv argument 4096 is outside [-64, 64]"),
+    (hostile(set_row("head", 1, [-1, 1, "nn.Upsample", [None, 4096, "nearest"]])),
+     "layer 11 (head row 1): nn.Upsample argument 4096 is outside [-64, 64]"),
+    (hostile(set_row("head", 14, [[17, 20, 23], 1, "Detect", [0, "anchors"]])),
+     "layer 24 (head row 14): nc must be an integer in [1, 100000], got 0"),
+    (hostile(lambda c: c.update(width_multiple=10.0, backbone=[[-1, 1, "Conv", [2048, 1, 1]]] + c["backbone"][1:])),
+     "layer 0 (backbone row 0): Conv would output 20480 channels, outside [1, 16384]"),
+])
+def test_hostile_values_are_one_line_errors_with_the_range(config, expected):
+    with pytest.raises(ModelConfigError) as error:
+        DetectionModel(config)
+    assert "\n" not in str(error.value) and expected in str(error.value), str(error.value)
+
+
+def test_size_limits_are_checked_before_memory_is_used():
+    base = {"nc": 1, "depth_multiple": 1.0, "width_multiple": 1.0, "anchors": [[10, 13]],
+            "head": [[-1, 1, "Detect", ["nc", "anchors"]]]}
+    wide = {**base, "backbone": [[-1, 1, "Conv", [16384, 3, 2]]] * 3}  # 2.4 G parameters
+    many = {**base, "width_multiple": 0.01, "backbone": [[-1, 100, "C3", [8]]] * 999}
+    upsample = [-1, 1, "nn.Upsample", [None, 64, "nearest"]]
+    upsampled = {**base, "backbone": [[-1, 1, "Conv", [16384, 1, 1]], upsample, upsample]}  # 1.1 TB at 64 px
+    for config, expected in ((wide, "more than 500 M parameters by layer 1"),
+                             (many, "more than 10000 modules by layer"),
+                             (upsampled, "the probe forward pass would produce more than 275079 M values by layer 1")):
+        with pytest.raises(ModelConfigError, match=re.escape(expected)):
+            DetectionModel(config)
+
+
+def test_alias_bomb_model_yaml_is_refused(tmp_path):
+    bomb = "[&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]" + "".join(
+        f", &a{k} [" + ", ".join([f"*a{k - 1}"] * 10) + "]" for k in range(1, 9)) + "]"
+    path = tmp_path / "bomb.yaml"
+    path.write_text((MODELS / "yolov5n.yaml").read_text().replace("nc: 80", f"nc: {bomb}"))
+    with pytest.raises(ModelConfigError, match="invalid YAML .*more than 1,000,000 nodes"):
+        DetectionModel(path)
+
+
+def test_detect_from_a_single_layer():
+    config = {"nc": 2, "depth_multiple": 1.0, "width_multiple": 0.25, "anchors": [[10, 13, 16, 30]],
+              "backbone": [[-1, 1, "Conv", [32, 3, 2]], [-1, 1, "Conv", [64, 3, 2]]],
+              "head": [[-1, 1, "Detect", ["nc", "anchors"]]]}  # 'from' an int, not a list
+    model = DetectionModel(config).eval()
+    assert model.stride.tolist() == [4.0]
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 32, 32))[0].shape == (1, 2 * 8 * 8, 7)

@@ -144,11 +144,11 @@ def test_resume_refusals_are_one_line(tmp_path, capsys):
     cases = {evil: "refused", weights_only: "not resumable", future: "version", truncated: "corrupt",
              tmp_path / "missing.pt": "no such checkpoint"}
     for path, reason in cases.items():
-        assert train_script.main(["--resume", str(path), "--device", "cpu"]) == 2
+        assert train_script.main(["--resume", str(path), "--device", "cpu"]) == 1  # a bad input file
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and reason in err[0] and str(path) in err[0], err
     assert not marker.exists()
-    assert train_script.main(["--resume", "--project", str(tmp_path / "empty")]) == 2
+    assert train_script.main(["--resume", "--project", str(tmp_path / "empty")]) == 1
     assert "no run to resume" in capsys.readouterr().err
 
 

@@ -77,6 +77,16 @@ def test_evolve_runs_generations_and_continues_counting(tiny):
     assert not (root / "runs" / "evolve2").exists()  # never a new folder
 
 
+@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--epochs", "0"),
+                                         ("--imgsz", "100000"), ("--workers", "-2"), ("--label-smoothing", "1.5"),
+                                         ("--save-every-min", "nan")])
+def test_bad_flag_values_are_refused_before_any_work(tmp_path, capsys, flag, value):
+    assert train_script.main(["--project", str(tmp_path / "runs"), f"{flag}={value}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error: argument ") and flag in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_evolve_is_refused_under_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     problem = train_script.launch_problem(train_script.parse_args(["--evolve", "3"]))
@@ -88,7 +98,7 @@ def test_bad_data_yaml_is_one_line_error(tiny, capsys, tmp_path):
     code = train_script.main(["--data", str(tmp_path / "nope.yaml"), "--cfg", str(cfg), "--epochs", "1",
                               "--device", "cpu", "--project", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "nope.yaml" in err[0]
+    assert code == 1 and len(err) == 1 and "nope.yaml" in err[0]  # a bad input file: exit 1
 
 
 @pytest.mark.slow
@@ -130,4 +140,4 @@ def test_autoanchor_fits_a_count_yaml_and_the_anchors_travel_with_the_weights(ti
     assert val.main(["--data", str(data), "--weights", str(best), "--imgsz", "64", "--device", "cpu",
                      "--project", str(root / "val")]) == 0
     assert "Anchors (pixels, width x height) per level" in capsys.readouterr().out
-    assert train_script.main([*args, "--name", "anchors-off", "--noautoanchor"]) == 2  # a count needs AutoAnchor
+    assert train_script.main([*args, "--name", "anchors-off", "--noautoanchor"]) == 1  # a count needs AutoAnchor

@@ -158,14 +158,45 @@ def test_cli_run_writes_outputs(tiny, checkpoint, capsys):
 def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
     root, data = tiny
     base = ["--device", "cpu", "--project", str(tmp_path / "runs"), "--workers", "0"]
-    assert val.main(["--data", str(tmp_path / "missing.yaml"), "--weights", str(checkpoint), *base]) == 2
+    assert val.main(["--data", str(tmp_path / "missing.yaml"), "--weights", str(checkpoint), *base]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("val.py: error:") and "missing.yaml" in err[0]
-    assert val.main(["--data", str(data), "--weights", str(tmp_path / "nope.pt"), *base]) == 2
+    assert val.main(["--data", str(data), "--weights", str(tmp_path / "nope.pt"), *base]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope.pt" in err[0]
-    assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 2
+    assert val.main(["--data", str(data), "--weights", str(checkpoint), "--task", "test", *base]) == 1
     assert "no 'test' split" in capsys.readouterr().err
+    assert val.main(["--data", str(data), "--weights", str(checkpoint), *base, "--device", "99"]) == 2  # a bad flag
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("val.py: error: --device 99")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a file where the run folder's parent should be")
+    argv = ["--data", str(data), "--weights", str(checkpoint), "--device", "cpu", "--project", str(blocker / "runs")]
+    assert val.main(argv) == 1  # an OSError while creating outputs: one line naming the path
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("val.py: error: ") and str(blocker) in err[0]
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--batch-size", "0", "expected an integer in [1, 4096], got '0'"),
+    ("--batch-size", "-1", "expected an integer in [1, 4096], got '-1'"),
+    ("--batch-size", "8.5", "expected an integer in [1, 4096], got '8.5'"),
+    ("--conf-thres", "-1", "expected a number in [0, 1], got '-1'"),
+    ("--conf-thres", "nan", "expected a number in [0, 1], got 'nan'"),
+    ("--iou-thres", "2", "expected a number in [0, 1], got '2'"),
+    ("--imgsz", "0", "expected an integer in [32, 16384], got '0'"),
+    ("--imgsz", "-32", "expected an integer in [32, 16384], got '-32'"),
+    ("--imgsz", "100000", "expected an integer in [32, 16384], got '100000'"),
+    ("--max-det", "0", "expected an integer in [1, 100000], got '0'"),
+    ("--workers", "-1", "expected an integer in [0, 1024], got '-1'"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(capsys, tmp_path, flag, value, expected):
+    argv = ["--weights", str(tmp_path / "unused.pt"), "--project", str(tmp_path / "runs"), f"{flag}={value}"]
+    assert val.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    names = {"--imgsz": "--imgsz/--img/--img-size"}
+    assert err == [f"val.py: error: argument {names.get(flag, flag)}: {expected} (see val.py --help)"]
+    assert not (tmp_path / "runs").exists()  # refused before any work
 
 
 # --- exported models (export.py, models/backends.py) -------------------------------------------------
@@ -254,11 +285,11 @@ def test_val_refuses_non_square_static_exports_and_corrupt_files(tiny, checkpoin
     weights = _export(checkpoint, tmp_path / "oblong", imgsz=(64, 96), include=_formats())
     for fmt in _formats():
         exported = weights.with_suffix(f".{fmt}")
-        assert val.main(["--weights", str(exported), *base]) == 2
+        assert val.main(["--weights", str(exported), *base]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "exported for 64x96 inputs; val.py needs a square or a --dynamic export" in err[0]
         truncated = tmp_path / f"truncated.{fmt}"
         truncated.write_bytes(exported.read_bytes()[:20000])
-        assert val.main(["--weights", str(truncated), *base]) == 2
+        assert val.main(["--weights", str(truncated), *base]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"val.py: error: {truncated}: not a readable"), err

@@ -290,12 +290,13 @@ def test_check_tool_exit_codes(tmp_path, capsys):
     assert check_dataset.main(["--data", str(data), "--splits", "train", "--no-cache"]) == 1
     out = capsys.readouterr().out
     assert "images/train/broken.jpg: not an image" in out and "1 corrupt" in out
-    assert check_dataset.main(["--data", str(tmp_path / "absent.yaml")]) == 2
+    assert check_dataset.main(["--data", str(tmp_path / "absent.yaml")]) == 1  # a bad input file
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "absent.yaml" in error and "Traceback" not in error
-    with pytest.raises(SystemExit) as usage:
-        check_dataset.main(["--splits", "train"])
-    assert usage.value.code == 2
+    assert check_dataset.main(["--splits", "train"]) == 2  # a usage error, one line
+    assert capsys.readouterr().err == ("tools.check_dataset: error: the following arguments are required: --data "
+                                       "(see python -m tools.check_dataset --help)\n")
+    assert check_dataset.main(["--data", str(data), "--workers", "0"]) == 2
 
 
 def test_check_tool_on_badinputs(capsys, tmp_path):
@@ -304,3 +305,57 @@ def test_check_tool_on_badinputs(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "train: Scanning" in out and "12 corrupt" in out
     assert "class 7 out of range (data has 3 classes)" in out
+
+
+# ----------------------------------------------------------------------------- cache place and key
+def no_scan(monkeypatch):
+    monkeypatch.setattr(verify, "verify_one", lambda item: pytest.fail(f"scanned {item[0]} again"))
+
+
+def test_folder_that_is_not_a_dataset_is_never_written_into(tmp_path, monkeypatch):
+    system = tmp_path / "share" / "pixmaps"  # images, no label files anywhere: e.g. a system folder
+    system.mkdir(parents=True)
+    for name in ("icon", "logo"):
+        cv2.imwrite(str(system / f"{name}.png"), np.zeros((16, 16, 3), np.uint8))
+    first = verify.verify_split([str(system)], nc=1, cache_dir=tmp_path / "user")
+    assert sorted(p.name for p in (tmp_path / "share").iterdir()) == ["pixmaps"]
+    assert sorted(p.name for p in system.iterdir()) == ["icon.png", "logo.png"]
+    assert len(list((tmp_path / "user").glob("*.npz"))) == 1
+    no_scan(monkeypatch)
+    assert verify.verify_split([str(system)], nc=1, cache_dir=tmp_path / "user").im_files == first.im_files
+
+
+def test_two_paths_to_one_dataset_share_one_cache(tmp_path, monkeypatch):
+    images = make_split(tmp_path / "real", {"a": "0 0.5 0.5 0.2 0.2\n", "b": "9 0.5 0.5 0.2 0.2\n", "c": None})
+    (tmp_path / "alias").symlink_to(tmp_path / "real")  # e.g. a second checkout's data/ link
+    via_alias = tmp_path / "alias" / "images" / "train"
+    first = verify.verify_split(str(images), nc=2, cache_dir=tmp_path / "user")
+    cache = tmp_path / "real" / "labels" / "train.cache.npz"
+    written = cache.stat().st_mtime_ns
+    no_scan(monkeypatch)
+    for _ in range(2):
+        again = verify.verify_split(str(via_alias), nc=2, cache_dir=tmp_path / "user")
+        assert again.im_files == [str(via_alias / "a.jpg"), str(via_alias / "c.jpg")]  # the reader's own paths
+        assert again.messages == [f"{via_alias / 'b.jpg'}: class 9 out of range (data has 2 classes) on line 1 "
+                                  "(image skipped)"]
+        assert again.stats == first.stats
+        for ours, theirs in zip(again.labels, first.labels):
+            np.testing.assert_array_equal(ours, theirs)
+        assert verify.verify_split(str(images), nc=2, cache_dir=tmp_path / "user").im_files == first.im_files
+    assert cache.stat().st_mtime_ns == written  # never rewritten
+    assert not (tmp_path / "user").exists()
+
+
+def test_read_only_dataset_reached_two_ways_shares_the_user_cache(tmp_path, monkeypatch):
+    images = make_split(tmp_path / "real", {"a": "0 0.5 0.5 0.2 0.2\n"})
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    labels_parent = tmp_path / "real" / "labels"
+    labels_parent.chmod(0o555)
+    try:
+        verify.verify_split(str(images), nc=1, cache_dir=tmp_path / "user")
+        no_scan(monkeypatch)
+        verify.verify_split(str(tmp_path / "alias" / "images" / "train"), nc=1, cache_dir=tmp_path / "user")
+    finally:
+        labels_parent.chmod(0o755)
+    assert len(list((tmp_path / "user").glob("*.npz"))) == 1
+    assert not (labels_parent / "train.cache.npz").exists()

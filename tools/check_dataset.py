@@ -2,8 +2,8 @@
 
     python -m tools.check_dataset --data path/to/data.yaml [--splits train val test] [--no-cache]
 
-Exit code: 0 when every image is usable, 1 when any file is corrupt (or a split has no usable
-image or no label files), 2 on a usage or configuration error (one line, no traceback).
+Exit code: 0 when every image is usable; 1 when any file is corrupt (or a split has no usable
+image or no label files) or the dataset YAML cannot be used; 2 on a bad flag. Errors are one line.
 """
 from __future__ import annotations
 
@@ -12,17 +12,21 @@ import logging
 import sys
 from collections import Counter
 
-from utils.data.dataset_yaml import SPLITS, DataConfigError, load_data_config
-from utils.data.verify import DatasetError, SplitLabels, display_sources, summary_line, verify_split
+from utils.cli import ArgumentParser, int_in_range
+from utils.data.dataset_yaml import SPLITS, load_data_config
+from utils.data.verify import SplitLabels, display_sources, summary_line, verify_split
+from utils.errors import run_main
+from utils.limits import MAX_WORKERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.check_dataset", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m tools.check_dataset", description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="dataset YAML (path, or a name in data/)")
     parser.add_argument("--splits", nargs="+", choices=SPLITS, default=list(SPLITS), help="splits to check")
     parser.add_argument("--no-cache", action="store_true", help="verify every file again; read/write no cache")
     parser.add_argument("--cache-dir", default=None, help="fallback folder for label caches (read-only datasets)")
-    parser.add_argument("--workers", type=int, default=None, help="verification threads (default: usable CPUs)")
+    parser.add_argument("--workers", type=int_in_range(1, MAX_WORKERS), default=None,
+                        help="verification threads (default: usable CPUs)")
     return parser.parse_args(argv)
 
 
@@ -69,13 +73,13 @@ def check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_main("tools.check_dataset", _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(message)s")  # the report below lists every warning
-    try:
-        return check(args)
-    except (DataConfigError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return check(args)
 
 
 if __name__ == "__main__":

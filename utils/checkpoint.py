@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from utils.dist import is_main_process
-from utils.errors import CheckpointError, OutputError
+from utils.errors import CheckpointError, WriteError
 
 LOGGER = logging.getLogger(__name__)
 FORMAT = "yolo-trainer/1"
@@ -58,7 +58,7 @@ def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | Non
     With ``keep_previous`` the file being replaced stays as ``previous_path(path)`` (a hard link, no
     copy) until the new one is complete. Leftover temp files of an interrupted earlier save are removed.
     Only the main process writes (returns None elsewhere). "format" is added when absent. A failed
-    write (disk full, no permission) raises OutputError and leaves the previous file as it was.
+    write (disk full, no permission) raises WriteError and leaves the previous file as it was.
     """
     if not is_main_process():
         return None
@@ -83,7 +83,7 @@ def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | Non
         _fsync_folder(path.parent)
     except OSError as error:
         intact = f"; the previous {path.name} is intact" if path.exists() else ""
-        raise OutputError(f"{path}: could not write checkpoint ({error.strerror or error}){intact}") from None
+        raise WriteError(f"{path}: could not write checkpoint ({error.strerror or error}){intact}") from None
     return path
 
 
@@ -160,7 +160,7 @@ def copy_checkpoint(source, path) -> Path | None:
         _remove_stale_temp_files(path)
         _replace_with_link(source, path)
     except OSError as error:
-        raise OutputError(f"{path}: could not write checkpoint ({error.strerror or error})") from None
+        raise WriteError(f"{path}: could not write checkpoint ({error.strerror or error})") from None
     return path
 
 
@@ -189,13 +189,13 @@ def load_checkpoint(path) -> dict:
 
 
 def _zip_pickle(path: Path) -> bytes:
-    """The data.pkl bytes of a torch zip archive (CheckpointError when truncated or corrupt)."""
+    """The data.pkl bytes of a torch zip archive (CheckpointError when truncated or corrupt, or when its
+    declared size is more than any checkpoint's pickle needs: refused before it is decompressed)."""
+    from utils.yolov5_import import find_pickle
+
     try:
         with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
-            if not names:
-                raise CheckpointError(f"{path}: zip archive without data.pkl, not a torch checkpoint")
-            return archive.read(names[0])
+            return archive.read(find_pickle(archive, str(path)))
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
         if isinstance(error, CheckpointError):
             raise

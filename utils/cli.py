@@ -1,7 +1,70 @@
-"""Command-line flags shared by the entry scripts (train.py, val.py, detect.py), defined once."""
+"""Command-line flags shared by the entry scripts (train.py, val.py, detect.py, tools), defined once.
+
+``ArgumentParser`` is argparse's, except that a bad flag raises ``utils.errors.ArgumentError`` (one
+line, exit 2 under ``utils.errors.run_main``) instead of printing the usage block and exiting.
+
+Validators for ``type=`` check a value when the flags are parsed and say the accepted range:
+``positive_int``, ``non_negative_int``, ``probability`` ([0, 1]), ``image_size`` ([32, 16384]),
+``batch_size``, ``workers``, ``max_detections``, and the factories ``int_in_range(low, high)`` and
+``float_in_range(Range(...))`` for other bounds.
+"""
 from __future__ import annotations
 
 import argparse
+
+from utils.errors import ArgumentError, shorten
+from utils.limits import (MAX_BATCH_SIZE, MAX_DETECTIONS, MAX_IMAGE_SIZE, MAX_WORKERS, MIN_IMAGE_SIZE,
+                          Range)
+
+MAX_INT = 2 ** 31 - 1
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser whose errors raise ArgumentError (subparsers inherit the class)."""
+
+    def error(self, message: str):
+        raise ArgumentError(f"{message} (see {self.prog} --help)")
+
+
+def int_in_range(low: int, high: int):
+    """An argparse ``type=`` accepting integers in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shorten(text, 40)}")
+        return value
+
+    parse.__name__ = f"integer in [{low}, {high}]"
+    return parse
+
+
+def float_in_range(allowed: Range):
+    """An argparse ``type=`` accepting finite numbers in ``allowed``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or value not in allowed:
+            raise argparse.ArgumentTypeError(f"expected a number in {allowed}, got {shorten(text, 40)}")
+        return value
+
+    parse.__name__ = f"number in {allowed}"
+    return parse
+
+
+positive_int = int_in_range(1, MAX_INT)
+non_negative_int = int_in_range(0, MAX_INT)
+probability = float_in_range(Range(0, 1))
+image_size = int_in_range(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+batch_size = int_in_range(1, MAX_BATCH_SIZE)
+workers = int_in_range(0, MAX_WORKERS)
+max_detections = int_in_range(1, MAX_DETECTIONS)
 
 
 def add_device_flag(parser: argparse.ArgumentParser) -> None:

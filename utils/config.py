@@ -1,8 +1,10 @@
 """Typed configuration: hyperparameters (flat hyp YAML) and the training run config.
 
 ``Hyp`` mirrors YOLOv5's hyp YAML keys one to one; loading rejects unknown and missing keys so a
-typo never silently falls back to a default. Derived values live in small pure functions elsewhere
-(``utils.trainer.optim``, ``utils.loss.loss_gains``) and never mutate a Hyp.
+typo never silently falls back to a default, and values outside ``HYP_RANGES`` (NaN, a negative
+learning rate, a probability above 1) so a bad file stops before training instead of training to NaN.
+Derived values live in small pure functions elsewhere (``utils.trainer.optim``,
+``utils.loss.loss_gains``) and never mutate a Hyp.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any
 
 import yaml
 
-from utils.errors import UserError
+from utils.errors import UserError, shorten
+from utils.limits import Range
+from utils.safe_yaml import read_yaml, yaml_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 HYP_DIR = ROOT / "data" / "hyps"
@@ -21,6 +25,33 @@ HYP_DIR = ROOT / "data" / "hyps"
 
 class ConfigError(UserError):
     """A configuration file or value that cannot be used; the message names the file and key."""
+
+
+UNIT = Range(0, 1)
+# Accepted values per hyp key: what keeps training well defined, far wider than YOLOv5's evolution
+# search ranges (e.g. lr0 1e-5..0.1). Probabilities and HSV gains are fractions.
+HYP_RANGES = {
+    "lr0": Range(0, 10, low_open=True),  # the initial learning rate must be positive
+    "lrf": UNIT,  # final learning rate as a fraction of lr0
+    "momentum": Range(0, 1, high_open=True),  # SGD momentum / Adam beta1: 1 or more diverges
+    "weight_decay": Range(0, 1, high_open=True),
+    "warmup_epochs": Range(0, 1000),
+    "warmup_momentum": Range(0, 1, high_open=True),
+    "warmup_bias_lr": Range(0, 10),
+    "box": Range(0, 1000), "cls": Range(0, 1000), "obj": Range(0, 1000),  # loss gains
+    "cls_pw": Range(0, 1000, low_open=True), "obj_pw": Range(0, 1000, low_open=True),  # BCE positive weights
+    "iou_t": UNIT,
+    "anchor_t": Range(1, 100),  # target/anchor size ratio: below 1 nothing matches
+    "fl_gamma": Range(0, 10),
+    "hsv_h": UNIT, "hsv_s": UNIT, "hsv_v": UNIT,
+    "degrees": Range(0, 180),
+    "translate": UNIT,
+    "scale": Range(0, 1, high_open=True),  # the scale gain is drawn from [1 - scale, 1 + scale]
+    "shear": Range(0, 45),  # degrees
+    "perspective": Range(0, 0.01),
+    "flipud": UNIT, "fliplr": UNIT, "mosaic": UNIT, "mixup": UNIT, "copy_paste": UNIT,
+    "anchors": Range(1, 16),  # anchors per output level
+}
 
 
 @dataclass(frozen=True)
@@ -58,34 +89,26 @@ class Hyp:
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "<dict>") -> "Hyp":
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = [key for key in values if key not in known]
         if unknown:
-            raise ConfigError(f"{source}: unknown hyperparameter(s) {', '.join(unknown)}")
+            listed = ", ".join(shorten(key, 40).strip("'") for key in unknown[:10])
+            raise ConfigError(f"{source}: unknown hyperparameter(s) {listed}{', ...' * (len(unknown) > 10)}")
         required = {f.name for f in fields(cls) if f.name != "anchors"}
         missing = sorted(required - set(values))
         if missing:
             raise ConfigError(f"{source}: missing hyperparameter(s) {', '.join(missing)}")
-        parsed = {}
-        for key, value in values.items():
-            if value is None and key == "anchors":
-                parsed[key] = None
-                continue
-            try:
-                parsed[key] = float(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}: hyperparameter '{key}' must be a number, got {value!r}") from None
+        parsed = {key: _hyp_value(key, value, source) for key, value in values.items()}
         return cls(**parsed)
 
     @classmethod
     def load(cls, path: str | Path) -> "Hyp":
         path = resolve_hyp_path(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                values = yaml.safe_load(f)
+            values = read_yaml(path)
         except OSError as e:
             raise ConfigError(f"{path}: cannot read hyperparameter file ({e.strerror})") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"{path}: invalid YAML ({yaml_reason(e)})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of hyperparameters")
         return cls.from_dict(values, source=str(path))
@@ -98,6 +121,25 @@ class Hyp:
 
     def replace(self, **changes) -> "Hyp":
         return dataclasses.replace(self, **changes)
+
+
+def _hyp_value(key: str, value, source: str) -> float | None:
+    """``value`` as a float within HYP_RANGES[key] (numeric strings accepted, as YAML 1.1 reads 1e-3)."""
+    if value is None and key == "anchors":
+        return None
+    number = None
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None:
+        raise ConfigError(f"{source}: hyperparameter '{key}' must be a number, got {shorten(value)}")
+    allowed = HYP_RANGES[key]
+    if number not in allowed:
+        raise ConfigError(f"{source}: hyperparameter '{key}' must be a finite number in {allowed}, "
+                          f"got {shorten(value)}")
+    return number
 
 
 def resolve_hyp_path(path: str | Path) -> Path:

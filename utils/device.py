@@ -13,6 +13,7 @@ LOGGER = logging.getLogger(__name__)
 
 class DeviceError(UserError):
     """A --device value that this machine cannot satisfy."""
+    exit_code = 2  # a bad flag value
 
 
 def select_device(device: str = "", local_rank: int = -1) -> torch.device:

@@ -32,7 +32,11 @@ class DistributedError(UserError):
 
 class SharedError(UserError):
     """An error every process raises alike (decided on the main process and shared, or a check that gives
-    the same answer everywhere): only the main process prints it."""
+    the same answer everywhere): only the main process prints it. ``exit_code`` 2 for a bad flag."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -87,12 +91,12 @@ def check_launch(batch_size: int, device: torch.device, device_ids: int | None =
         lower = batch_size - batch_size % info.world_size
         choices = [b for b in (lower, lower + info.world_size) if b > 0]
         raise SharedError(f"--batch-size {batch_size} is not divisible by the {info.world_size} processes "
-                               f"(the total batch is split evenly); use {' or '.join(map(str, choices))}")
+                          f"(the total batch is split evenly); use {' or '.join(map(str, choices))}", exit_code=2)
     if device.type == "cuda":
         available = device_ids if device_ids is not None else torch.cuda.device_count()
         if info.local_world_size > available:
             raise SharedError(f"{info.local_world_size} processes on this node but {available} CUDA devices: "
-                                   "use --nproc_per_node <= the number of GPUs (one process per GPU)")
+                              "use --nproc_per_node <= the number of GPUs (one process per GPU)", exit_code=2)
 
 
 def init_distributed(device: torch.device) -> None:

@@ -15,11 +15,12 @@ import cv2
 import numpy as np
 
 from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS, ImageError, read_image
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 
 
-class SourceError(ValueError):
+class SourceError(UserError):
     """A --source that cannot be used (missing, empty, unsupported); one line naming it."""
 
 

@@ -6,19 +6,32 @@ maps to inert stand-ins that only record their state, to plain containers, or to
 rebuilders. Every other global (``os.system``, ``builtins.eval``, ...) is refused by name. The model is
 then rebuilt from the recorded YAML dict and the weights collected from the recorded module tree.
 Never calls ``torch.load(weights_only=False)`` and never imports YOLOv5's modules.
+
+Memory and time are bounded before anything is materialised (limits in ``utils.limits``):
+``data.pkl`` may be at most 32 MB uncompressed, checked on the archive's declared size before it is
+decompressed; unpickling yields only storage and tensor *records* (key, dtype, element count; offset,
+size, stride), each checked against the archive member it names; a view that would cover more
+elements than its storage holds (zero or overlapping strides) is refused; only the storages that the
+"model" and "ema" trees use are read, at most 2 GB in all (yolov5x6 in float32 needs 1.13 GB), and the
+tensors are views of them, so tensors sharing a storage never multiply it. The module-tree walk is
+bounded in depth, modules and tensors. Each refusal is a one-line CheckpointError naming the file.
 """
 from __future__ import annotations
 
 import collections
 import io
 import logging
+import math
 import pickle
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from utils.errors import CheckpointError
+from utils.errors import CheckpointError, shorten
+from utils.limits import (MAX_CLASSES, MAX_MODULES, MAX_PICKLE_BYTES, MAX_TENSOR_BYTES, MAX_TENSOR_DIMS,
+                          MAX_TENSORS)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -74,16 +87,54 @@ class _StorageType:
         self.dtype = dtype
 
 
+@dataclass(frozen=True)
+class StorageRecord:
+    """A storage named by the pickle, not read yet: archive key, element type and count."""
+    key: str
+    dtype: torch.dtype
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _element_size(self.dtype)
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """A tensor named by the pickle, not materialised yet: a view (offset, size, stride) of a storage."""
+    storage: StorageRecord
+    offset: int
+    size: tuple
+    stride: tuple
+
+    @property
+    def shape(self) -> tuple:
+        return self.size
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
-    if not torch.is_tensor(storage):
+    """A TensorRecord after checking that the view lies inside its storage and does not expand it."""
+    if not isinstance(storage, StorageRecord):
         raise CheckpointError("tensor record without a storage")
-    size, stride = tuple(size), tuple(stride)
-    if len(size) != len(stride) or any(s < 0 for s in size) or storage_offset < 0:
+    if not (isinstance(size, (tuple, list)) and isinstance(stride, (tuple, list)) and len(size) == len(stride)
+            <= MAX_TENSOR_DIMS and all(map(_is_index, size)) and all(map(_is_index, stride))
+            and _is_index(storage_offset)):
         raise CheckpointError("malformed tensor record")
-    last = storage_offset + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else -1
-    if last >= storage.numel():
+    numel = math.prod(size)
+    if numel and storage_offset + sum((s - 1) * st for s, st in zip(size, stride)) >= storage.numel:
         raise CheckpointError("tensor record reaches past the end of its storage")
-    return torch.as_strided(storage, size, stride, storage_offset)
+    if numel > storage.numel:
+        raise CheckpointError(f"tensor of {numel} elements is a zero-stride or overlapping view of a storage of "
+                              f"{storage.numel} (refused: loading it would expand memory)")
+    return TensorRecord(storage, storage_offset, tuple(size), tuple(stride))
 
 
 def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=None):
@@ -137,7 +188,9 @@ def _is_torch_module_class(module: str, name: str) -> bool:
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """Unpickler for YOLOv5 checkpoints that resolves only allow-listed globals, to inert objects."""
+    """Unpickler for YOLOv5 checkpoints that resolves only allow-listed globals, to inert objects.
+
+    Storages become StorageRecords checked against the archive members they name; nothing is read."""
 
     def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, source: str):
         super().__init__(io.BytesIO(data))
@@ -150,76 +203,157 @@ class RestrictedUnpickler(pickle.Unpickler):
             return plain
         if name in YOLOV5_CLASSES.get(module, ()) or _is_torch_module_class(module, name):
             return _stand_in(f"{module}.{name}")
-        raise CheckpointError(f"{self.source}: refused global '{module}.{name}' (not on the YOLOv5 allow-list)")
+        raise CheckpointError(f"{self.source}: refused global {shorten(f'{module}.{name}', 120)} "
+                              "(not on the YOLOv5 allow-list)")
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise CheckpointError(f"{self.source}: unsupported persistent id {str(pid)[:80]}")
+            raise CheckpointError(f"{self.source}: unsupported persistent id {shorten(pid)}")
         _, storage_type, key, _location, numel = pid
-        if not isinstance(storage_type, _StorageType) or not isinstance(numel, int):
-            raise CheckpointError(f"{self.source}: unsupported storage record {str(pid)[:80]}")
+        if not isinstance(storage_type, _StorageType) or not isinstance(key, str) or not _is_index(numel):
+            raise CheckpointError(f"{self.source}: unsupported storage record {shorten(pid)}")
         if key not in self.storages:
-            self.storages[key] = self._read_storage(str(key), storage_type.dtype, numel)
+            self.storages[key] = self._storage_record(key, storage_type.dtype, numel)
         return self.storages[key]
 
-    def _read_storage(self, key: str, dtype, numel: int) -> torch.Tensor:
+    def _storage_record(self, key: str, dtype, numel: int) -> StorageRecord:
+        record = StorageRecord(key, dtype, numel)
+        if record.nbytes > MAX_TENSOR_BYTES:
+            raise CheckpointError(f"{self.source}: storage {shorten(key)} claims {record.nbytes / 1e9:.4g} GB, more "
+                                  f"than the {MAX_TENSOR_BYTES / 1e9:g} GB a checkpoint's weights may use")
         try:
-            raw = self.archive.read(f"{self.prefix}/data/{key}")
+            info = self.archive.getinfo(f"{self.prefix}/data/{key}")
         except KeyError:
-            raise CheckpointError(f"{self.source}: storage '{key}' missing from the archive") from None
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        if len(raw) < nbytes:
-            raise CheckpointError(f"{self.source}: storage '{key}' is truncated")
-        if numel == 0:
-            return torch.empty(0, dtype=dtype)
-        return torch.frombuffer(bytearray(raw[:nbytes]), dtype=dtype)
+            raise CheckpointError(f"{self.source}: storage {shorten(key)} missing from the archive") from None
+        if info.file_size < record.nbytes:
+            raise CheckpointError(f"{self.source}: storage {shorten(key)} is truncated")
+        return record
 
 
-def read_yolov5_pickle(path) -> dict:
-    """Unpickle a YOLOv5 torch-zip checkpoint into plain containers, tensors and Records."""
-    path = Path(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-            if not pickles:
-                raise CheckpointError(f"{path}: zip archive without data.pkl, not a torch checkpoint")
-            prefix = pickles[0][: -len("/data.pkl")]
-            if f"{prefix}/byteorder" in archive.namelist() and archive.read(f"{prefix}/byteorder") != b"little":
-                raise CheckpointError(f"{path}: big-endian checkpoints are not supported")
-            unpickler = RestrictedUnpickler(archive.read(pickles[0]), archive, prefix, str(path))
-            data = unpickler.load()
-    except CheckpointError as error:
-        message = str(error)
-        raise CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}") from None
-    except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, RuntimeError, TypeError,
-            ValueError, AttributeError, IndexError, KeyError, RecursionError) as error:
-        raise CheckpointError(f"{path}: corrupt YOLOv5 checkpoint ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+def _read_storage(archive: zipfile.ZipFile, prefix: str, record: StorageRecord) -> torch.Tensor:
+    """The storage's elements as a 1-D tensor, read into one buffer of exactly its size."""
+    if record.numel == 0:
+        return torch.empty(0, dtype=record.dtype)
+    buffer = bytearray(record.nbytes)
+    with archive.open(f"{prefix}/data/{record.key}") as member:
+        read = member.readinto(memoryview(buffer))
+    if read != record.nbytes:
+        raise CheckpointError(f"storage {shorten(record.key)} is truncated")
+    return torch.frombuffer(buffer, dtype=record.dtype)
+
+
+def find_pickle(archive: zipfile.ZipFile, source: str) -> zipfile.ZipInfo:
+    """The ``<prefix>/data.pkl`` member of a torch zip archive, refused (CheckpointError) when missing or
+    when its declared size exceeds MAX_PICKLE_BYTES. zipfile never returns more than the declared size,
+    so reading the member after this check is bounded too."""
+    pickles = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")
+               and info.filename.count("/") == 1]
+    if not pickles:
+        raise CheckpointError(f"{source}: zip archive without data.pkl, not a torch checkpoint")
+    if pickles[0].file_size > MAX_PICKLE_BYTES:
+        raise CheckpointError(f"{source}: data.pkl is {pickles[0].file_size / 1e6:.0f} MB uncompressed, more than "
+                              f"the {MAX_PICKLE_BYTES / 1e6:.0f} MB a checkpoint's pickle may have")
+    return pickles[0]
+
+
+def read_checkpoint_pickle(path) -> bytes:
+    """The data.pkl bytes of a torch zip checkpoint, size-checked (``find_pickle``) before reading."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(find_pickle(archive, str(path)))
+
+
+def _unpickle(archive: zipfile.ZipFile, source: str) -> tuple[dict, str]:
+    """(top-level dict of plain containers, Records and TensorRecords, archive prefix)."""
+    info = find_pickle(archive, source)
+    prefix = info.filename[: -len("/data.pkl")]
+    if f"{prefix}/byteorder" in archive.namelist() and archive.read(f"{prefix}/byteorder") != b"little":
+        raise CheckpointError(f"{source}: big-endian checkpoints are not supported")
+    data = RestrictedUnpickler(archive.read(info), archive, prefix, source).load()
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: unsupported content ({type(data).__name__}), expected a checkpoint dict")
-    return data
+        raise CheckpointError(f"{source}: unsupported content ({type(data).__name__}), expected a checkpoint dict")
+    return data, prefix
 
 
-def _collect_state(record: Record, prefix: str, out: dict, depth: int = 0) -> None:
+CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, pickle.UnpicklingError, RuntimeError,
+           TypeError, ValueError, AttributeError, IndexError, KeyError, RecursionError, OverflowError)
+
+
+def _corrupt(path: Path, error: BaseException) -> CheckpointError:
+    if isinstance(error, CheckpointError):
+        message = str(error)
+        return CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}")
+    detail = str(error).splitlines()[0][:120] if str(error) else ""
+    return CheckpointError(f"{path}: corrupt YOLOv5 checkpoint ({type(error).__name__}: {detail})")
+
+
+class _Walk:
+    """Counts for one module-tree walk: shared records (a DAG) are visited once per path, so the number
+    of visits, not only the depth, is bounded."""
+
+    def __init__(self):
+        self.modules = 0
+        self.tensors = 0
+
+    def visit_module(self) -> None:
+        self.modules += 1
+        if self.modules > MAX_MODULES:
+            raise CheckpointError(f"module tree has more than {MAX_MODULES} modules (shared or cyclic records?)")
+
+    def visit_tensor(self) -> None:
+        self.tensors += 1
+        if self.tensors > MAX_TENSORS:
+            raise CheckpointError(f"module tree has more than {MAX_TENSORS} tensors")
+
+
+def _collect_state(record: Record, prefix: str, out: dict, walk: _Walk, depth: int = 0) -> None:
     """Walk recorded _parameters / _buffers / _modules like nn.Module.state_dict() does."""
     if depth > MAX_MODULE_DEPTH:
         raise CheckpointError("module tree too deep (cyclic?)")
+    walk.visit_module()
     state = record.state if isinstance(record, Record) else {}
     skip = state.get("_non_persistent_buffers_set") or set()
     for group in ("_parameters", "_buffers"):
-        for name, tensor in (state.get(group) or {}).items():
+        for name, tensor in _items(state.get(group)):
             if tensor is None or (group == "_buffers" and name in skip):
                 continue
-            if not torch.is_tensor(tensor):
-                raise CheckpointError(f"'{prefix}{name}' is not a tensor")
+            if not isinstance(tensor, TensorRecord) or not isinstance(name, str):
+                label = prefix + name if isinstance(name, str) else prefix + shorten(name, 40)
+                raise CheckpointError(f"{shorten(label, 120)} is not a tensor")
+            walk.visit_tensor()
             out[prefix + name] = tensor
-    for name, child in (state.get("_modules") or {}).items():
+    for name, child in _items(state.get("_modules")):
         if child is not None:
-            _collect_state(child, f"{prefix}{name}.", out, depth + 1)
+            _collect_state(child, f"{prefix}{shorten(name, 100) if not isinstance(name, str) else name}.", out, walk,
+                           depth + 1)
+
+
+def _items(group) -> list:
+    if group is None:
+        return []
+    if not isinstance(group, dict):
+        raise CheckpointError(f"module state holds {type(group).__name__} where a dict belongs")
+    return list(group.items())
+
+
+def _names(names) -> list[str]:
+    """Class names from a recorded list or {index: name} dict: strings (or small integers), at most
+    MAX_CLASSES."""
+    if isinstance(names, dict):  # {index: name}; keys of mixed types keep their stored order
+        keys = sorted(names) if all(isinstance(k, int) for k in names) else list(names)
+        names = [names[k] for k in keys]
+    if not isinstance(names, (list, tuple)):
+        return []
+    if len(names) > MAX_CLASSES:
+        raise CheckpointError(f"{len(names)} class names, more than {MAX_CLASSES}")
+    for name in names:
+        if not (isinstance(name, str) or isinstance(name, int) and abs(name) < 10 ** 18):
+            raise CheckpointError(f"class names must be strings, got {shorten(name)}")
+    return [str(name) for name in names]
 
 
 def model_entry_from_record(record, source: str) -> dict:
-    """A "model" entry (see utils.checkpoint) from a recorded YOLOv5 DetectionModel."""
+    """A "model" entry (see utils.checkpoint) from a recorded YOLOv5 DetectionModel; its "state_dict"
+    and "stride" hold TensorRecords until ``_materialise``."""
     if not isinstance(record, Record) or not record.qualified_name.startswith("models.yolo."):
         raise CheckpointError(f"{source}: 'model' is not a YOLOv5 model object")
     attributes = record.state
@@ -227,40 +361,70 @@ def model_entry_from_record(record, source: str) -> dict:
         raise CheckpointError(f"{source}: YOLOv5 model without its YAML dict")
     state: dict = {}
     try:
-        _collect_state(record, "", state)
+        _collect_state(record, "", state, _Walk())
+        names = _names(attributes.get("names") or [])
     except CheckpointError as error:
         raise CheckpointError(f"{source}: {error}") from None
-    names = attributes.get("names") or []
-    if isinstance(names, dict):  # {index: name}; keys of mixed types keep their stored order
-        keys = sorted(names) if all(isinstance(k, int) for k in names) else list(names)
-        names = [names[k] for k in keys]
-    names = [str(n) for n in names] if isinstance(names, (list, tuple)) else []
     stride = attributes.get("stride")
-    stride = [float(s) for s in stride.tolist()] if torch.is_tensor(stride) else []
-    yaml_dict = {k: v for k, v in attributes["yaml"].items()}
-    yaml_dict.setdefault("yaml_file", str(attributes.get("yaml_file", "")))
-    return {"yaml": yaml_dict, "state_dict": {k: v.clone() for k, v in state.items()}, "names": names,
-            "stride": stride}
+    yaml_dict = dict(attributes["yaml"])
+    yaml_file = attributes.get("yaml_file", "")
+    yaml_dict.setdefault("yaml_file", yaml_file[:255] if isinstance(yaml_file, str) else "")
+    return {"yaml": yaml_dict, "state_dict": state, "names": names,
+            "stride": stride if isinstance(stride, TensorRecord) and math.prod(stride.size) <= 16 else None}
+
+
+def _materialise(entries: list[dict], archive: zipfile.ZipFile, prefix: str, source: str) -> None:
+    """Read the storages the entries' TensorRecords use (each once, MAX_TENSOR_BYTES in all) and
+    replace every record by a view of its storage."""
+    records = [tensor for entry in entries for tensor in entry["state_dict"].values()]
+    records += [entry["stride"] for entry in entries if entry["stride"] is not None]
+    storages = {record.storage.key: record.storage for record in records}
+    total = sum(storage.nbytes for storage in storages.values())
+    if total > MAX_TENSOR_BYTES:
+        raise CheckpointError(f"{source}: the weights need {total / 1e9:.4g} GB, more than the "
+                              f"{MAX_TENSOR_BYTES / 1e9:g} GB budget (yolov5x6 in float32 needs 1.13 GB)")
+    loaded = {key: _read_storage(archive, prefix, storage) for key, storage in storages.items()}
+
+    def view(record: TensorRecord) -> torch.Tensor:
+        return torch.as_strided(loaded[record.storage.key], record.size, record.stride, record.offset)
+
+    for entry in entries:
+        entry["state_dict"] = {name: view(record) for name, record in entry["state_dict"].items()}
+        stride = entry["stride"]
+        entry["stride"] = [float(s) for s in view(stride).tolist()] if stride is not None else []
+
+
+def _plain_fields(data: dict) -> dict:
+    fields = {key: data.get(key) for key in PLAIN_KEYS
+              if data.get(key) is None or isinstance(data.get(key), (float, str)) or _small_int(data.get(key))}
+    updates = data.get("updates")
+    fields["ema_updates"] = updates if _small_int(updates) else None
+    return fields
+
+
+def _small_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2 ** 63
 
 
 def load_yolov5_checkpoint(path) -> dict:
     """Our checkpoint format (utils.checkpoint) from a YOLOv5 file: "model" and "ema" entries plus
-    plain fields (epoch, best_fitness, date, ema_updates). YOLOv5 optimizer state is not carried over."""
-    data = read_yolov5_pickle(path)
+    plain fields (epoch, best_fitness, date, ema_updates). YOLOv5 optimizer state is not carried over
+    (nor read: only the storages of "model" and "ema" are)."""
+    path = Path(path)
     source = str(path)
-    model = data.get("model")
-    ema = data.get("ema")
-    if model is None and ema is None:
-        raise CheckpointError(f"{source}: no 'model' or 'ema' in this YOLOv5 checkpoint")
-    ckpt = {"source": "yolov5",
-            "model": model_entry_from_record(model if model is not None else ema, source),
-            "ema": model_entry_from_record(ema, source) if ema is not None else None}
-    for key in PLAIN_KEYS:
-        value = data.get(key)
-        if value is None or isinstance(value, (int, float, str)):
-            ckpt[key] = value
-    updates = data.get("updates")
-    ckpt["ema_updates"] = updates if isinstance(updates, int) else None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data, prefix = _unpickle(archive, source)
+            model, ema = data.get("model"), data.get("ema")
+            if model is None and ema is None:
+                raise CheckpointError(f"{source}: no 'model' or 'ema' in this YOLOv5 checkpoint")
+            ckpt = {"source": "yolov5",
+                    "model": model_entry_from_record(model if model is not None else ema, source),
+                    "ema": model_entry_from_record(ema, source) if ema is not None else None}
+            _materialise([entry for entry in (ckpt["model"], ckpt["ema"]) if entry], archive, prefix, source)
+    except CORRUPT as error:
+        raise _corrupt(path, error) from None
+    ckpt.update(_plain_fields(data))
     LOGGER.info("Imported YOLOv5 checkpoint %s (%d tensors%s)", source, len(ckpt["model"]["state_dict"]),
                 ", with EMA" if ema is not None else "")
     return ckpt

@@ -3,13 +3,16 @@
 Keys: ``path`` (dataset root; relative to the YAML file's folder, default that folder), ``train``,
 ``val`` and optional ``test`` (each a folder, a ``.txt`` list of image paths, an image file, or a
 list of those; relative to ``path``), ``names`` (a list, or a ``{id: name}`` dict with ids
-0..nc-1) and optional ``nc`` (must agree with ``names``). A ``download`` key is reported as
+0..nc-1; each a string of 1 to 256 characters, numbers are converted with a warning) and optional
+``nc`` (must agree with ``names``; at most 100,000 classes). A ``download`` key is reported as
 ignored and never executed. Errors are ``DataConfigError`` naming the file, the key and the path
-that was tried.
+that was tried; values from the file are cut in messages. The file is read with the bounded YAML
+loader (alias bombs refused).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,9 @@ from typing import Any
 
 import yaml
 
-from utils.errors import UserError
+from utils.errors import UserError, shorten
+from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH
+from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 
@@ -25,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "data"
 SPLITS = ("train", "val", "test")
 REQUIRED_SPLITS = ("train", "val")
+MAX_PATH_LENGTH = 4096  # characters in a path value (Linux PATH_MAX)
 
 
 class DataConfigError(UserError):
@@ -64,13 +70,11 @@ def find_data_yaml(path: str | Path) -> Path:
 
 def _read_yaml(file: Path, label: str) -> dict[str, Any]:
     try:
-        with open(file, encoding="utf-8") as handle:
-            content = yaml.safe_load(handle)
+        content = read_yaml(file)
     except yaml.YAMLError as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataConfigError(f"{label}: invalid YAML ({reason})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataConfigError(f"{label}: cannot read file ({e})") from None
+        raise DataConfigError(f"{label}: invalid YAML ({yaml_reason(e)})") from None
+    except OSError as e:
+        raise DataConfigError(f"{label}: cannot read file ({e.strerror or e})") from None
     if not isinstance(content, dict):
         kind = type(content).__name__
         raise DataConfigError(f"{label}: expected a mapping of keys (path, train, val, names), got {kind}")
@@ -80,25 +84,50 @@ def _read_yaml(file: Path, label: str) -> dict[str, Any]:
 def parse_names(content: dict[str, Any], label: str) -> list[str]:
     """Class names from ``names`` (list or {id: name}) checked against the optional ``nc``."""
     names, nc = content.get("names"), content.get("nc")
-    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc < 1):
-        raise DataConfigError(f"{label}: nc: expected a positive integer, got {nc!r}")
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES):
+        raise DataConfigError(f"{label}: nc: expected a positive integer (at most {MAX_CLASSES}), got {shorten(nc)}")
     if names is None:
         if nc is None:
             raise DataConfigError(f"{label}: names: missing (give a list of class names or an {{id: name}} mapping)")
         return [str(i) for i in range(nc)]
     if isinstance(names, dict):
-        ids = list(names)
-        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-            raise DataConfigError(f"{label}: names: ids must be integers, got {ids!r}")
-        if sorted(ids) != list(range(len(ids))):
-            raise DataConfigError(f"{label}: names: ids must be 0..{len(ids) - 1} without gaps, got {sorted(ids)}")
-        names = [names[i] for i in range(len(ids))]
+        names = _names_by_id(names, label)
     elif not isinstance(names, list):
         raise DataConfigError(f"{label}: names: expected a list or an {{id: name}} mapping, got {type(names).__name__}")
     if not names:
         raise DataConfigError(f"{label}: names: empty (at least one class is needed)")
+    if len(names) > MAX_CLASSES:
+        raise DataConfigError(f"{label}: names: {len(names)} classes, more than the {MAX_CLASSES} supported")
     if nc is not None and nc != len(names):
         raise DataConfigError(f"{label}: nc: {nc} does not agree with names ({len(names)} names)")
+    return _name_texts(names, label)
+
+
+def _names_by_id(names: dict, label: str) -> list:
+    ids = list(names)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise DataConfigError(f"{label}: names: ids must be integers, got {shorten(ids)}")
+    if sorted(ids) != list(range(len(ids))):
+        raise DataConfigError(f"{label}: names: ids must be 0..{len(ids) - 1} without gaps, got {shorten(sorted(ids))}")
+    return [names[i] for i in range(len(ids))]
+
+
+def _name_texts(names: list, label: str) -> list[str]:
+    """Each name as text: strings as they are, numbers converted (one warning), anything else refused."""
+    converted = []
+    for index, name in enumerate(names):
+        number = isinstance(name, (int, float)) and not isinstance(name, bool) and \
+            (isinstance(name, int) and abs(name) < 10 ** 18 or isinstance(name, float) and math.isfinite(name))
+        if not (isinstance(name, str) or number):
+            raise DataConfigError(f"{label}: names: class {index} must be a string, got {shorten(name)}")
+        if number:
+            converted.append(index)
+        if not 0 < len(str(name)) <= MAX_NAME_LENGTH:
+            raise DataConfigError(f"{label}: names: class {index} must have 1 to {MAX_NAME_LENGTH} characters, "
+                                  f"got {shorten(name)}")
+    if converted:
+        LOGGER.warning(f"{label}: names: {len(converted)} class name(s) given as numbers, used as text "
+                       f"(e.g. class {converted[0]}: {str(names[converted[0]])!r})")
     return [str(name) for name in names]
 
 
@@ -108,13 +137,22 @@ def _absolute(value, base: Path) -> Path:
     return Path(os.path.abspath(path if path.is_absolute() else base / path))
 
 
+def _check_path_text(value, key: str, label: str) -> None:
+    """A path value must be a string without control characters, at most MAX_PATH_LENGTH long."""
+    if not isinstance(value, (str, Path)):
+        raise DataConfigError(f"{label}: {key}: expected a path, got {shorten(value)}")
+    text = str(value)
+    if len(text) > MAX_PATH_LENGTH or any(ord(char) < 32 for char in text):
+        raise DataConfigError(f"{label}: {key}: not a usable path (control characters, or longer than "
+                              f"{MAX_PATH_LENGTH} characters): {shorten(text)}")
+
+
 def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
     folder = Path(os.path.abspath(file.parent))
     value = content.get("path")
     if value in (None, ""):
         return folder
-    if not isinstance(value, (str, Path)):
-        raise DataConfigError(f"{label}: path: expected a folder path, got {value!r}")
+    _check_path_text(value, "path", label)
     root = _absolute(value, folder)
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
@@ -131,8 +169,7 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
     entries = value if isinstance(value, list) else [value]
     sources = []
     for entry in entries:
-        if not isinstance(entry, (str, Path)):
-            raise DataConfigError(f"{label}: {key}: expected a path, got {entry!r}")
+        _check_path_text(entry, key, label)
         source = _absolute(entry, root)
         if not source.exists():
             raise DataConfigError(f"{label}: {key}: {source} does not exist")

@@ -3,7 +3,13 @@
 Label rows are ``class cx cy w h``, normalised to the image size and clipped to [0, 1]; boxes with no
 area left after clipping are dropped with a warning. Images are hard-linked into place (copied when the
 output is on another file system), or symlinked / copied on request. Every problem with an input file
-raises ``AnnotationError`` (a ValueError) whose one-line message names the file and the reason.
+raises ``AnnotationError`` (a UserError) whose one-line message names the file and the reason.
+
+Nothing outside the images folder is ever read or linked: an image is looked up by its real path
+(symlinks resolved), and an entry whose file lies outside the folder (``../``, an absolute path, a
+symlink pointing out) is skipped with a warning naming the entry. A VOC XML file with a DOCTYPE or
+ENTITY declaration (entity expansion attacks) or larger than 8 MB is skipped with a warning and the
+import goes on with the other files.
 
 Conventions (as YOLOv5's own converters):
 * VOC: ``xmin ymin xmax ymax`` are 1-based pixels, so both corners move by -1; ``difficult`` objects
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -30,6 +37,9 @@ import numpy as np
 import yaml
 
 from utils.data.images import IMG_EXTENSIONS
+from utils.errors import UserError, shorten, writing
+from utils.limits import MAX_ANNOTATION_XML_BYTES, MAX_CLASSES, MAX_NAME_LENGTH
+from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 
@@ -38,8 +48,12 @@ SPLITS = ("train", "val", "test")
 _UNSAFE_XML = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError):
     """An annotation file (or the dataset it describes) that cannot be imported; names file and reason."""
+
+
+class SkippedAnnotation(AnnotationError):
+    """An annotation file refused on sight (DOCTYPE/ENTITY, oversized): skipped with a warning."""
 
 
 @dataclass
@@ -50,11 +64,13 @@ class ImportSummary:
     boxes: int = 0
     skipped_images: int = 0  # annotation without a readable image file
     skipped_boxes: int = 0  # crowd, unknown class, or no area inside the image
+    skipped_files: int = 0  # annotation files refused on sight (DOCTYPE/ENTITY, oversized)
 
     def line(self) -> str:
         splits = ", ".join(f"{split} {count}" for split, count in sorted(self.images.items()))
+        files = f", skipped annotation files {self.skipped_files}" if self.skipped_files else ""
         return (f"{len(self.names)} classes, images: {splits or 'none'}, boxes {self.boxes}, "
-                f"skipped images {self.skipped_images}, skipped boxes {self.skipped_boxes} -> {self.yaml_path}")
+                f"skipped images {self.skipped_images}, skipped boxes {self.skipped_boxes}{files} -> {self.yaml_path}")
 
 
 # ----------------------------------------------------------------------------- shared writers
@@ -100,16 +116,27 @@ def check_existing_names(out_dir: Path, names: list[str]) -> None:
     yaml_path = out_dir / "data.yaml"
     if yaml_path.is_file():
         try:
-            old = yaml.safe_load(yaml_path.read_text()) or {}
+            old = read_yaml(yaml_path) or {}
         except yaml.YAMLError as error:
-            reason = " ".join(str(error).split())
-            raise AnnotationError(f"{yaml_path}: existing data.yaml is not valid YAML ({reason})") from None
+            raise AnnotationError(f"{yaml_path}: existing data.yaml is not valid YAML ({yaml_reason(error)})") from None
+        except OSError as error:
+            raise AnnotationError(f"{yaml_path}: cannot read ({error.strerror or error})") from None
         old_names = old.get("names") if isinstance(old, dict) else None
         if isinstance(old_names, dict):
-            old_names = [old_names[key] for key in sorted(old_names)]
-        if old_names is not None and list(old_names) != list(names):
-            raise AnnotationError(f"{yaml_path}: existing class names {old_names} differ from {names}; "
-                                  "import into another folder or pass the same names")
+            integer_ids = all(isinstance(key, int) and not isinstance(key, bool) for key in old_names)
+            old_names = [old_names[key] for key in sorted(old_names)] if integer_ids else old_names
+        if old_names is not None and (not isinstance(old_names, list) or old_names != list(names)):
+            raise AnnotationError(f"{yaml_path}: existing class names {shorten(old_names)} differ from "
+                                  f"{shorten(names)}; import into another folder or pass the same names")
+
+
+def check_names(names: list[str], source) -> None:
+    """Class names a data.yaml can hold: at most MAX_CLASSES, each 1..MAX_NAME_LENGTH characters."""
+    if len(names) > MAX_CLASSES:
+        raise AnnotationError(f"{source}: {len(names)} classes, more than the {MAX_CLASSES} supported")
+    for name in names:
+        if not 0 < len(name) <= MAX_NAME_LENGTH:
+            raise AnnotationError(f"{source}: class name {shorten(name)} must have 1 to {MAX_NAME_LENGTH} characters")
 
 
 def write_data_yaml(out_dir: Path, names: list[str]) -> Path:
@@ -122,22 +149,40 @@ def write_data_yaml(out_dir: Path, names: list[str]) -> Path:
     config["nc"] = len(names)
     config["names"] = {index: name for index, name in enumerate(names)}
     yaml_path = out_dir / "data.yaml"
-    yaml_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    with writing(yaml_path):
+        yaml_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return yaml_path
 
 
-def find_image(folder: Path, name: str | None, stem: str) -> Path | None:
-    """The image called ``name`` in ``folder`` (or just its base name), else ``stem`` + any image extension."""
-    if name:
-        for candidate in (folder / name, folder / Path(name).name):
-            if candidate.is_file():
-                return candidate
-    for extension in IMG_EXTENSIONS:
-        for suffix in (extension, extension.upper()):
-            candidate = folder / f"{stem}.{suffix}"
-            if candidate.is_file():
-                return candidate
-    return None
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.is_file() and path.resolve().is_relative_to(root)
+    except (OSError, ValueError, RuntimeError):  # too long, NUL byte, symlink loop
+        return False
+
+
+def _candidates(folder: Path, name: str | None, stem: str) -> list[Path]:
+    found = [folder / name, folder / Path(name).name] if name else []
+    return found + [folder / f"{stem}.{suffix}" for extension in IMG_EXTENSIONS
+                    for suffix in (extension, extension.upper())]
+
+
+def find_image(folder: Path, name: str | None, stem: str) -> tuple[Path | None, str]:
+    """(image, "") for the file called ``name`` in ``folder`` (or just its base name), else ``stem`` + any
+    image extension; only files whose real path (symlinks resolved) is inside ``folder`` count.
+    (None, reason) when there is none; the reason says whether a candidate lay outside the folder."""
+    root = folder.resolve()
+    outside = None
+    for candidate in _candidates(folder, name, stem):
+        if _inside(candidate, root):
+            return candidate, ""
+        try:
+            outside = outside or (candidate.resolve() if candidate.is_file() else None)
+        except (OSError, ValueError, RuntimeError):
+            continue
+    if outside is not None:
+        return None, f"is outside the images folder {root} (resolves to {shorten(str(outside), 200)})"
+    return None, f"not found in {folder}"
 
 
 def image_header_size(path: Path) -> tuple[int, int]:
@@ -164,17 +209,21 @@ class VocRecord:
 
 
 def read_xml(path: Path) -> ElementTree.Element:
-    """Parse an XML file, refusing DOCTYPE/ENTITY declarations (entity expansion attacks)."""
+    """Parse an XML file; SkippedAnnotation for DOCTYPE/ENTITY declarations (entity expansion attacks)
+    and files past MAX_ANNOTATION_XML_BYTES, AnnotationError for unreadable or malformed ones."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            data = file.read(MAX_ANNOTATION_XML_BYTES + 1)
     except OSError as error:
         raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    if len(data) > MAX_ANNOTATION_XML_BYTES:
+        raise SkippedAnnotation(f"{path}: larger than {MAX_ANNOTATION_XML_BYTES >> 20} MB, not an annotation file")
     if _UNSAFE_XML.search(data):
-        raise AnnotationError(f"{path}: DOCTYPE/ENTITY declarations are not allowed in annotation XML")
+        raise SkippedAnnotation(f"{path}: DOCTYPE/ENTITY declarations are not allowed in annotation XML")
     try:
         return ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
-        raise AnnotationError(f"{path}: malformed XML ({error})") from None
+        raise AnnotationError(f"{path}: malformed XML ({shorten(str(error), 200)})") from None
 
 
 def _number(element: ElementTree.Element, tag: str, path: Path, required: bool = True) -> float | None:
@@ -184,15 +233,18 @@ def _number(element: ElementTree.Element, tag: str, path: Path, required: bool =
             raise AnnotationError(f"{path}: missing <{tag}>")
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise AnnotationError(f"{path}: <{tag}> is not a number: {text.strip()!r}") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise AnnotationError(f"{path}: <{tag}> is not a finite number: {shorten(text.strip())}")
+    return value
 
 
 def parse_voc_xml(path: Path) -> VocRecord:
     root = read_xml(path)
     if root.tag != "annotation":
-        raise AnnotationError(f"{path}: root element is <{root.tag}>, expected <annotation>")
+        raise AnnotationError(f"{path}: root element is <{shorten(root.tag, 40)}>, expected <annotation>")
     size = root.find("size")
     width = _number(size, "width", path, required=False) if size is not None else None
     height = _number(size, "height", path, required=False) if size is not None else None
@@ -250,51 +302,83 @@ def voc_to_yolo(source: str | os.PathLike, out_dir: str | os.PathLike, images_di
     of names found.
     """
     annotations, images_folder, lists = _voc_folders(Path(source), Path(images_dir) if images_dir else None)
-    records = [parse_voc_xml(path) for path in sorted(annotations.glob("*.xml"))]
-    if not records:
-        raise AnnotationError(f"{annotations}: no .xml annotation files found")
+    _check_split(split)
+    records, skipped_files = _read_voc_records(annotations)
     splits = _voc_split_of([record.xml_path.stem for record in records], lists, split, val_fraction)
     records = [record for record in records if record.xml_path.stem in splits]
     names = list(names) if names else sorted({obj[0] for record in records for obj in record.objects})
     out_dir = Path(out_dir)
+    check_names(names, annotations)
     check_existing_names(out_dir, names)
-    summary = ImportSummary(out_dir / "data.yaml", names)
+    summary = ImportSummary(out_dir / "data.yaml", names, skipped_files=skipped_files)
     class_index = {name: index for index, name in enumerate(names)}
     unknown = Counter()
     for record in records:
-        image_path = find_image(images_folder, record.filename, record.xml_path.stem)
+        image_path, reason = find_image(images_folder, record.filename, record.xml_path.stem)
         if image_path is None:
-            LOGGER.warning("%s: image %s not found in %s, skipped", record.xml_path,
-                           record.filename or record.xml_path.stem, images_folder)
+            LOGGER.warning("%s: image %s %s, skipped", record.xml_path,
+                           shorten(record.filename or record.xml_path.stem, 200), reason)
             summary.skipped_images += 1
             continue
-        width, height = record.width, record.height
-        if width <= 0 or height <= 0:
-            width, height = image_header_size(image_path)
-        rows = []
-        for name, xmin, ymin, xmax, ymax, difficult in record.objects:
-            row = None
-            if name in class_index and (keep_difficult or not difficult):
-                row = yolo_row(class_index[name], xmin - 1, ymin - 1, xmax - 1, ymax - 1, width, height)
-                if row is None:
-                    LOGGER.warning("%s: %s box has no area inside the %gx%g image, dropped",
-                                   record.xml_path, name, width, height)
-            unknown[name] += name not in class_index
-            summary.skipped_boxes += row is None
-            rows.extend([row] if row else [])
+        rows = _voc_rows(record, image_path, class_index, keep_difficult, unknown)
+        summary.skipped_boxes += len(record.objects) - len(rows)
         _write_sample(out_dir, splits[record.xml_path.stem], image_path, rows, mode, summary)
     for name, count in unknown.items():
         if count:
-            LOGGER.warning("%s: %d objects of class %r (not in the given names) skipped", annotations, count, name)
+            LOGGER.warning("%s: %d objects of class %s (not in the given names) skipped", annotations, count,
+                           shorten(name))
     summary.yaml_path = write_data_yaml(out_dir, names)
     LOGGER.info("VOC import: %s", summary.line())
     return summary
 
 
+def _read_voc_records(annotations: Path) -> tuple[list[VocRecord], int]:
+    """Parsed XML files of ``annotations`` (sorted) and how many were skipped on sight, with a warning."""
+    records, skipped = [], 0
+    for path in sorted(annotations.glob("*.xml")):
+        try:
+            records.append(parse_voc_xml(path))
+        except SkippedAnnotation as error:
+            LOGGER.warning("%s, skipped", error)
+            skipped += 1
+    if not records:
+        raise AnnotationError(f"{annotations}: no usable .xml annotation files found"
+                              + (f" ({skipped} skipped, see the warnings)" if skipped else ""))
+    return records, skipped
+
+
+def _voc_rows(record: VocRecord, image_path: Path, class_index: dict, keep_difficult: bool,
+              unknown: Counter) -> list[tuple]:
+    """YOLO rows of one VOC record; objects of unknown classes are counted in ``unknown``."""
+    width, height = record.width, record.height
+    if width <= 0 or height <= 0:
+        width, height = image_header_size(image_path)
+    rows = []
+    for name, xmin, ymin, xmax, ymax, difficult in record.objects:
+        unknown[name] += name not in class_index
+        if name not in class_index or not (keep_difficult or not difficult):
+            continue
+        row = yolo_row(class_index[name], xmin - 1, ymin - 1, xmax - 1, ymax - 1, width, height)
+        if row is None:
+            LOGGER.warning("%s: %s box has no area inside the %gx%g image, dropped",
+                           record.xml_path, shorten(name), width, height)
+        rows.extend([row] if row else [])
+    return rows
+
+
+def _check_split(split: str | None) -> None:
+    if split is not None and split not in SPLITS:
+        raise AnnotationError(f"split {shorten(split)}: expected one of {', '.join(SPLITS)}")
+
+
 def _write_sample(out_dir: Path, split: str, image_path: Path, rows: list[tuple], mode: str,
                   summary: ImportSummary) -> None:
-    place_image(image_path, out_dir / "images" / split / image_path.name, mode)
-    write_labels(out_dir / "labels" / split / f"{image_path.stem}.txt", rows)
+    target = out_dir / "images" / split / image_path.name
+    with writing(target):
+        place_image(image_path, target, mode)
+    label = out_dir / "labels" / split / f"{image_path.stem}.txt"
+    with writing(label):
+        write_labels(label, rows)
     summary.images[split] += 1
     summary.boxes += len(rows)
 
@@ -308,7 +392,7 @@ def _load_coco(path: Path) -> dict:
     except OSError as error:
         raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise AnnotationError(f"{path}: malformed JSON ({error})") from None
+        raise AnnotationError(f"{path}: malformed JSON ({str(error)[:200]})") from None
     if not isinstance(data, dict):
         raise AnnotationError(f"{path}: top level must be an object with images, annotations, categories")
     for key in ("images", "annotations", "categories"):
@@ -321,7 +405,7 @@ def _field(entry, key: str, kind, path: Path, where: str):
     """entry[key] checked against ``kind`` (a type or tuple), else an AnnotationError naming the entry."""
     value = entry.get(key) if isinstance(entry, dict) else None
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise AnnotationError(f"{path}: {where} has no valid {key!r} (got {value!r})")
+        raise AnnotationError(f"{path}: {where} has no valid {key!r} (got {shorten(value)})")
     return value
 
 
@@ -346,11 +430,11 @@ def _coco_boxes(data: dict, path: Path, class_of: dict[int, int], image_ids: set
         image_id = _field(entry, "image_id", (int, str), path, where)
         category_id = _field(entry, "category_id", int, path, where)
         bbox = _field(entry, "bbox", list, path, where)
-        if len(bbox) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
-            raise AnnotationError(f"{path}: {where} bbox must be 4 numbers, got {bbox!r}")
+        if len(bbox) != 4 or not all(_finite(v) for v in bbox):
+            raise AnnotationError(f"{path}: {where} bbox must be 4 finite numbers, got {shorten(bbox)}")
         if image_id not in image_ids or category_id not in class_of:
-            raise AnnotationError(f"{path}: {where} refers to unknown image_id {image_id!r} "
-                                  f"or category_id {category_id!r}")
+            raise AnnotationError(f"{path}: {where} refers to unknown image_id {shorten(image_id)} "
+                                  f"or category_id {shorten(category_id)}")
         if entry.get("iscrowd"):
             summary.skipped_boxes += 1
             continue
@@ -367,8 +451,10 @@ def coco_to_yolo(coco_json: str | os.PathLike, images_dir: str | os.PathLike, ou
     second import whose categories differ.
     """
     path, images_dir, out_dir = Path(coco_json), Path(images_dir), Path(out_dir)
+    _check_split(split)
     data = _load_coco(path)
     class_of, names = _coco_categories(data, path)
+    check_names(names, path)
     check_existing_names(out_dir, names)
     images = {}
     for index, entry in enumerate(data["images"]):
@@ -378,24 +464,34 @@ def coco_to_yolo(coco_json: str | os.PathLike, images_dir: str | os.PathLike, ou
     boxes = _coco_boxes(data, path, class_of, set(images), summary)
     written: dict[str, object] = {}
     for image_id, (file_name, entry) in images.items():
-        image_path = find_image(images_dir, file_name, Path(file_name).stem)
+        image_path, reason = find_image(images_dir, file_name, Path(file_name).stem)
         if image_path is None:
-            LOGGER.warning("%s: image %s not found in %s, skipped", path, file_name, images_dir)
+            LOGGER.warning("%s: image %s %s, skipped", path, shorten(file_name, 200), reason)
             summary.skipped_images += 1
             continue
         if written.setdefault(image_path.name, image_id) != image_id:
-            raise AnnotationError(f"{path}: two images share the file name {image_path.name!r}")
-        width, height = entry.get("width"), entry.get("height")
-        if not (isinstance(width, (int, float)) and isinstance(height, (int, float)) and width > 0 and height > 0):
-            width, height = image_header_size(image_path)
-        rows = []
-        for cls, x0, y0, x1, y1 in boxes.get(image_id, []):
-            row = yolo_row(cls, x0, y0, x1, y1, width, height)
-            if row is None:
-                LOGGER.warning("%s: image %s has a box with no area inside the image, dropped", path, file_name)
-            summary.skipped_boxes += row is None
-            rows.extend([row] if row else [])
+            raise AnnotationError(f"{path}: two images share the file name {shorten(image_path.name)}")
+        rows = _coco_rows(boxes.get(image_id, []), entry, image_path, f"{path}: image {shorten(file_name, 200)}")
+        summary.skipped_boxes += len(boxes.get(image_id, [])) - len(rows)
         _write_sample(out_dir, split, image_path, rows, mode, summary)
     summary.yaml_path = write_data_yaml(out_dir, names)
     LOGGER.info("COCO import: %s", summary.line())
     return summary
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _coco_rows(boxes: list[tuple], entry: dict, image_path: Path, where: str) -> list[tuple]:
+    """YOLO rows of one COCO image; the size comes from the entry, else from the image header."""
+    width, height = entry.get("width"), entry.get("height")
+    if not (_finite(width) and _finite(height) and width > 0 and height > 0):
+        width, height = image_header_size(image_path)
+    rows = []
+    for cls, x0, y0, x1, y1 in boxes:
+        row = yolo_row(cls, x0, y0, x1, y1, width, height)
+        if row is None:
+            LOGGER.warning("%s has a box with no area inside the image, dropped", where)
+        rows.extend([row] if row else [])
+    return rows

@@ -7,20 +7,16 @@ same stem, ``.txt``. Each image must decode (the shape recorded is after EXIF or
 and boxed). Bad files are skipped with one warning naming the file and the reason; fixable rows
 (duplicates, zero-size boxes, boxes past the edge) are repaired with a warning.
 
-The cache is an ``.npz`` file without pickles (arrays + a JSON metadata string), written
-atomically next to the labels folder, or in a fallback folder when that one is read-only, and
-keyed by a hash of the file list, sizes and mtimes.
+Results are cached by ``utils.data.label_cache`` (no pickles; beside the labels folder only for a
+dataset folder that is writable, else in the user cache folder; keyed on the files' real paths and
+identities, so every path to one dataset shares one cache).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -28,15 +24,14 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.images import IMG_EXTENSIONS, is_image_file, read_image
+from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 
-CACHE_VERSION = "verify-1"
 MIN_SIZE = 10  # pixels, both sides
 EPS = 1e-6  # tolerance on the [0, 1] range of coordinates
 ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # as read_image
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "yolo-trainer" / "labels"
 COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images", "label_files")
 
 
@@ -50,17 +45,6 @@ class Problem(ValueError):
     def __init__(self, category: str, detail: str):
         super().__init__(detail)
         self.category, self.detail = category, detail
-
-
-@dataclass
-class SplitLabels:
-    im_files: list[str]
-    labels: list[np.ndarray]  # (n, 5) float32: class, cx, cy, w, h normalised
-    segments: list[list[np.ndarray]]  # per image: (k, 2) float32 normalised polygons, or []
-    shapes: np.ndarray  # (N, 2) int64: width, height after EXIF orientation
-    stats: dict = field(default_factory=dict)  # counts: found, missing, empty, corrupt, duplicates, images
-    messages: list[str] = field(default_factory=list)  # "file: reason" lines
-    problems: list[dict] = field(default_factory=list)  # {"file", "category", "detail", "action"}
 
 
 # ----------------------------------------------------------------------------- file lists
@@ -295,22 +279,6 @@ def verify_one(item: tuple[str, str, int, bool]) -> dict:
 
 
 # ----------------------------------------------------------------------------- split scan
-def _file_signature(path: str) -> str:
-    try:
-        stat = os.stat(path)
-        return f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}"
-    except OSError:
-        return f"{path}\t-"
-
-
-def dataset_hash(im_files: list[str], label_files: list[str], nc: int, single_cls: bool) -> str:
-    """Hash of the file list, sizes and mtimes of images and labels, the options and the cache version."""
-    digest = hashlib.sha256(f"{CACHE_VERSION}\t{nc}\t{single_cls}\n".encode())
-    for im_file, label_file in zip(im_files, label_files):
-        digest.update(f"{_file_signature(im_file)}\n{_file_signature(label_file)}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
-
-
 def _run_checks(items: list, workers: int, description: str) -> list[dict]:
     """verify_one over items in order, in threads (cv2/PIL decoding releases the GIL), with a progress bar."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -319,12 +287,9 @@ def _run_checks(items: list, workers: int, description: str) -> list[dict]:
         return list(tqdm(records, total=len(items), desc=description, unit="img", disable=None, leave=False))
 
 
-def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
+def _collect(records: list[dict]) -> SplitLabels:
     result = SplitLabels([], [], [], np.zeros((0, 2), np.int64), dict.fromkeys(COUNT_KEYS, 0))
     stats = result.stats
-    for message in ignored:
-        file, _, detail = message.partition(": ")
-        result.problems.append({"file": file, "category": detail, "detail": detail, "action": "ignored"})
     shapes = []
     for record in records:
         stats["label_files"] += int(not record["missing"])
@@ -344,13 +309,19 @@ def _collect(records: list[dict], ignored: list[str]) -> SplitLabels:
         result.segments.append(record["segments"]), shapes.append(record["shape"])
     stats["images"] = len(result.im_files)
     result.shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
-    result.messages = [_message(p) for p in result.problems]
+    result.messages = [problem_message(p) for p in result.problems]
     return result
 
 
-def _message(problem: dict) -> str:
-    action = " (image skipped)" if problem["action"] == "skipped" else ""
-    return f"{problem['file']}: {problem['detail']}{action}"
+def _with_ignored(result: SplitLabels, ignored: list[str]) -> SplitLabels:
+    """``result`` with the entries the file listing ignored (hidden files, missing list entries) first."""
+    problems = []
+    for message in ignored:
+        file, _, detail = message.partition(": ")
+        problems.append({"file": file, "category": detail, "detail": detail, "action": "ignored"})
+    result.problems = problems + [p for p in result.problems if p["action"] != "ignored"]
+    result.messages = [problem_message(p) for p in result.problems]
+    return result
 
 
 def summary_line(result: SplitLabels, prefix: str, where: str) -> str:
@@ -380,10 +351,8 @@ def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: in
         raise DatasetError(f"{prefix}no images found in {display_sources(sources)} "
                            f"(supported extensions: {', '.join(IMG_EXTENSIONS)}, any case)")
     label_files = img2label_paths(im_files)
-    key = dataset_hash(im_files, label_files, nc, single_cls)
-    primary = Path(os.path.dirname(label_files[0]) + ".cache.npz")
-    fallback = fallback_cache_path(primary, cache_dir)
-    result = load_cache(primary, key, fallback) if use_cache else None
+    cache = LabelCache(im_files, label_files, nc, single_cls, cache_dir) if use_cache else None
+    result = cache.load() if cache else None
     if result is None:
         items = [(im, lb, nc, single_cls) for im, lb in zip(im_files, label_files)]
         if workers is None:
@@ -391,9 +360,10 @@ def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: in
 
             workers = usable_cpus()
         workers = max(1, min(workers, 16))
-        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {display_sources(sources)}"), ignored)
-        if use_cache:
-            save_cache(result, key, primary, fallback)
+        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {display_sources(sources)}"))
+        if cache:
+            cache.save(result)
+    result = _with_ignored(result, ignored)
     for message in result.messages:
         LOGGER.warning(f"{prefix}{message}")
     LOGGER.info(summary_line(result, prefix, display_sources(sources)))
@@ -412,116 +382,3 @@ def scan_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int 
         raise DatasetError(f"{prefix}no label files found: looked in {os.path.dirname(label)} (rule: the last "
                            f"/images/ in an image path becomes /labels/, same stem, .txt: {example} -> {label})")
     return result
-
-
-# ----------------------------------------------------------------------------- cache
-def fallback_cache_path(primary: Path, cache_dir=None) -> Path:
-    """Where the cache goes when ``primary``'s folder is read-only: <cache_dir>/<hash of primary>.npz."""
-    folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    return folder / (hashlib.sha256(str(primary).encode("utf-8", "surrogateescape")).hexdigest()[:20] + ".npz")
-
-
-def _offsets(lengths) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))]).astype(np.int64)
-
-
-def cache_arrays(result: SplitLabels, key: str) -> dict[str, np.ndarray]:
-    """Plain numeric arrays (no objects) holding ``result``; metadata as a UTF-8 JSON byte array."""
-    polygons = [polygon for segments in result.segments for polygon in segments]
-    meta = {"version": CACHE_VERSION, "hash": key, "im_files": result.im_files, "stats": result.stats,
-            "problems": result.problems}
-    return {
-        "meta": np.frombuffer(json.dumps(meta).encode("utf-8", "surrogateescape"), dtype=np.uint8),
-        "labels": np.concatenate(result.labels + [np.zeros((0, 5), np.float32)]).astype(np.float32),
-        "label_offsets": _offsets([len(x) for x in result.labels]),
-        "shapes": result.shapes.astype(np.int64),
-        "points": np.concatenate(polygons + [np.zeros((0, 2), np.float32)]).astype(np.float32),
-        "point_offsets": _offsets([len(p) for p in polygons]),
-        "segment_offsets": _offsets([len(s) for s in result.segments]),
-    }
-
-
-def result_from_arrays(arrays, key: str) -> SplitLabels | None:
-    """The SplitLabels stored in ``arrays``, or None when it belongs to another file list/version."""
-    meta = json.loads(bytes(arrays["meta"]).decode("utf-8", "surrogateescape"))
-    if meta.get("version") != CACHE_VERSION or meta.get("hash") != key:
-        return None
-    labels, label_offsets = arrays["labels"], arrays["label_offsets"]
-    points, point_offsets, segment_offsets = arrays["points"], arrays["point_offsets"], arrays["segment_offsets"]
-    polygons = [points[point_offsets[i]:point_offsets[i + 1]] for i in range(len(point_offsets) - 1)]
-    count = len(meta["im_files"])
-    result = SplitLabels(
-        im_files=meta["im_files"],
-        labels=[labels[label_offsets[i]:label_offsets[i + 1]].copy() for i in range(count)],
-        segments=[polygons[segment_offsets[i]:segment_offsets[i + 1]] for i in range(count)],
-        shapes=np.asarray(arrays["shapes"], np.int64).reshape(-1, 2),
-        stats=meta["stats"], problems=meta["problems"])
-    if len(result.shapes) != count or len(label_offsets) != count + 1 or len(segment_offsets) != count + 1:
-        raise ValueError("inconsistent array lengths")
-    result.messages = [_message(p) for p in result.problems]
-    return result
-
-
-def load_cache(primary: Path, key: str, fallback: Path) -> SplitLabels | None:
-    """The cached result for ``key`` from ``primary`` or ``fallback``; a corrupt file is warned about."""
-    for path in (primary, fallback):
-        if not path.is_file():
-            continue
-        try:
-            with np.load(path, allow_pickle=False) as arrays:
-                result = result_from_arrays(arrays, key)
-        except Exception as e:  # zip, JSON, key and shape errors all mean "rebuild"
-            LOGGER.warning(f"{path}: label cache unreadable ({type(e).__name__}: {e}), rebuilding")
-            continue
-        if result is not None:
-            LOGGER.debug(f"{path}: label cache hit")
-            return result
-    return None
-
-
-def save_cache(result: SplitLabels, key: str, primary: Path, fallback: Path) -> Path | None:
-    """Write the cache atomically to ``primary``, else to ``fallback``; returns the path written."""
-    arrays = cache_arrays(result, key)
-    for path in (primary, fallback):
-        if not is_writable_folder(path.parent):
-            continue
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, arrays)
-        except OSError as e:
-            LOGGER.debug(f"{path}: cannot write label cache ({e})")
-            continue
-        if path == fallback:
-            LOGGER.info(f"{primary.parent} is not writable, label cache saved to {path}")
-        return path
-    LOGGER.warning(f"label cache not saved: neither {primary} nor {fallback} is writable")
-    return None
-
-
-def is_writable_folder(folder: Path) -> bool:
-    """Whether files may be created in ``folder`` (or its nearest existing parent).
-
-    A folder whose mode has no write bit counts as read-only even for root, who bypasses permissions:
-    a dataset shipped read-only is never written into.
-    """
-    folder = Path(os.path.abspath(folder))
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
-    try:
-        mode = folder.stat().st_mode
-    except OSError:
-        return False
-    return folder.is_dir() and bool(mode & 0o222) and os.access(folder, os.W_OK | os.X_OK)
-
-
-def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            np.savez(file, **arrays)
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise

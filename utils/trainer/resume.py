@@ -22,7 +22,7 @@ from pathlib import Path
 from utils import dist
 from utils.checkpoint import TrainingState, is_finished, load_resumable, training_state
 from utils.config import ConfigError, Hyp, TrainConfig
-from utils.errors import UserError
+from utils.errors import ArgumentError, UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ LAUNCH_MARKER = ".launch"
 
 class ResumeError(UserError):
     """Nothing to resume, or an option that cannot change on resume."""
+
+
+class ResumeOptionError(ArgumentError):
+    """An option given with --resume that the resumed run cannot take (a usage error: exit 2)."""
 
 
 class RunFinished(Exception):
@@ -129,7 +133,7 @@ def option_changes(explicit: dict, saved: TrainConfig) -> dict:
             changes[dest] = (old, given)
             continue
         reason = WHY_FIXED.get(dest, "a resumed run continues with its own options; start a new run to change it")
-        raise ResumeError(f"--{dest.replace('_', '-')} {str(given)[:80]} differs from the resumed run's "
+        raise ResumeOptionError(f"--{dest.replace('_', '-')} {str(given)[:80]} differs from the resumed run's "
                           f"{str(old)[:80]}: {reason}")
     return changes
 
