@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from utils.boxes import scale_boxes, xyxy2xywh
-from utils.cli import (ArgumentParser, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
+from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
                        int_in_range, max_detections, positive_int, probability)
 from utils.data.transforms import letterbox
 from utils.device import select_device
@@ -70,6 +70,7 @@ class DetectConfig:
     half: bool = False
     dnn: bool = False
     vid_stride: int = 1
+    amp: str = "auto"  # CPU: bf16 autocast with AMX (auto), fp32 otherwise
 
 
 @dataclass
@@ -231,7 +232,7 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     start = _now(device)
     tensor = _prepare(item.image, context["imgsz"], context["stride"], device, context["half"], context["auto"])
     loaded = _now(device)
-    with torch.inference_mode():
+    with torch.inference_mode(), context["autocast"]:
         output = model(tensor.contiguous(memory_format=torch.channels_last))
     inferred = _now(device)
     det = non_max_suppression(output, config.conf_thres, config.iou_thres, config.classes,
@@ -283,8 +284,11 @@ def run(config: DetectConfig) -> Path:
     save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
     if config.save_txt:
         (save_dir / "labels").mkdir(parents=True, exist_ok=True)
+    from utils.precision import inference_autocast
+
     context = {"device": device, "half": half, "stride": stride, "imgsz": imgsz, "auto": auto, "save_dir": save_dir,
-               "names": list(model.names), "timings": Timings(), "video": VideoSink()}
+               "names": list(model.names), "timings": Timings(), "video": VideoSink(),
+               "autocast": inference_autocast(device, half, config.amp)}
     _warmup(model, imgsz, device, half)
     show_bar = bool(sources.videos) or sources.num_images > PROGRESS_MIN_IMAGES
     bar = tqdm(total=sources.total_items() if show_bar else 0, disable=not show_bar, unit="img",
@@ -342,6 +346,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--hide-labels", action="store_true", help="hide labels")
     add("--hide-conf", action="store_true", help="hide confidences")
     add_half_flag(parser)
+    add_amp_flag(parser)
     add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
     add("--vid-stride", type=positive_int, default=1, help="video frame-rate stride")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from models import is_channels_last  # noqa: E402
-from utils.cli import (ArgumentParser, add_device_flag, add_half_flag, add_run_folder_flags, batch_size,  # noqa: E402
+from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_flag, add_run_folder_flags, batch_size,  # noqa: E402
                        image_size, max_detections, probability, workers)
 from utils.errors import UserError, run_main  # noqa: E402
 from utils.validation import ValResult, model_dtype, validate  # noqa: E402
@@ -41,7 +41,7 @@ class ValError(UserError):
 def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300,
         task="val", device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False,
         save_hybrid=False, save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False,
-        half=False, dnn=False, plots=True) -> ValResult:
+        half=False, dnn=False, plots=True, amp="auto") -> ValResult:
     """Standalone validation: model from ``weights``, rectangular batches (pad 0.5) of ``data``'s ``task`` split.
 
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
@@ -76,11 +76,14 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     save_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True)
     loader, _ = create_dataloader(sources, imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, names=config.names, prefix=f"{split}: ")
-    _warmup(model, device, imgsz)
-    result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
-                      save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
-                      save_json=save_json, save_txt=save_txt, save_conf=save_conf,
-                      json_name=f"{Path(weights).stem}_predictions.json")
+    from utils.precision import inference_autocast
+
+    with inference_autocast(device, half, amp):  # bf16 on CPUs with AMX (--amp auto); a no-op on CUDA
+        _warmup(model, device, imgsz)
+        result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
+                          save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
+                          save_json=save_json, save_txt=save_txt, save_conf=save_conf,
+                          json_name=f"{Path(weights).stem}_predictions.json")
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
         LOGGER.info("%d labels saved to %s", count, save_dir / "labels")
@@ -164,6 +167,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file")
     add_run_folder_flags(parser, str(ROOT / "runs/val"))
     add_half_flag(parser)
+    add_amp_flag(parser)
     parser.add_argument("--dnn", action="store_true", help="use OpenCV DNN for ONNX inference (ignored)")
     args = parser.parse_args(argv)
     args.save_json |= bool(args.data) and str(args.data).endswith("coco.yaml")

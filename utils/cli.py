@@ -78,5 +78,11 @@ def add_run_folder_flags(parser: argparse.ArgumentParser, project: str) -> None:
     parser.add_argument("--exist-ok", action="store_true", help="existing project/name ok, do not increment")
 
 
+def add_amp_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
+                        help="CPU inference precision: auto = bf16 autocast on CPUs with AMX, else fp32 "
+                             "(--half is CUDA fp16)")
+
+
 def add_half_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--half", action="store_true", help="FP16 half-precision inference (CUDA only)")
