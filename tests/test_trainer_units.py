@@ -122,3 +122,15 @@ def test_scale_batch_keeps_stride_multiple():
     images = torch.rand(2, 3, 64, 96)
     out = scale_batch(images, 48)
     assert out.shape[2] % 32 == 0 and out.shape[3] % 32 == 0 and max(out.shape[2:]) == 64
+
+
+def test_transfer_from_unrelated_weights_warns_naming_what_did_not_fit(caplog):
+    from utils.trainer.setup import transfer_state
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    other = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).state_dict()  # same names, other shapes
+    assert transfer_state(model, other) == (0, 7)
+    assert "fit only 0 of the model's 7 tensors" in caplog.text and "0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)" in caplog.text
+    caplog.clear()
+    assert transfer_state(model, model.state_dict()) == (7, 7)
+    assert "fit only" not in caplog.text

@@ -327,12 +327,6 @@ class YoloDataset(Dataset):
             raise ValueError(f"{prefix}YoloDataset needs nc (the number of classes) to scan {sources}")
         return scan_split(sources, nc, prefix=prefix, single_cls=single_cls)
 
-    @classmethod
-    def from_labels(cls, im_files, labels, shapes, segments=None, **kwargs) -> "YoloDataset":
-        """Dataset from in-memory labels: (n, 5) normalised arrays per image and (w, h) shapes."""
-        split = LabelSet(list(im_files), list(labels), np.asarray(shapes), list(segments or []))
-        return cls(split, **kwargs)
-
     def __len__(self) -> int:
         return self.n
 

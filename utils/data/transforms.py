@@ -42,10 +42,6 @@ def letterbox(img: np.ndarray, new_shape=640, color=(114, 114, 114), auto: bool 
     return img, ratios, (dw, dh)
 
 
-def make_divisible(x: float, divisor: int) -> int:
-    return int(math.ceil(x / divisor) * divisor)
-
-
 # ---------------------------------------------------------------------------------------------
 # Training augmentations. Boxes inside the pipeline are (n, 5) float arrays [class, x1, y1, x2, y2]
 # in pixels of the current image; segments are lists of (k, 2) pixel arrays. Every random draw

@@ -7,7 +7,6 @@ from typing import Callable
 HOOKS = (
     "on_train_start",      # save_dir, model, config
     "on_fit_epoch_end",    # epoch, values (dict of results.csv columns), fitness, stats (EpochStats)
-    "on_model_save",       # epoch, last, best
     "on_train_end",        # save_dir, best, results
 )
 

@@ -35,12 +35,24 @@ def check_img_size(imgsz: int, stride: int, floor: int = 0) -> int:
     return new_size
 
 
+TRANSFER_WARNING = 0.5  # --weights that fill less than this share of the model's tensors get a warning
+
+
 def transfer_state(model: torch.nn.Module, state_dict: dict, exclude: tuple[str, ...] = ()) -> tuple[int, int]:
-    """Copy entries whose names and shapes match; return (transferred, total in model)."""
+    """Copy entries whose names and shapes match; return (transferred, total in model). Fewer than
+    TRANSFER_WARNING of the model's tensors is a warning that names what did not fit (YOLOv5 only says
+    "Transferred 0/349" and trains from scratch)."""
     own = model.state_dict()
     matched = {k: v for k, v in state_dict.items()
                if k in own and v.shape == own[k].shape and not any(x in k for x in exclude)}
     model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in matched.items()}})
+    if len(matched) < TRANSFER_WARNING * len(own):
+        missing = [k for k in own if k not in state_dict][:2]
+        shapes = [f"{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}" for k in own
+                  if k in state_dict and state_dict[k].shape != own[k].shape][:2]
+        LOGGER.warning("WARNING: --weights fit only %d of the model's %d tensors (%s); most of the model starts "
+                       "from scratch: are the weights for this --cfg?", len(matched), len(own),
+                       "; ".join([*(f"missing {k}" for k in missing), *(f"shape {s}" for s in shapes)]) or "-")
     return len(matched), len(own)
 
 
