@@ -89,7 +89,7 @@ def run(side: str, seed: int, args) -> dict:
         project = Path(folder) / "runs"
         env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"} if side == "yolov5" else None
         start = time.monotonic()
-        done = subprocess.run(command(side, seed, args), cwd=folder, env=env, stdout=subprocess.DEVNULL,
+        done = subprocess.run(command(side, seed, args, project), cwd=folder, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
         wall = time.monotonic() - start
         results = project / "exp" / "results.csv"
