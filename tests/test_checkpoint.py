@@ -248,3 +248,24 @@ def test_legacy_non_zip_yolov5_pickle_is_refused_without_running(tmp_path):
     with pytest.raises(CheckpointError, match="legacy \\(non-zip\\) YOLOv5 checkpoint"):
         load_checkpoint(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     RuntimeError("[enforce fail at inline_container.cc] . PytorchStreamWriter "
+                                                  "failed writing file data/0: file write failed")])
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_file(tmp_path, monkeypatch, failure):
+    from utils.errors import WriteError
+
+    last = save_checkpoint({"model": model_state(tiny_model()), "ema": None, "epoch": 1}, tmp_path / "last.pt")
+
+    def full_disk(data, file):
+        file.write(b"partial")
+        raise failure
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(WriteError) as error:
+        save_checkpoint({"model": model_state(tiny_model()), "ema": None, "epoch": 2}, last, keep_previous=True)
+    message = str(error.value)
+    assert "\n" not in message and str(last) in message and "previous last.pt is intact" in message
+    monkeypatch.undo()
+    assert torch.load(last, weights_only=True)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file left behind

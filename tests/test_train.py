@@ -141,3 +141,24 @@ def test_autoanchor_fits_a_count_yaml_and_the_anchors_travel_with_the_weights(ti
                      "--project", str(root / "val")]) == 0
     assert "Anchors (pixels, width x height) per level" in capsys.readouterr().out
     assert train_script.main([*args, "--name", "anchors-off", "--noautoanchor"]) == 1  # a count needs AutoAnchor
+
+
+def test_project_that_is_a_file_and_multi_gpu_without_torchrun_are_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    assert train_script.main(["--project", str(blocker / "runs"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(blocker) in err[0]
+    problem = train_script.launch_problem(train_script.parse_args(["--device", "0,1", "--epochs", "3"]), ["--epochs", "3"])
+    assert problem.endswith("torchrun --nproc_per_node 2 train.py --epochs 3")
+
+
+def test_a_batch_the_processes_cannot_split_is_refused_with_the_nearest_sizes(monkeypatch):
+    from utils import dist
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(dist.SharedError, match="--batch-size 18 is not divisible by the 4 processes.*use 16 or 20") as error:
+        dist.check_launch(18, torch.device("cpu"))
+    assert error.value.exit_code == 2
+    dist.check_launch(16, torch.device("cpu"))

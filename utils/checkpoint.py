@@ -81,9 +81,12 @@ def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | Non
             Path(temp_name).unlink(missing_ok=True)
             raise
         _fsync_folder(path.parent)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
+        if isinstance(error, RuntimeError) and "write" not in str(error).lower():
+            raise
         intact = f"; the previous {path.name} is intact" if path.exists() else ""
-        raise WriteError(f"{path}: could not write checkpoint ({error.strerror or error}){intact}") from None
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:120]
+        raise WriteError(f"{path}: could not write checkpoint ({reason}){intact}") from None
     return path
 
 
