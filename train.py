@@ -218,7 +218,7 @@ def _shared(decide):
             outcome = ("ok", decide())
         except (UserError, RunFinished) as error:
             outcome = ("error", error)
-    kind, value = dist.broadcast_object(outcome)
+    kind, value = dist.broadcast_object(outcome, phase="decide what to train (new run or resume)")
     if kind == "error":
         if isinstance(value, UserError) and not dist.is_main_process():
             raise dist.SharedError(str(value), value.exit_code)

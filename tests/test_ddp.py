@@ -272,3 +272,14 @@ def test_ctrl_c_to_torchrun_leaves_no_process_behind(tiny):
     time.sleep(2)
     assert our_processes(marker) == [], output[-2000:]
     assert "SIGINT received" in output
+
+
+def test_a_failed_wait_names_what_the_process_was_waiting_for():
+    from utils import dist
+
+    with pytest.raises(dist.DistributedError, match="waited for it to share the epoch's results row"):
+        with dist.named_wait("share the epoch's results row"):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:1234")
+    with pytest.raises(dist.DistributedError, match="timed out after 30 min waiting for the other processes to scan the images"):
+        with dist.named_wait("scan the images"):
+            raise RuntimeError("Timed out waiting 1800000ms for recv operation to complete")

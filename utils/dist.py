@@ -153,15 +153,22 @@ def barrier(phase: str = "") -> None:
     """Wait for every process; a timeout (TIMEOUT_MINUTES) or a dead peer raises naming ``phase``."""
     if not (torch_dist.is_available() and torch_dist.is_initialized()):
         return
-    try:
+    with named_wait(phase or "meet at a barrier"):
         torch_dist.barrier()
-    except RuntimeError as error:
+
+
+@contextlib.contextmanager
+def named_wait(phase: str):
+    """A collective operation that can wait for other processes: its failure (a timeout after TIMEOUT_MINUTES, or
+    a peer that died) becomes a one-line DistributedError saying what this process was waiting for."""
+    try:
+        yield
+    except (RuntimeError, torch_dist.DistBackendError) as error:
         detail = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-        what = f"to {phase}" if phase else "at a barrier"
         if "timed out" in detail.lower() or "timeout" in detail.lower():
-            reason = f"timed out after {TIMEOUT_MINUTES} min waiting for the other processes {what}"
+            reason = f"timed out after {TIMEOUT_MINUTES} min waiting for the other processes to {phase}"
         else:
-            reason = f"another process ended while this one waited for it {what} (see its error)"
+            reason = f"another process ended while this one waited for it to {phase} (see its error)"
         raise DistributedError(f"rank {get_rank()}: {reason} [{detail}]") from None
 
 
@@ -184,51 +191,56 @@ def main_process_first(phase: str):
         barrier(phase)
 
 
-def all_reduce_max(values: list[int]) -> list[int]:
+def all_reduce_max(values: list[int], phase: str = "agree on a decision") -> list[int]:
     """Element-wise maximum of small integer lists over all processes (identity when not distributed)."""
-    return _all_reduce(torch.tensor(values, dtype=torch.int64), torch_dist.ReduceOp.MAX).tolist()
+    return _all_reduce(torch.tensor(values, dtype=torch.int64), torch_dist.ReduceOp.MAX, phase).tolist()
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, phase: str = "sum a statistic") -> torch.Tensor:
     """Sum of ``tensor`` over all processes, as a new tensor on ``tensor``'s device (identity when alone)."""
-    return _all_reduce(tensor.detach().clone(), torch_dist.ReduceOp.SUM).to(tensor.device)
+    return _all_reduce(tensor.detach().clone(), torch_dist.ReduceOp.SUM, phase).to(tensor.device)
 
 
-def _all_reduce(tensor: torch.Tensor, op) -> torch.Tensor:
+def _all_reduce(tensor: torch.Tensor, op, phase: str) -> torch.Tensor:
     if get_world_size() == 1:
         return tensor
     if torch_dist.get_backend() == "nccl":
         tensor = tensor.cuda()
-    torch_dist.all_reduce(tensor, op=op)
+    with named_wait(phase):
+        torch_dist.all_reduce(tensor, op=op)
     return tensor.cpu()
 
 
-def gather_object(obj) -> list:
+def gather_object(obj, phase: str = "share their results") -> list:
     """Every process's ``obj``, in rank order, on every process (``[obj]`` when not distributed)."""
     if get_world_size() == 1:
         return [obj]
     gathered = [None] * get_world_size()
-    torch_dist.all_gather_object(gathered, obj)
+    with named_wait(phase):
+        torch_dist.all_gather_object(gathered, obj)
     return gathered
 
 
-def broadcast_object(obj, src: int = 0):
+def broadcast_object(obj, src: int = 0, phase: str = "share the main process's decision"):
     """Send a picklable Python object from ``src`` to every process (identity when not distributed)."""
     if get_world_size() == 1:
         return obj
     holder = [obj]
-    torch_dist.broadcast_object_list(holder, src=src)
+    with named_wait(phase):
+        torch_dist.broadcast_object_list(holder, src=src)
     return holder[0]
 
 
-def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, phase: str = "receive the main process's tensors"
+                      ) -> None:
     """Overwrite ``tensors`` in place with ``src``'s values on every process (one flat transfer)."""
     if get_world_size() == 1 or not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
     if torch_dist.get_backend() == "nccl":
         flat = flat.cuda()
-    torch_dist.broadcast(flat, src=src)
+    with named_wait(phase):
+        torch_dist.broadcast(flat, src=src)
     offset = 0
     with torch.no_grad():
         for tensor in tensors:

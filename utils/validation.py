@@ -21,7 +21,8 @@ import torch
 from models import is_channels_last
 from utils import dist
 from utils.boxes import scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh
-from utils.metrics import ConfusionMatrix, ap_per_class, fitness, iou_thresholds, keep_top_per_class, match_predictions_coco
+from utils.metrics import (ConfusionMatrix, ap_per_class, fitness, iou_thresholds, keep_top_per_class,
+                           match_predictions_coco)
 from utils.plots import plot_ap_curves, plot_confusion_matrix
 
 LOGGER = logging.getLogger(__name__)
@@ -105,14 +106,16 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     acc = _new_accumulator(dataset, names, device, single_cls)
     timers = [_Timer(device) for _ in range(3)]
     losses = torch.zeros(3, device=device)
-    autocast = torch.autocast("cuda", dtype=torch.float16) if half and model_dtype(model) == torch.float32 else nullcontext()
+    fp16_autocast = half and model_dtype(model) == torch.float32
+    autocast = torch.autocast("cuda", dtype=torch.float16) if fp16_autocast else nullcontext()
     input_dtype = torch.float16 if half else model_dtype(model)
     channels_last = is_channels_last(model)
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
             with timers[0]:
                 images = images.to(device, non_blocking=True)
-                images = images.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+                layout = torch.channels_last if channels_last else torch.contiguous_format
+                images = images.contiguous(memory_format=layout)
                 images = images.to(input_dtype).div_(255)
                 targets = targets.to(device)
             with timers[1]:
@@ -133,7 +136,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     if distributed:
         losses, batches = _gather(acc, losses, batches)
         if not dist.is_main_process():
-            return dist.broadcast_object(None)
+            return dist.broadcast_object(None, phase="score the validation")
     result = _summarise(acc, plots and save_dir is not None, save_dir, verbose)
     result.losses = (losses.cpu() / max(batches, 1)).numpy()
     result.speed = tuple(t.total / max(acc.seen, 1) * 1e3 for t in timers)
@@ -144,14 +147,15 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     if save_json and save_dir is not None:
         result.coco = _write_and_score_json(acc, dataset, names, save_dir, json_name, single_cls, result)
     result.save_dir = save_dir
-    return dist.broadcast_object(result) if distributed else result
+    return dist.broadcast_object(result, phase="score the validation") if distributed else result
 
 
 def _gather(acc: _Accumulator, losses: torch.Tensor, batches: int) -> tuple[torch.Tensor, int]:
     """Distributed validation: every process scored its own slice of the val set; the main process
     collects the per-image statistics, confusion counts and loss sums of all (its accumulator is extended
     in place). Returns the summed losses and batch count."""
-    parts = dist.gather_object((acc.stats, acc.seen, acc.confusion.matrix, losses.cpu(), batches))
+    parts = dist.gather_object((acc.stats, acc.seen, acc.confusion.matrix, losses.cpu(), batches),
+                               phase="validate their share of the val set")
     if dist.is_main_process():
         acc.stats = [item for stats, *_ in parts for item in stats]
         acc.seen = sum(part[1] for part in parts)

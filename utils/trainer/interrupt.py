@@ -62,7 +62,7 @@ class SaveControl:
         save_due = self.interval > 0 and dist.is_main_process() and time.monotonic() - self._last_save >= self.interval
         stop = self.signal_number is not None
         if dist.get_world_size() > 1:
-            stop_any, save_any = dist.all_reduce_max([int(stop), int(save_due)])
+            stop_any, save_any = dist.all_reduce_max([int(stop), int(save_due)], "agree whether to save or stop")
             if stop_any and not stop:
                 self.signal_number = signal.SIGTERM  # another process was signalled: stop with it
             stop, save_due = bool(stop_any), bool(save_any)

@@ -73,7 +73,7 @@ class TrainStep:
         loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
         finite = bool(torch.isfinite(loss).all())
         if dist.get_world_size() > 1:  # every process skips the step together, or none does
-            finite = not dist.all_reduce_max([int(not finite)])[0]
+            finite = not dist.all_reduce_max([int(not finite)], "agree whether the loss is finite")[0]
         if not finite:
             self.counters.nonfinite_in_row += 1
             self.counters.nonfinite_total += 1

@@ -107,7 +107,7 @@ def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
     if dist.is_main_process():
         check_anchors(model, data.image_labels, data.image_shapes, data.imgsz, thr=hyp.anchor_t, seed=config.seed)
         anchors = anchor_pixels(model).reshape(-1, 2)
-    anchors = dist.broadcast_object(anchors)
+    anchors = dist.broadcast_object(anchors, phase="run AutoAnchor")
     if not dist.is_main_process():
         set_anchors(model, anchors)
 
@@ -137,7 +137,7 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
         previous_path(last).unlink(missing_ok=True)  # kept only while the run could be resumed
         entry = model_entry(load_checkpoint(best)) if best.exists() else None
     if distributed:
-        entry = dist.broadcast_object(entry)
+        entry = dist.broadcast_object(entry, phase="strip the checkpoints and send best.pt")
     metrics = {}
     if entry is not None:
         LOGGER.info("\nValidating %s...", best)

@@ -8,6 +8,7 @@ is that state plus the model, EMA, optimizer, scaler and scheduler (layout: util
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -176,7 +177,8 @@ class Trainer:
         final_epoch = epoch + 1 == config.epochs
         self._agree_on_weights()
         values, fitness, maps = self._validate(stats, learning_rates, final_epoch)
-        values = dist.broadcast_object(values)  # the main process's training losses; metrics agree already
+        # the main process's row (its training losses); the metrics agree already
+        values = dist.broadcast_object(values, phase="share the epoch's results row")
         improved = state.end_epoch(values, fitness)
         state.maps = maps if maps is not None else state.maps
         if self.main:
@@ -198,7 +200,7 @@ class Trainer:
             return
         buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
         ema = [v for v in self.step.ema.ema.state_dict().values() if v.dtype.is_floating_point]
-        dist.broadcast_tensors(buffers + ema)
+        dist.broadcast_tensors(buffers + ema, phase="send BatchNorm statistics and EMA")
 
     def _validate(self, stats, learning_rates, final_epoch: bool):
         """Validate the EMA model through its fused copy, every process its share of the val set;
@@ -226,7 +228,7 @@ class Trainer:
 
     def _save_checkpoint(self, epoch: int | None = None, improved: bool = False) -> None:
         """last.pt with the whole state (every process takes part: the random generator states are gathered)."""
-        rng = dist.gather_object(capture_rng())
+        rng = dist.gather_object(capture_rng(), phase="collect generator states for the checkpoint")
         if self.main:
             step = self.step
             checkpoint = training_checkpoint(step.model, step.ema, step.optimizer, step.precision.scaler,
@@ -264,7 +266,7 @@ class Trainer:
             return
         sums = [float(sum(t.double().sum() for t in module.state_dict().values() if t.dtype.is_floating_point))
                 for module in (self.model, self.step.ema.ema)]
-        gathered = dist.gather_object(sums)
+        gathered = dist.gather_object(sums, phase="compare final weights")
         if all(values == gathered[0] for values in gathered):
             LOGGER.info("DDP: model, BatchNorm statistics and EMA identical on all %d processes (checksums %.6f, %.6f)",
                         len(gathered), *gathered[0])
@@ -289,7 +291,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
     precision = choose_precision(config.amp, device, model)
     compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
                                world_size=info.world_size,
-                               reduce_counts=dist.all_reduce_sum if info.distributed else None)
+                               reduce_counts=_count_reducer() if info.distributed else None)
     train_model = model
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
@@ -298,6 +300,11 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
     warmup_iters = warmup_iterations(hyp.warmup_epochs, data.batches_per_epoch)
     warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size)
     return step, scheduler, warmup
+
+
+def _count_reducer():
+    """The loss's per-step sum of match and image counts over all processes (named for its timeout message)."""
+    return functools.partial(dist.all_reduce_sum, phase="sum the batch's targets (a training step)")
 
 
 def _sync_batchnorm(model, config: TrainConfig, device, info):
@@ -332,7 +339,7 @@ def open_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
             folder = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
         (folder / "weights").mkdir(parents=True, exist_ok=True)
         mark_folder(folder, dist.launch_info().launch_id)
-    folder = Path(dist.broadcast_object(str(folder) if folder is not None else None))
+    folder = Path(dist.broadcast_object(str(folder) if folder is not None else None, phase="open the run folder"))
     config.save_dir = str(folder)
     return folder
 
