@@ -133,8 +133,9 @@ def _load_model(config: DetectConfig, device: torch.device):
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
     model = load_backend(weights, device, half=half)
-    if model.anchors_text():
-        LOGGER.info("%s", model.anchors_text())
+    anchors = model.anchors_text()
+    if anchors:
+        LOGGER.info("%s", anchors)
     return model, half
 
 

@@ -65,8 +65,9 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     device = select_device(device)
     half = half and device.type == "cuda"
     model = load_backend(weights, device=device, half=half)
-    if model.anchors_text():
-        LOGGER.info("%s", model.anchors_text())
+    anchors = model.anchors_text()
+    if anchors:
+        LOGGER.info("%s", anchors)
     names = ["item"] if single_cls and config.nc != 1 else config.names
     if not single_cls and model.nc != config.nc:
         raise ValError(f"{weights} ({model.nc} classes) was trained on other data than {config.yaml_file} "

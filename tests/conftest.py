@@ -50,6 +50,14 @@ def make_tiny_dataset(root: Path, num_train: int = 8, num_val: int = 4, size: in
     return data
 
 
+def make_tiny_run(root: Path, num_train: int = 8, num_val: int = 4) -> tuple[Path, Path]:
+    """A tiny dataset and the tiny model's YAML under ``root``: (data.yaml, model yaml) for short training runs."""
+    data = make_tiny_dataset(root / "data", num_train=num_train, num_val=num_val)
+    cfg = root / "tiny.yaml"
+    cfg.write_text(TINY_MODEL_YAML)
+    return data, cfg
+
+
 TINY_MODEL_YAML = """
 nc: 2
 depth_multiple: 0.33

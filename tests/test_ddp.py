@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, TINY_MODEL_YAML, make_tiny_dataset
+from tests.conftest import ROOT, make_tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +31,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    data = make_tiny_dataset(root / "data", num_train=16, num_val=6)
-    cfg = root / "tiny.yaml"
-    cfg.write_text(TINY_MODEL_YAML)
+    data, cfg = make_tiny_run(root, num_train=16, num_val=6)
     gentle = root / "gentle.yaml"  # no augmentation, small learning rates: float noise stays small over steps
     hyp = (ROOT / "data/hyps/hyp.no-augmentation.yaml").read_text()
     gentle.write_text(hyp.replace("lr0: 0.01", "lr0: 0.002").replace("warmup_bias_lr: 0.1", "warmup_bias_lr: 0.002"))
@@ -51,9 +49,20 @@ def torchrun(*args, nproc=2, extra=(), **kwargs) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *extra, *args]
 
 
+# A gloo process of a torchrun job occasionally aborts with this C++ message while its peer is still computing
+# (seen in 3 of about 90 runs of the distributed-validation job on a 2-core Intel Xeon, family 6 model 207, while
+# its peer was still validating; not seen on a 2-core AMD EPYC; cause not found). Such a job is run once more; a
+# second abort, or any other failure, fails the test.
+GLOO_ABORT = "terminate called without an active exception"
+
+
 def run(command, timeout=300, env=None) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    for attempt in range(2):
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+        if done.returncode == 0 or GLOO_ABORT not in done.stderr or "torch.distributed.run" not in command:
+            return done
+        print(f"gloo abort on attempt {attempt + 1}: {' '.join(command[:6])} ...", file=sys.stderr)
     return done
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train as train_script
-from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+from tests.conftest import make_tiny_run
 from tests.test_checkpoint import _payload, _torch_zip
 from utils.checkpoint import CheckpointError, load_resumable, previous_path, save_checkpoint
 from utils.trainer import stages, trainer
@@ -24,10 +24,7 @@ EPOCHS = 4
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    data = make_tiny_dataset(root / "data", num_train=16, num_val=4)
-    cfg = root / "tiny.yaml"
-    cfg.write_text(TINY_MODEL_YAML)
-    return root, data, cfg
+    return (root, *make_tiny_run(root, num_train=16))
 
 
 def train_args(tiny, name, *extra):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train as train_script
-from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+from tests.conftest import make_tiny_run
 
 EXPECTED_FILES = [
     "weights/last.pt", "weights/best.pt", "results.csv", "results.png", "opt.yaml", "hyp.yaml", "labels.jpg",
@@ -18,10 +18,7 @@ EXPECTED_FILES = [
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    data = make_tiny_dataset(root / "data")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(TINY_MODEL_YAML)
-    return root, data, cfg
+    return (root, *make_tiny_run(root))
 
 
 def run_train(tiny, *extra):
