@@ -10,6 +10,7 @@ prints each side per seed and as mean +- standard deviation.
     python benchmarks/accuracy_parity.py --sides ours --seeds 0 1 2
     python benchmarks/accuracy_parity.py --sides yolov5 --yolov5-python ~/.cache/yolov5-ref-venv/bin/python \\
         --yolov5-data /tmp/bccd.yaml            # a copy of data.yaml with an absolute path: (YOLOv5 needs it)
+    python benchmarks/accuracy_parity.py --sides ours --seeds 0 --amp off   # fp32 on a CPU with AMX too
     python benchmarks/accuracy_parity.py --report   # only print the table from the CSV
 
 "best" is the epoch with the best fitness (0.1 mAP50 + 0.9 mAP50-95), read from each run's results.csv (both
@@ -45,6 +46,9 @@ def parse_args():
     parser.add_argument("--yolov5-data", default="", help="data YAML for YOLOv5 (absolute 'path:')")
     parser.add_argument("--csv", default=str(DEFAULT_CSV))
     parser.add_argument("--commit", default="", help="label for our code's version (e.g. a commit hash)")
+    parser.add_argument("--amp", default="", choices=("", "auto", "bf16", "off"),
+                        help="our train.py's --amp (default: its own default, auto: bf16 only on CPUs with AMX); "
+                             "the CSV's commit label gets ' amp=VALUE' when given")
     parser.add_argument("--report", action="store_true", help="only print the table from the CSV")
     return parser.parse_args()
 
@@ -66,8 +70,9 @@ def command(side: str, seed: int, args, project: Path) -> list[str]:
     common = ["--imgsz", "320", "--batch-size", "16", "--epochs", str(args.epochs), "--workers", "2",
               "--device", "cpu", "--seed", str(seed), "--project", str(project), "--name", "exp"]
     if side == "ours":
+        amp = ["--amp", args.amp] if args.amp else []
         return [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--cfg", str(ROOT / "models/yolov5n.yaml"),
-                "--weights", "", *common]
+                "--weights", "", *common, *amp]
     return [args.yolov5_python, "-m", "yolov5.train", "--data", args.yolov5_data or args.data, "--cfg", "yolov5n.yaml",
             "--weights", "", *common]
 
@@ -143,7 +148,7 @@ def main():
     if not args.report:
         commit = args.commit or "working-tree"
         for side in args.sides:
-            label = commit if side == "ours" else "yolov5-7.0.14"
+            label = (commit + (f" amp={args.amp}" if args.amp else "")) if side == "ours" else "yolov5-7.0.14"
             for seed in args.seeds:
                 if any(r["side"] == side and r["seed"] == str(seed) and r["commit"] == label for r in read_rows(path)):
                     continue

@@ -193,8 +193,10 @@ class PyTorchBackend(Backend):
 
     def __init__(self, path, device="cpu", half=False):
         from models import for_inference, load_model
+        from models.fused import fuse_silu
 
         model = for_inference(load_model(path, device=device))
+        fuse_silu(model)  # eager inference on the CPU: conv + SiLU in one call
         info = ExportInfo(names=tuple(model.names), stride=int(model.stride.max()), imgsz=None, batch=1,
                           dynamic=True, half=half, channels_last=True)
         super().__init__(path, info, device)

@@ -93,11 +93,24 @@ class Conv(ScaledChannels, nn.Module):
         else:
             self.act = act if isinstance(act, nn.Module) else nn.Identity()
 
+    fused_silu = False  # models.fused.fuse_silu sets it on folded CPU inference copies
+
     def forward(self, x):
+        if self.fused_silu and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+            return conv_silu(self.conv, x)
         x = self.conv(x)
         if self.bn is not None:
             x = self.bn(x)
         return self.act(x)
+
+
+def conv_silu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """silu(conv(x)) in one oneDNN call (the activation applied as the convolution writes its output):
+    one pass over the output instead of two. fp32 CPU inference only (bf16 autocast keeps the two-op
+    path, whose rounding exported models share); models.fused.fuse_silu checks it against the two-op path
+    before switching it on."""
+    return torch.ops.mkldnn._convolution_pointwise(x, conv.weight, conv.bias, list(conv.padding), list(conv.stride),
+                                                   list(conv.dilation), conv.groups, "swish", [], "")
 
 
 class DWConv(Conv):

@@ -184,3 +184,23 @@ def test_amx_permission_request(monkeypatch):
         raise RuntimeError("arch_prctl failed")
     monkeypatch.setattr(torch.cpu, "_init_amx", refuse, raising=False)
     assert not precision.amx_permitted()
+
+
+@pytest.mark.parametrize("amp_flag, dtype", [("bf16", torch.bfloat16), ("off", torch.float32)])
+def test_validation_during_training_runs_in_the_training_precision(tmp_path, val_loader, amp_flag, dtype):
+    from models import for_inference
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.stages import validate_epoch
+
+    model = tiny_model()
+    compute_loss = ComputeLoss(model, Hyp(), imgsz=64)
+    choice = choose_precision(amp_flag, CPU, model)
+    model = for_inference(model.eval())
+    raw_dtypes = []
+    model.model[-1].register_forward_hook(lambda module, inputs, output: raw_dtypes.append(output[1][0].dtype))
+    result = validate_epoch(model, val_loader, ["class0", "class1"], CPU, compute_loss, tmp_path, plots=False,
+                            precision=choice)
+    assert set(raw_dtypes) == {dtype} and len(raw_dtypes) == len(val_loader)
+    assert result.seen == 4 and math.isfinite(result.fitness) and all(math.isfinite(v) for v in result.losses)
+    assert not torch.is_autocast_enabled("cpu")  # the autocast ends with the validation

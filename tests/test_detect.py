@@ -55,8 +55,10 @@ def make_images(folder: Path, count: int = 3) -> list[Path]:
 
 
 def config(weights, source, tmp_path, **overrides):
+    # fp32 (--amp off): the boxes these tests read must not depend on whether the CPU has AMX (bf16 under
+    # --amp auto); bf16 inference is tested in test_amp.py
     base = detect.DetectConfig(weights=str(weights), source=str(source), imgsz=IMGSZ, conf_thres=0.25,
-                               max_det=20, project=str(tmp_path / "runs" / "detect"), device="cpu")
+                               max_det=20, project=str(tmp_path / "runs" / "detect"), device="cpu", amp="off")
     return replace(base, **overrides)
 
 

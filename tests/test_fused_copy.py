@@ -46,3 +46,54 @@ def test_refreshed_copy_follows_the_source(channels_last):
             actual = fused.refresh()(images)[0]
         assert not torch.allclose(stale, expected, atol=1e-3)  # without refresh it would be out of date
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_fused_silu_matches_the_two_op_path_and_export_keeps_plain_ops(monkeypatch):
+    """fuse_silu: the folded Convs with SiLU compute conv + SiLU in one oneDNN call on the CPU, equal to
+    the two-op path up to float rounding, in the input's memory format; a model never given it (export)
+    runs no fused call, and where the op disagrees or is missing nothing is switched on."""
+    import models.common as common
+    import models.fused as fused_module
+    from models import for_inference
+
+    generator = torch.Generator().manual_seed(0)
+    model = for_inference(DetectionModel(TINY).eval())
+    images = torch.rand(2, 3, 64, 96, generator=generator).contiguous(memory_format=torch.channels_last)
+    calls = []
+    original = common.conv_silu
+    monkeypatch.setattr(common, "conv_silu", lambda conv, x: calls.append(1) or original(conv, x))
+    with torch.inference_mode():
+        expected = model(images)[0]
+        assert not calls  # not switched on: the plain path (what export traces)
+        silu_convs = sum(isinstance(m, common.Conv) and type(m.act) is torch.nn.SiLU for m in model.modules())
+        assert fused_module.fuse_silu(model) == silu_convs > 0
+        actual = model(images)[0]
+    assert len(calls) == silu_convs
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
+
+    fused_module._conv_silu_agrees.cache_clear()
+    monkeypatch.setattr(fused_module, "conv_silu", lambda conv, x: torch.nn.functional.silu(conv(x)) + 1e-3)
+    try:
+        assert fused_module.fuse_silu(for_inference(DetectionModel(TINY).eval())) == 0  # the probe disagrees
+    finally:
+        fused_module._conv_silu_agrees.cache_clear()
+
+
+def test_fused_silu_is_fp32_only(monkeypatch):
+    """Under bf16 autocast the fused Convs take the two-op path (the rounding exported models share)."""
+    import models.common as common
+    from models import for_inference
+    from models.fused import fuse_silu
+
+    model = for_inference(DetectionModel(TINY).eval())
+    assert fuse_silu(model) > 0
+    calls = []
+    original = common.conv_silu
+    monkeypatch.setattr(common, "conv_silu", lambda conv, x: calls.append(1) or original(conv, x))
+    images = torch.rand(1, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(images)
+    assert not calls
+    with torch.inference_mode():
+        model(images)
+    assert calls

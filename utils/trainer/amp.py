@@ -49,7 +49,8 @@ def choose_precision(amp: str, device: torch.device, model: torch.nn.Module) -> 
     if dtype is None:
         LOGGER.info("AMP: training in fp32 on %s (%s)", device.type, reason)
     else:
-        LOGGER.info("AMP: %s autocast on %s (%s)", precision.name, device.type, reason)
+        LOGGER.info("AMP: %s autocast on %s (%s); validation during training runs in %s too", precision.name,
+                    device.type, reason, precision.name)
     return precision
 
 

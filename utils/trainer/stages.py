@@ -3,6 +3,7 @@ a run (stripping the checkpoints, the final validation of best.pt)."""
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +114,21 @@ def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
 
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
-                   half: bool = False, distributed: bool = False):
+                   precision=None, distributed: bool = False):
+    """Validate in the precision training computes in (``precision``: utils.trainer.amp.Precision, None for
+    fp32), as YOLOv5 validates in fp16 when it trains with AMP: fp16 on CUDA, bf16 autocast where training
+    runs bf16 autocast (CPUs with AMX under --amp auto, or --amp bf16)."""
     from utils.validation import validate
 
-    return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
-                    plots=plots, verbose=verbose, half=half, distributed=distributed)
+    dtype = precision.dtype if precision is not None else None
+    autocast = precision.autocast() if dtype == torch.bfloat16 else nullcontext()
+    with autocast:
+        return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
+                        plots=plots, verbose=verbose, half=dtype == torch.float16, distributed=distributed)
 
 
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
-                     distributed: bool = False) -> dict:
+                     distributed: bool = False, precision=None) -> dict:
     """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
     process its share; the weights are sent from the main process, so no other node needs the file), draw
     results.png."""
@@ -143,7 +150,7 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
         LOGGER.info("\nValidating %s...", best)
         model = build_model(entry, source=str(best)).to(device).eval()
         result = validate_epoch(model, val_loader, names, device, compute_loss, save_dir,
-                                plots=not config.noplots, verbose=True, distributed=distributed)
+                                plots=not config.noplots, verbose=True, precision=precision, distributed=distributed)
         metrics = {"metrics/precision": result.mp, "metrics/recall": result.mr,
                    "metrics/mAP_0.5": result.map50, "metrics/mAP_0.5:0.95": result.map}
     if dist.is_main_process():

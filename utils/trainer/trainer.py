@@ -210,8 +210,7 @@ class Trainer:
         if not self.config.noval or final_epoch:
             metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
                                      self.val_loss, self.save_dir, plots=final_epoch and not self.config.noplots,
-                                     half=self.step.precision.dtype == torch.float16,  # CUDA AMP validates in fp16
-                                     distributed=self.info.distributed)
+                                     precision=self.step.precision, distributed=self.info.distributed)
         stats.validation_time = time.perf_counter() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
         fitness = fitness_of(values) if metrics is not None else 0.0
@@ -251,7 +250,8 @@ class Trainer:
         weights = self.save_dir / "weights"
         if not self.config.evolve:  # a generation of --evolve is judged by its final epoch's row
             result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
-                                                    self.device, self.val_loss, self.save_dir, self.info.distributed)
+                                                    self.device, self.val_loss, self.save_dir, self.info.distributed,
+                                                    self.step.precision)
         if self.recorder is not None:
             result.best = weights / "best.pt" if (weights / "best.pt").exists() else None
             result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
