@@ -22,6 +22,7 @@ import argparse
 import csv
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def parse_args():
     parser.add_argument("--amp", default="", choices=("", "auto", "bf16", "off"),
                         help="our train.py's --amp (default: its own default, auto: bf16 only on CPUs with AMX); "
                              "the CSV's commit label gets ' amp=VALUE' when given")
+    parser.add_argument("--keep", default="", help="folder to copy each run's best.pt to (as SIDE-seedN-best.pt)")
     parser.add_argument("--report", action="store_true", help="only print the table from the CSV")
     return parser.parse_args()
 
@@ -100,6 +102,10 @@ def run(side: str, seed: int, args) -> dict:
         results = project / "exp" / "results.csv"
         if done.returncode != 0 or not results.exists():
             raise SystemExit(f"{side} seed {seed} failed ({done.returncode}): {done.stderr[-2000:]}")
+        best = project / "exp" / "weights" / "best.pt"
+        if args.keep and best.exists():
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(best, Path(args.keep) / f"{side}-seed{seed}-best.pt")
         return {"side": side, "seed": seed, "wall_s": round(wall, 1), **summarise_run(results)}
 
 
