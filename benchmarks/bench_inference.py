@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import for_inference  # noqa: E402
+from models.fused import fuse_silu  # noqa: E402
 from models.yolo import DetectionModel  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -28,6 +29,7 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 
 def time_model(size: str, imgsz: int, runs: int, warmup: int) -> dict:
     model = for_inference(DetectionModel(MODELS / f"yolov5{size}.yaml").eval())  # as val.py / detect.py
+    fuse_silu(model)
     image = torch.rand(1, 3, imgsz, imgsz).contiguous(memory_format=torch.channels_last)
     times = []
     with torch.inference_mode():

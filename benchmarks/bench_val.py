@@ -24,12 +24,18 @@ YOLOV5_MS = (0.7, 11.7, 7.4)
 
 
 def build_model(weights: str | None, nc: int, device, channels_last: bool):
-    """The model as val.py prepares it (fused, channels_last), or fused only for comparison."""
+    """The model as val.py prepares it (fused, channels_last, Conv + SiLU in one call on the CPU), or fused
+    only for comparison. Runs fp32 (val.py's --amp off)."""
     from models import for_inference, load_model
+    from models.fused import fuse_silu
     from models.yolo import DetectionModel
     model = load_model(weights, device=device) if weights else \
         DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=nc).to(device).eval()
-    return for_inference(model) if channels_last else model.fuse()
+    if not channels_last:
+        return model.fuse()
+    model = for_inference(model)
+    fuse_silu(model)
+    return model
 
 
 def main(argv=None) -> int:
