@@ -3,7 +3,7 @@ batch 16, 100 epochs, 2 workers, CPU) for each seed, ours and YOLOv5 v7 (its own
 benchmarks/reference/README.md), one run at a time.
 
 Each finished run appends a row to a CSV (side, seed, commit, CPU, best mAP50, best mAP50-95, the first epoch
-whose mAP50 passes 0.5, wall seconds, date); runs already in the CSV for the same side, seed and commit are
+whose mAP50 passes 0.5, wall seconds, date); runs already in the CSV for the same side, seed, commit and CPU are
 skipped, so the script can be stopped and started again (across days) and only does what is missing. Then it
 prints each side per seed and as mean +- standard deviation.
 
@@ -156,7 +156,8 @@ def main():
         for side in args.sides:
             label = (commit + (f" amp={args.amp}" if args.amp else "")) if side == "ours" else "yolov5-7.0.14"
             for seed in args.seeds:
-                if any(r["side"] == side and r["seed"] == str(seed) and r["commit"] == label for r in read_rows(path)):
+                if any(r["side"] == side and r["seed"] == str(seed) and r["commit"] == label and r["cpu"] == cpu_name()
+                       for r in read_rows(path)):  # another machine's row is another measurement
                     continue
                 row = run(side, seed, args)
                 append_row(path, {**row, "commit": label, "cpu": cpu_name(),
