@@ -58,7 +58,7 @@ def main():
 
     def validation(threads: int | None = None):
         if threads:
-            torch.set_num_threads(threads)  # this thread's OpenMP team only
+            torch.set_num_threads(threads)  # this thread's team; torch's default too, restored after
         with floor.step.precision.autocast():
             validate(fused.refresh(), val_loader, data.names, torch.device("cpu"), plots=False)
 

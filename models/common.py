@@ -96,7 +96,8 @@ class Conv(ScaledChannels, nn.Module):
     fused_silu = False  # models.fused.fuse_silu sets it on folded CPU inference copies
 
     def forward(self, x):
-        if self.fused_silu and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+        if (self.fused_silu and x.device.type == "cpu" and x.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu")):
             return conv_silu(self.conv, x)
         x = self.conv(x)
         if self.bn is not None:
