@@ -152,15 +152,15 @@ def main():
     args = parse_args()
     path = Path(args.csv)
     if not args.report:
-        commit = args.commit or "working-tree"
+        commit, cpu = args.commit or "working-tree", cpu_name()
         for side in args.sides:
             label = (commit + (f" amp={args.amp}" if args.amp else "")) if side == "ours" else "yolov5-7.0.14"
             for seed in args.seeds:
-                if any(r["side"] == side and r["seed"] == str(seed) and r["commit"] == label and r["cpu"] == cpu_name()
+                if any(r["side"] == side and r["seed"] == str(seed) and r["commit"] == label and r["cpu"] == cpu
                        for r in read_rows(path)):  # another machine's row is another measurement
                     continue
                 row = run(side, seed, args)
-                append_row(path, {**row, "commit": label, "cpu": cpu_name(),
+                append_row(path, {**row, "commit": label, "cpu": cpu,
                                   "date": datetime.now().isoformat(timespec="seconds")})
                 print(f"{side} seed {seed}: mAP50 {row['map50']}, mAP50-95 {row['map50_95']}, wall {row['wall_s']} s",
                       flush=True)

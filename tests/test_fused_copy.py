@@ -48,7 +48,18 @@ def test_refreshed_copy_follows_the_source(channels_last):
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-3)
 
 
-def test_fused_silu_matches_the_two_op_path_and_export_keeps_plain_ops(monkeypatch):
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """A list that grows by one per conv_silu call made by a Conv's forward."""
+    import models.common as common
+
+    calls = []
+    original = common.conv_silu
+    monkeypatch.setattr(common, "conv_silu", lambda conv, x: calls.append(1) or original(conv, x))
+    return calls
+
+
+def test_fused_silu_matches_the_two_op_path_and_export_keeps_plain_ops(monkeypatch, fused_calls):
     """fuse_silu: the folded Convs with SiLU compute conv + SiLU in one oneDNN call on the CPU, equal to
     the two-op path up to float rounding, in the input's memory format; a model never given it (export)
     runs no fused call, and where the op disagrees or is missing nothing is switched on."""
@@ -59,9 +70,7 @@ def test_fused_silu_matches_the_two_op_path_and_export_keeps_plain_ops(monkeypat
     generator = torch.Generator().manual_seed(0)
     model = for_inference(DetectionModel(TINY).eval())
     images = torch.rand(2, 3, 64, 96, generator=generator).contiguous(memory_format=torch.channels_last)
-    calls = []
-    original = common.conv_silu
-    monkeypatch.setattr(common, "conv_silu", lambda conv, x: calls.append(1) or original(conv, x))
+    calls = fused_calls
     with torch.inference_mode():
         expected = model(images)[0]
         assert not calls  # not switched on: the plain path (what export traces)
@@ -79,17 +88,14 @@ def test_fused_silu_matches_the_two_op_path_and_export_keeps_plain_ops(monkeypat
         fused_module._conv_silu_agrees.cache_clear()
 
 
-def test_fused_silu_is_fp32_only(monkeypatch):
+def test_fused_silu_is_fp32_only(fused_calls):
     """Under bf16 autocast the fused Convs take the two-op path (the rounding exported models share)."""
-    import models.common as common
     from models import for_inference
     from models.fused import fuse_silu
 
     model = for_inference(DetectionModel(TINY).eval())
     assert fuse_silu(model) > 0
-    calls = []
-    original = common.conv_silu
-    monkeypatch.setattr(common, "conv_silu", lambda conv, x: calls.append(1) or original(conv, x))
+    calls = fused_calls
     images = torch.rand(1, 3, 64, 64).contiguous(memory_format=torch.channels_last)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(images)
