@@ -127,9 +127,9 @@ def append_row(path: Path, row: dict) -> None:
 
 
 def report(rows: list[dict]) -> None:
-    print(f"{'side':8s} {'commit':10s} {'seed':>4s} {'mAP50':>7s} {'mAP50-95':>9s} {'>0.5 at':>8s} {'wall':>8s}  cpu")
+    print(f"{'side':8s} {'commit':18s} {'seed':>4s} {'mAP50':>7s} {'mAP50-95':>9s} {'>0.5 at':>8s} {'wall':>8s}  cpu")
     for row in rows:
-        print(f"{row['side']:8s} {row['commit'][:10]:10s} {row['seed']:>4s} {float(row['map50']):7.3f} "
+        print(f"{row['side']:8s} {row['commit'][:18]:18s} {row['seed']:>4s} {float(row['map50']):7.3f} "
               f"{float(row['map50_95']):9.3f} {str(row['first_epoch_map50_over_0.5']):>8s} "
               f"{float(row['wall_s']):7.0f}s  {row['cpu']}")
     groups: dict = {}
@@ -138,7 +138,7 @@ def report(rows: list[dict]) -> None:
     for (side, commit, cpu), members in groups.items():
         if len(members) < 2:
             continue
-        line = [f"{side} {commit[:10]} ({len(members)} seeds, {cpu}):"]
+        line = [f"{side} {commit} ({len(members)} seeds, {cpu}):"]  # whole label: it may carry ' amp=...' 
         for key, label in (("map50", "mAP50"), ("map50_95", "mAP50-95"), ("wall_s", "wall s")):
             values = [float(m[key]) for m in members]
             line.append(f"{label} {statistics.mean(values):.4g} +- {statistics.stdev(values):.2g}")
