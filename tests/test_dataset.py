@@ -192,6 +192,31 @@ def test_auto_cache_caches_small_datasets_only(split, monkeypatch):
         create_dataloader(None, 64, 3, 32, hyp=hyp, cache="ssd", workers=0, labels=split)
 
 
+@pytest.mark.parametrize("cache,cpus_busy,workers", [("ram", True, 0), ("ram", False, 2), (None, True, 2),
+                                                     ("disk", True, 2)])
+def test_images_in_ram_load_in_line_when_the_compute_fills_the_cpus(split, monkeypatch, tmp_path, cache, cpus_busy,
+                                                                    workers):
+    """Worker processes only when they have files to read: with every image in RAM and the CPUs busy with
+    the training's compute, the main process loads (the .npy disk cache still reads and resizes)."""
+    from utils.data import loader as loader_module
+
+    monkeypatch.setattr(dataset_module, "NPY_FALLBACK", tmp_path)
+    monkeypatch.setattr(loader_module, "worker_count", lambda *args: 2)
+    loader, _ = create_dataloader(None, 64, 3, 32, hyp=Hyp(), augment=True, cache=cache, workers=2, labels=split,
+                                  cpus_busy=cpus_busy)
+    assert loader.num_workers == workers
+
+
+def test_compute_fills_cpus(monkeypatch):
+    from utils import device as device_module
+
+    monkeypatch.setattr(device_module, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert device_module.compute_fills_cpus("cpu", processes=2)
+    assert not device_module.compute_fills_cpus("cpu", processes=1)  # two CPUs left for loader workers
+    assert not device_module.compute_fills_cpus("cuda:0", processes=2)  # the GPU computes
+
+
 @pytest.mark.parametrize("cache", [None, "ram"])
 def test_mosaic_items_equal_a_whole_canvas_build(split, monkeypatch, cache):
     """The dataset's windowed mosaic (only the part the warp reads, hidden images not loaded) gives the

@@ -267,7 +267,7 @@ def our_processes(marker: str) -> list[int]:
 
 def test_ctrl_c_to_torchrun_leaves_no_process_behind(tiny):
     marker = f"YT_TEST_{uuid.uuid4().hex}"
-    command = torchrun(*train_args(tiny, "interrupted", "--workers", "2", epochs=50),
+    command = torchrun(*train_args(tiny, "interrupted", "--workers", "2", "--cache", "off", epochs=50),
                        extra=["--master_port", str(free_port())])
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, marker: "1"})

@@ -71,8 +71,9 @@ def unstripped(monkeypatch):
 
 
 CONFIGS = {"workers0-nocache": ["--workers", "0", "--cache", "off"],
-           "workers2-ram-multiscale-imageweights": ["--workers", "2", "--cache", "ram", "--multi-scale",
-                                                    "--image-weights"]}
+           # worker processes load only files (RAM-cached images load in line on a CPU the training fills)
+           "workers2-disk-multiscale-imageweights": ["--workers", "2", "--cache", "disk", "--multi-scale",
+                                                     "--image-weights"]}
 
 
 @pytest.mark.slow

@@ -100,10 +100,11 @@ def test_bad_data_yaml_is_one_line_error(tiny, capsys, tmp_path):
 
 @pytest.mark.slow
 def test_loader_workers_train_exactly_like_the_main_process(tiny):
-    """Worker processes (and their reused shared-memory batch buffers) feed the trainer the same batches."""
+    """Worker processes (and their reused shared-memory batch buffers) feed the trainer the same batches
+    (uncached: RAM-cached images would load in line on this CPU device)."""
     root = tiny[0]
     for workers in ("0", "2"):
-        assert run_train(tiny, "--noplots", "--workers", workers, "--name", f"workers{workers}") == 0
+        assert run_train(tiny, "--noplots", "--workers", workers, "--cache", "off", "--name", f"workers{workers}") == 0
     rows = [(root / "runs" / f"workers{w}" / "results.csv").read_text() for w in ("0", "2")]
     assert rows[0] == rows[1]
 

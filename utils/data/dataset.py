@@ -361,6 +361,11 @@ class YoloDataset(Dataset):
         else:
             raise CacheError(f"{self.prefix}unknown cache mode {cache!r} (use ram or disk)")
 
+    @property
+    def in_ram(self) -> bool:
+        """Every image is cached in RAM (resized): loading one reads no file and decodes nothing."""
+        return all(img is not None for img in self.images)
+
     def load_image(self, i: int):
         """Image i resized so its long side is imgsz: (img BGR, (h0, w0) original, (h, w) resized)."""
         width0, height0 = (int(v) for v in self.shapes[i])

@@ -17,6 +17,7 @@ from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
 from utils.data.transforms import multi_scale_size
+from utils.device import compute_fills_cpus
 from utils.trainer.setup import check_img_size, resolve_data
 
 LOGGER = logging.getLogger(__name__)
@@ -66,16 +67,17 @@ def load_data(config: TrainConfig) -> tuple[DataConfig, list[str]]:
 
 
 def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[str], grid_stride: int,
-               info) -> RunData:
+               info, device) -> RunData:
     """The train loader and the val loader, each process its own shard of both."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
     batch_size = max(config.batch_size // info.world_size, 1)
+    cpus_busy = compute_fills_cpus(device, info.local_world_size)
     with dist.main_process_first("scan (and cache) the training images"):
         train_loader, dataset = create_dataloader(
             data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, cache=config.cache,
             rect=config.rect, workers=config.workers, image_weights=config.image_weights, prefix="train: ",
             shuffle=not config.rect, seed=config.seed, rank=info.rank, world_size=info.world_size,
-            single_cls=config.single_cls, names=names, processes_per_node=info.local_world_size)
+            single_cls=config.single_cls, names=names, processes_per_node=info.local_world_size, cpus_busy=cpus_busy)
     boxes = [labels for labels in dataset.labels if len(labels)]
     labels = np.concatenate(boxes, 0) if boxes else np.zeros((0, 5))
     if len(labels) and labels[:, 0].max() >= len(names):
@@ -85,7 +87,7 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
             data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=config.cache,
             rect=True, pad=0.5, workers=config.workers * 2, prefix="val: ", single_cls=config.single_cls,
             names=names, rank=info.rank, world_size=info.world_size, processes_per_node=info.local_world_size,
-            shard="batches")
+            shard="batches", cpus_busy=cpus_busy)
     workers = getattr(train_loader, "num_workers", 0)
     run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
                        labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))

@@ -85,7 +85,7 @@ class Trainer:
         else:
             model = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
         grid_stride = max(int(model.stride.max()), 32)
-        self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info)
+        self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info, self.device)
         if resume is None:
             fit_anchors(model, config, hyp, self.data)
         LOGGER.info("%s", format_anchors(model))
