@@ -141,3 +141,47 @@ def test_class_aware_chunked_nms_equals_one_offset_pass(iou_thres, max_det):
     actual = _greedy_nms(boxes, scores, iou_thres, max_det, classes)
     assert torch.equal(actual, expected)
     assert not torch.equal(_greedy_nms(boxes, scores, iou_thres, max_det), expected)  # agnostic differs
+
+
+def _clustered_boxes(n, clusters, spread, seed):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(clusters, 2, generator=g) * 600
+    xy = centres[torch.randint(0, clusters, (n,), generator=g)] + torch.randn(n, 2, generator=g) * spread
+    wh = 10 + torch.rand(n, 2, generator=g) * 30
+    return torch.cat((xy - wh / 2, xy + wh / 2), 1), torch.rand(n, generator=g), g
+
+
+@pytest.mark.parametrize("clusters,spread", [(2000, 2.0), (400, 8.0), (20, 6.0)],
+                         ids=["most-survive", "half-survive", "few-survive"])
+@pytest.mark.parametrize("aware", [False, True])
+def test_chunked_nms_equals_one_pass_at_any_survival_rate(clusters, spread, aware):
+    """Chunk sizes follow the survival rate (small chunks when most boxes survive, growing ones when few
+    do); the kept boxes equal one greedy pass over all candidates whatever the rate."""
+    import torchvision
+
+    from utils.nms import _greedy_nms
+
+    boxes, scores, g = _clustered_boxes(3000, clusters, spread, seed=clusters)
+    classes = torch.randint(0, 3, (3000,), generator=g) if aware else None
+    offset = classes[:, None] * 10_000.0 if aware else 0.0
+    for max_det in (300, 1000):
+        expected = torchvision.ops.nms(boxes + offset, scores, 0.6)[:max_det]
+        assert torch.equal(_greedy_nms(boxes, scores, 0.6, max_det, classes), expected)
+
+
+def test_chunked_nms_suppresses_at_the_threshold_as_torchvision_does():
+    """A candidate in a later chunk whose IoU with a kept box is 0.6 in float32 (0.6000000238...) is
+    suppressed at iou_thres=0.6, as torchvision compares in double; a float32 comparison would keep it."""
+    import torchvision
+
+    from utils.nms import _greedy_nms
+
+    grid = torch.arange(10.0) * 50
+    x, y = torch.meshgrid(grid, grid, indexing="ij")
+    separate = torch.stack((x.flatten(), y.flatten(), x.flatten() + 10, y.flatten() + 10), 1)  # 100, apart
+    twin = torch.tensor([[0.0, 0.0, 10.0, 6.0]])  # IoU 60 / 100 with the first box
+    boxes = torch.cat((separate.repeat(4, 1), twin))  # 4 copies: the first chunk keeps 100 of its 300
+    scores = torch.cat((torch.linspace(1.0, 0.5, 400), torch.tensor([0.1])))
+    expected = torchvision.ops.nms(boxes, scores, 0.6)
+    assert expected.shape[0] == 100  # torchvision drops the twin
+    assert torch.equal(_greedy_nms(boxes, scores, 0.6, 300), expected)
