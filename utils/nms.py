@@ -84,8 +84,8 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
             wanted = max_det - keep.shape[0]
             estimate = math.ceil(1.5 * wanted * start / max(keep.shape[0], 1))
             chunk = min(max(estimate, NMS_MIN_CHUNK), NMS_GROWTH * chunk)
-        if order.shape[0] < min(start + chunk, candidates):  # a partial sort while few are needed, then all
-            needed = min(start + chunk, candidates)
+        needed = min(start + chunk, candidates)
+        if order.shape[0] < needed:  # a partial sort while few are needed, then all
             order = _best_first(scores, needed if 8 * needed < scores.shape[0] else candidates)
         new = order[start:start + chunk]
         start += chunk
