@@ -58,6 +58,4 @@ def usable_cpus() -> int:
 def compute_fills_cpus(device, processes: int = 1) -> bool:
     """The compute of ``processes`` processes on this node keeps every usable CPU busy: a CPU device whose
     intra-op threads (per process) cover the CPUs. Then other CPU work (loader workers) competes with it."""
-    import torch
-
     return torch.device(device).type == "cpu" and torch.get_num_threads() * max(processes, 1) >= usable_cpus()
