@@ -86,6 +86,8 @@ class Detect(nn.Module):
         return x if self.training else (torch.cat(decoded, 1), x)
 
     def _decode(self, raw, i):
+        if raw.dtype == torch.bfloat16:  # bf16 autocast: its 8-bit mantissa steps by 2 px from 256 to 512
+            raw = raw.float()
         ny, nx = raw.shape[2:4]
         grid = self._grid(ny, nx, i, raw)
         anchor_pixels = (self.anchors[i] * self.stride[i]).view(1, self.na, 1, 1, 2)

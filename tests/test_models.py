@@ -131,6 +131,20 @@ def test_eval_decoding_follows_yolov5_formulas(tiny_model):
     assert torch.allclose(pred[0, row, 4:], logits[4:].sigmoid(), atol=1e-6)
 
 
+def test_bf16_logits_decode_in_float32(tiny_model):
+    """Under bf16 autocast the heads' logits are bf16, but boxes are decoded in float32: bf16 steps by 2 px
+    between 256 and 512, too coarse for mAP at IoU 0.95."""
+    tiny_model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        pred, raw = tiny_model(torch.rand(1, 3, 512, 512))
+    detect = tiny_model.model[-1]
+    assert raw[0].dtype == torch.bfloat16 and pred.dtype == torch.float32
+    with torch.no_grad():
+        expected = torch.cat([detect._decode(r.float(), i).view(1, -1, detect.no) for i, r in enumerate(raw)], 1)
+    assert torch.equal(pred, expected)
+    assert (pred[0, :, 0] % 2 != 0).any()  # off bf16's 2 px grid
+
+
 def test_grids_are_cached_per_shape(tiny_model):
     tiny_model.eval()
     detect = tiny_model.model[-1]
