@@ -5,11 +5,19 @@ held in memory, fp32 or the --amp choice) and one validation of the val set, fir
 with the validation on a second thread (``--val-threads`` compute threads) while the steps run. On a CPU
 whose cores the training already keeps busy the overlapped total is no shorter.
 
+First it prints the steps' parallel efficiency (their time on 1 thread / (2 x their time on 2)): what is not
+efficient is time a core spends spinning at OpenMP barriers or waiting on the main thread's Python, the only
+room a second thread could use. ``--val-sched idle`` runs the validation thread under SCHED_IDLE (Linux), so
+it gets a core only when nothing else wants it; GOMP_SPINCOUNT / OMP_WAIT_POLICY in the environment change how
+long the training's idle threads spin before sleeping.
+
     python benchmarks/bench_val_overlap.py --repeats 4
+    GOMP_SPINCOUNT=10000 python benchmarks/bench_val_overlap.py --val-sched idle --amp auto
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -28,6 +36,8 @@ def parse_args():
     parser.add_argument("--amp", default="off", choices=("auto", "bf16", "off"))
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--val-threads", type=int, default=1, help="compute threads of the validation thread")
+    parser.add_argument("--val-sched", default="other", choices=("other", "idle"),
+                        help="scheduling policy of the validation thread (idle: SCHED_IDLE)")
     return parser.parse_args()
 
 
@@ -59,10 +69,19 @@ def main():
     def validation(threads: int | None = None):
         if threads:
             torch.set_num_threads(threads)  # this thread's team; torch's default too, restored after
+            if args.val_sched == "idle":
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread (Linux)
         with floor.step.precision.autocast():
             validate(fused.refresh(), val_loader, data.names, torch.device("cpu"), plots=False)
 
     threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+        one = min(floor.measure(iterations) for _ in range(2))
+        torch.set_num_threads(threads)
+        many = min(floor.measure(iterations) for _ in range(2))
+        print(f"{iterations} training steps: {one:.2f} s on 1 thread, {many:.2f} s on {threads}: parallel efficiency "
+              f"{one / (threads * many):.0%}")
     validation()  # warm-up
     print(f"{iterations} training steps + one validation of {len(val_loader.dataset)} images, "
           f"{torch.get_num_threads()} threads for training, amp {args.amp}")
