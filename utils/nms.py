@@ -73,7 +73,9 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
             kept = torchvision.ops.nms(boxes[index], ranks, iou_thres)
         else:
             kept = torchvision.ops.batched_nms(boxes[index], ranks, classes[index], iou_thres)
-        return kept.sort().values  # the classes' merge order is not stable for equal scores: positions are
+        # batched_nms merges its classes in no stable order for equal ranks; ``index`` is in rank order
+        # (kept boxes, then candidates best first), so ascending positions are the stable order
+        return kept.sort().values
 
     candidates = min(scores.shape[0], MAX_NMS)
     keep = order = scores.new_zeros(0, dtype=torch.long)
