@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="ignored: torchrun sets LOCAL_RANK")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     parser.add_argument("--amp", default="auto", choices=("auto", "fp16", "bf16", "off"),
-                        help="mixed precision: auto = fp16 on CUDA (after a self-check), bf16 on CPUs with AMX, else fp32")
+                        help="mixed precision: auto = fp16 on CUDA (after a self-check), bf16 on CPUs with AMX or AVX512-BF16, else fp32")
     parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"),
                         help="channels_last memory format for conv weights and inputs")
     return parser

@@ -1,4 +1,4 @@
-"""Precision choice: bf16 autocast on CPUs with AMX only (training and inference), and bf16 runs that work anywhere."""
+"""Precision choice: bf16 autocast on CPUs with native bf16, AMX or AVX512-BF16 (training and inference), and bf16 runs that work anywhere."""
 from __future__ import annotations
 
 import copy
@@ -37,10 +37,11 @@ def tiny_model():
 
 @pytest.mark.parametrize("capabilities, permitted, expected, reason", [
     (AMX, True, True, "AMX"),
-    (AMX, False, False, "AMX present but the OS did not grant"),
-    (AVX512_BF16, True, False, "no AMX bf16 units: AVX512-BF16 without AMX"),
-    (AVX2, True, False, "no AMX bf16 units: AVX2"),
-    ({"amx_tile": True, "amx_bf16": False, "avx512_f": True}, True, False, "no AMX bf16 units: AVX-512"),
+    (AMX, False, True, "AVX512-BF16; AMX present but the OS did not grant"),
+    ({**AMX, "avx512_bf16": False}, False, False, "AMX present but the OS did not grant"),
+    (AVX512_BF16, True, True, "AVX512-BF16"),
+    (AVX2, True, False, "no native bf16 (AMX or AVX512-BF16): AVX2"),
+    ({"amx_tile": True, "amx_bf16": False, "avx512_f": True}, True, False, "no native bf16 (AMX or AVX512-BF16): AVX-512"),
     ({}, True, False, "CPU capabilities unknown"),
 ])
 def test_cpu_bf16_choice(cpu_with, capabilities, permitted, expected, reason):
@@ -53,15 +54,16 @@ def test_cpu_bf16_choice_follows_this_cpus_capabilities():
     capabilities = dict(torch.cpu.get_capabilities())
     use_bf16, reason = cpu_bf16_choice()
     has_amx = bool(capabilities.get("amx_tile") and capabilities.get("amx_bf16"))
-    assert use_bf16 == (has_amx and precision.amx_permitted())
-    if not has_amx:
-        assert reason.startswith("no AMX bf16 units")
+    native = (has_amx and precision.amx_permitted()) or bool(capabilities.get("avx512_bf16"))
+    assert use_bf16 == native
+    if not has_amx and not capabilities.get("avx512_bf16"):
+        assert reason.startswith("no native bf16")
 
 
 @pytest.mark.parametrize("capabilities, amp_flag, dtype, line", [
     (AMX, "auto", torch.bfloat16, "AMP: bf16 autocast on cpu (AMX)"),
-    (AVX512_BF16, "auto", None, "AMP: training in fp32 on cpu (no AMX bf16 units: AVX512-BF16 without AMX)"),
-    (AVX2, "auto", None, "AMP: training in fp32 on cpu (no AMX bf16 units: AVX2)"),
+    (AVX512_BF16, "auto", torch.bfloat16, "AMP: bf16 autocast on cpu (AVX512-BF16)"),
+    (AVX2, "auto", None, "AMP: training in fp32 on cpu (no native bf16 (AMX or AVX512-BF16): AVX2)"),
     ({}, "auto", None, "AMP: training in fp32 on cpu (CPU capabilities unknown to this torch)"),
     (AMX, "off", None, "AMP: training in fp32 on cpu (--amp off)"),
     (AVX2, "bf16", torch.bfloat16, "AMP: bf16 autocast on cpu (--amp bf16)"),
@@ -88,7 +90,8 @@ def test_forced_bf16_warns_only_on_cpus_without_native_bf16(cpu_with, monkeypatc
 
 @pytest.mark.parametrize("capabilities, device, half, amp_flag, dtype, reason", [
     (AMX, "cpu", False, "auto", torch.bfloat16, "bf16 autocast (AMX)"),
-    (AVX512_BF16, "cpu", False, "auto", None, "fp32 (no AMX bf16 units: AVX512-BF16 without AMX)"),
+    (AVX512_BF16, "cpu", False, "auto", torch.bfloat16, "bf16 autocast (AVX512-BF16)"),
+    (AVX2, "cpu", False, "auto", None, "fp32 (no native bf16 (AMX or AVX512-BF16): AVX2)"),
     (AMX, "cpu", False, "off", None, "fp32 (--amp off)"),
     (AVX2, "cpu", False, "bf16", torch.bfloat16, "bf16 autocast (--amp bf16)"),
     (AMX, "cpu", True, "fp16", None, "fp32 (fp16 needs CUDA)"),
@@ -112,7 +115,7 @@ def test_inference_autocast_runs_convolutions_in_the_chosen_dtype(cpu_with, capl
     with caplog.at_level("INFO"), inference_autocast(CPU, half=True):
         assert conv(image).dtype == torch.bfloat16
     assert "Inference: bf16 autocast (AMX) on cpu" in caplog.text and "--half is CUDA fp16 only" in caplog.text
-    cpu_with(AVX512_BF16)
+    cpu_with(AVX2)
     with inference_autocast("cpu"):
         assert conv(image).dtype == torch.float32
 

@@ -91,7 +91,7 @@ def test_two_processes_learn_what_one_process_learns(tiny):
     """2 processes x 2 images with --sync-bn and 1 process x 4 images, on the same samples, take the same
     optimizer steps (6 here, the last two accumulating 2 batches)."""
     root, _, _, gentle = tiny
-    # fp32: under bf16 autocast (--amp auto on CPUs with AMX) both sides differ by bf16 rounding, not by what they learn
+    # fp32: under bf16 autocast (--amp auto on CPUs with AMX or AVX512-BF16) both sides differ by bf16 rounding, not by what they learn
     common = ["--hyp", str(gentle), "--save-period", "1", "--amp", "off"]
     done = run(torchrun(*train_args(tiny, "equiv-ddp", "--sync-bn", *common, batch=4),
                         extra=["--master_port", str(free_port())]))

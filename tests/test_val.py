@@ -245,7 +245,7 @@ def _label_rows(save_dir):
 
 def test_val_on_exported_models_equals_the_checkpoint(tiny, dynamic_exports, own_console):
     root, data = tiny
-    # fp32 (--amp off): under bf16 autocast (--amp auto on CPUs with AMX) the traced graph rounds differently
+    # fp32 (--amp off): under bf16 autocast (--amp auto on CPUs with AMX or AVX512-BF16) the traced graph rounds differently
     results = [val.run(data=data, weights=str(path), imgsz=64, batch_size=4, workers=0, plots=False, save_txt=True,
                        save_conf=True, project=root / "runs-exported", device="cpu", amp="off")
                for path in dynamic_exports]

@@ -80,7 +80,7 @@ def add_run_folder_flags(parser: argparse.ArgumentParser, project: str) -> None:
 
 def add_amp_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
-                        help="CPU inference precision: auto = bf16 autocast on CPUs with AMX, else fp32 "
+                        help="CPU inference precision: auto = bf16 autocast on CPUs with AMX or AVX512-BF16, else fp32 "
                              "(--half is CUDA fp16)")
 
 

@@ -2,8 +2,8 @@
 
 - CUDA: fp16 autocast with a GradScaler by default, after a self-check on a synthetic batch that
   falls back to fp32 with a warning when fp16 outputs disagree with fp32.
-- CPU: ``--amp auto`` trains with bf16 autocast where the CPU has AMX bf16 units and in fp32
-  otherwise (utils.precision.cpu_bf16_choice; AVX512-BF16 alone stays fp32); ``--amp bf16`` forces
+- CPU: ``--amp auto`` trains with bf16 autocast where the CPU computes bf16 natively (AMX or
+  AVX512-BF16) and in fp32 otherwise (utils.precision.cpu_bf16_choice); ``--amp bf16`` forces
   bf16, ``--amp off`` forces fp32. The choice and its reason are logged.
 - channels_last conv weights and inputs where it is faster (CPU and CUDA alike here).
 """
