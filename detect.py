@@ -6,7 +6,11 @@
 
 Outputs go to runs/detect/exp, exp2, ... (never overwriting an earlier run): drawn images and
 videos (mp4), labels/<stem>.txt (YOLO class cx cy w h [conf], normalised) with --save-txt,
-crops/<class>/<stem>.jpg with --save-crop.
+crops/<class>/<stem>.jpg with --save-crop (the class name made one safe folder name, e.g. "../x" -> "_x", or
+the class index when nothing of it is usable: a model's names never place files outside the run folder).
+
+From Python, ``detect.run(weights="best.pt", source="data/images", conf_thres=0.4)`` takes the same flags as
+keywords and returns a ``DetectResult``: the run folder and each image's detections.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -22,20 +26,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from utils.boxes import scale_boxes, xyxy2xywh
+from utils.boxes import xyxy2xywh
 from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
                        int_in_range, max_detections, positive_int, probability)
-from utils.data.transforms import letterbox
 from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
 from utils.errors import UserError, run_main
+from utils.inference import Detection, as_detections, class_name, describe, forward, input_size, prepare_image, \
+    select_detections
 from utils.limits import MAX_CLASSES
-from utils.nms import non_max_suppression
-from utils.paths import increment_path
+from utils.paths import crop_folder, increment_path
 from utils.sources import SourceItem, Sources
 
 LOGGER = logging.getLogger("detect")
 PROGRESS_MIN_IMAGES = 20  # folders larger than this get a progress bar
+_name = class_name  # a class index's name (its number when the weights have no name for it)
 
 
 class DetectError(UserError):
@@ -71,6 +76,14 @@ class DetectConfig:
     dnn: bool = False
     vid_stride: int = 1
     amp: str = "auto"  # CPU: bf16 autocast with AMX (auto), fp32 otherwise
+
+
+@dataclass
+class DetectResult:
+    """What ``run`` returns: the run folder and, per image (``path``) or video frame (``path:frame``, 1-based), the
+    detections as ``Detection(xyxy, score, class_id, name)`` tuples in the original image's pixels."""
+    save_dir: Path
+    detections: dict[str, list[Detection]] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,23 +123,12 @@ def _check_settings(config: DetectConfig) -> None:
             raise DetectError(f"{flag} {value}: must be 1 or more")
 
 
-def _check_image_size(imgsz, stride: int) -> tuple[int, int]:
-    sizes = [int(s) for s in imgsz]
-    sizes = sizes * 2 if len(sizes) == 1 else sizes[:2]
-    if min(sizes) <= 0:
-        raise DetectError(f"--imgsz {imgsz}: sizes must be positive")
-    rounded = tuple(max(int(np.ceil(s / stride) * stride), stride) for s in sizes)
-    if rounded != tuple(sizes):
-        LOGGER.warning(f"--imgsz {sizes} must be a multiple of max stride {stride}, updating to {list(rounded)}")
-    return rounded
-
-
 def _load_model(config: DetectConfig, device: torch.device):
     """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py) and whether it runs fp16."""
     from models.backends import load_backend
 
     weights = Path(config.weights)
-    if not weights.is_file():
+    if not weights.exists():  # a file, or an OpenVINO export folder
         raise DetectError(f"weights not found: {weights} (nothing is downloaded; pass --weights "
                           "path/to/weights.pt, e.g. runs/train/exp/weights/best.pt)")
     half = config.half and device.type == "cuda"
@@ -139,45 +141,10 @@ def _load_model(config: DetectConfig, device: torch.device):
     return model, half
 
 
-def _input_size(model, imgsz) -> tuple[tuple[int, int], bool]:
-    """(letterbox size, minimal-padding letterbox?): a static-shape export takes exactly its own size."""
-    if model.imgsz is None:
-        return _check_image_size(imgsz, model.stride), True
-    if tuple(imgsz) != tuple(model.imgsz):
-        LOGGER.warning(f"{Path(model.path).name} was exported for {model.imgsz[0]}x{model.imgsz[1]} inputs; "
-                       f"using that instead of --imgsz {imgsz[0]} {imgsz[1]} (export with --dynamic for any size)")
-    return tuple(model.imgsz), False
-
-
-def _prepare(image: np.ndarray, imgsz, stride: int, device, half: bool, auto: bool = True) -> torch.Tensor:
-    """BGR HxWx3 -> letterboxed RGB (1, 3, h, w) float in [0, 1] on ``device``; ``auto``: pad only to a
-    multiple of ``stride`` (else exactly ``imgsz``)."""
-    boxed = letterbox(image, imgsz, stride=stride, auto=auto)[0]
-    array = np.ascontiguousarray(boxed[:, :, ::-1].transpose(2, 0, 1))
-    tensor = torch.from_numpy(array).to(device)
-    tensor = tensor.half() if half else tensor.float()
-    return (tensor / 255)[None]
-
-
 def _warmup(model, imgsz, device, half: bool) -> None:
     """One forward pass so the first image's time is not the one-off setup cost."""
     with torch.inference_mode():
         model(torch.zeros(1, 3, *imgsz, device=device, dtype=torch.half if half else torch.float))
-
-
-def _describe(det: torch.Tensor, names: list[str]) -> str:
-    """'2 RBCs, 1 WBC, ' (per class counts, class order)."""
-    text = ""
-    for cls in det[:, 5].unique():
-        count = int((det[:, 5] == cls).sum())
-        name = _name(names, cls)
-        text += f"{count} {name}{'s' * (count > 1 and not name.endswith('s'))}, "
-    return text
-
-
-def _name(names: list[str], cls) -> str:
-    index = int(cls)
-    return names[index] if 0 <= index < len(names) else str(index)
 
 
 def _write_labels(path: Path, det: torch.Tensor, shape, save_conf: bool) -> None:
@@ -198,7 +165,7 @@ def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, 
     stem = Path(item.path).stem
     for *xyxy, conf, cls in det.tolist():
         if config.save_crop:
-            save_one_box(xyxy, item.image, save_dir / "crops" / _name(names, cls) / f"{stem}.jpg")
+            save_one_box(xyxy, item.image, crop_folder(save_dir, names, int(cls)) / f"{stem}.jpg")
         if config.nosave and not config.view_img:
             continue
         label = None if config.hide_labels else \
@@ -231,14 +198,12 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     """One image -> (detections in original pixels, letterboxed shape, inference seconds)."""
     device, timings = context["device"], context["timings"]
     start = _now(device)
-    tensor = _prepare(item.image, context["imgsz"], context["stride"], device, context["half"], context["auto"])
+    tensor = prepare_image(item.image, context["imgsz"], context["stride"], device, context["half"], context["auto"])
     loaded = _now(device)
-    with torch.inference_mode(), context["autocast"]:
-        output = model(tensor.contiguous(memory_format=torch.channels_last))
+    output = forward(model, tensor, context["autocast"])
     inferred = _now(device)
-    det = non_max_suppression(output, config.conf_thres, config.iou_thres, config.classes,
-                              config.agnostic_nms, max_det=config.max_det)[0]
-    det[:, :4] = scale_boxes(tensor.shape[2:], det[:, :4], item.image.shape).round()
+    det = select_detections(output, tensor.shape[2:], [item.image.shape], config.conf_thres, config.iou_thres,
+                            config.classes, config.agnostic_nms, config.max_det)[0]
     done = _now(device)
     timings.pre += loaded - start
     timings.inference += inferred - loaded
@@ -269,27 +234,44 @@ def _log_line(item: SourceItem, det, shape, seconds: float, names) -> str:
         head = f"video {item.index}/{item.count} ({item.frame}/{item.frames}) {item.path}: "
     else:
         head = f"image {item.index}/{item.count} {item.path}: "
-    found = _describe(det, names) if len(det) else "(no detections), "
+    found = describe(det, names) if len(det) else "(no detections), "
     return f"{head}{shape[0]}x{shape[1]} {found}{seconds * 1e3:.1f}ms"
 
 
-def run(config: DetectConfig) -> Path:
-    """Detect on ``config.source``; returns the run folder (runs/detect/expN)."""
+def run(**options) -> DetectResult:
+    """Python API: ``detect.run(weights="best.pt", source="images/", conf_thres=0.4, save_txt=True)``.
+
+    Keywords are detect.py's flags with underscores for dashes, with the same defaults and checks (a bad value
+    or an unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError).
+    Returns the run folder and the detections per image (``DetectResult``).
+    """
+    from utils.api import api_call, keyword_argv
+
+    config = config_from_args(parse_args(keyword_argv(build_parser(), options)))
+    with api_call():
+        return run_config(config, collect=True)
+
+
+def run_config(config: DetectConfig, collect: bool = False) -> DetectResult:
+    """Detect on ``config.source``: drawn images/videos and labels in the run folder (runs/detect/expN);
+    ``collect``: also keep every image's detections in the result (the command line does not)."""
     _check_settings(config)
     _warn_unsupported(config)
     sources = Sources(config.source, config.vid_stride)
     device = select_device(config.device)
     model, half = _load_model(config, device)
     stride = model.stride
-    imgsz, auto = _input_size(model, config.imgsz)
+    imgsz, auto = input_size(model, config.imgsz)
     save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
     if config.save_txt:
         (save_dir / "labels").mkdir(parents=True, exist_ok=True)
     from utils.precision import inference_autocast
 
+    exported = "" if getattr(model, "kind", "pytorch") == "pytorch" else model.kind
     context = {"device": device, "half": half, "stride": stride, "imgsz": imgsz, "auto": auto, "save_dir": save_dir,
                "names": list(model.names), "timings": Timings(), "video": VideoSink(),
-               "autocast": inference_autocast(device, half, config.amp)}
+               "autocast": inference_autocast(device, half, config.amp, exported)}
+    result = DetectResult(save_dir)
     _warmup(model, imgsz, device, half)
     show_bar = bool(sources.videos) or sources.num_images > PROGRESS_MIN_IMAGES
     bar = tqdm(total=sources.total_items() if show_bar else 0, disable=not show_bar, unit="img",
@@ -298,13 +280,16 @@ def run(config: DetectConfig) -> Path:
         for item in sources:
             det, shape, seconds = _predict(model, item, config, context)
             _save_outputs(item, det, config, context)
+            if collect:
+                key = f"{item.path}:{item.frame}" if item.is_video else item.path
+                result.detections[key] = as_detections(det, context["names"])
             LOGGER.info(_log_line(item, det, shape, seconds, context["names"]))
             bar.update(1)
     finally:
         bar.close()
         context["video"].close()
     _log_summary(context, imgsz, config)
-    return save_dir
+    return result
 
 
 def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
@@ -320,10 +305,11 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
         LOGGER.info(f"Results saved to {save_dir}{saved}")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="detect.py", description="Detect objects in images and videos.")
     add = parser.add_argument
-    add("--weights", type=str, default="yolov5s.pt", help="model: .pt (ours or YOLOv5's), .torchscript or .onnx")
+    add("--weights", type=str, default="yolov5s.pt",
+        help="model: .pt (ours or YOLOv5's), .torchscript, .onnx or an OpenVINO folder / .xml")
     add("--source", type=str, default="data/images", help="image, folder, glob, .txt list or video file")
     add("--data", type=str, default=None, help="dataset YAML (optional; names come from the weights)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=image_size, default=[640],
@@ -350,6 +336,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_amp_flag(parser)
     add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
     add("--vid-stride", type=positive_int, default=1, help="video frame-rate stride")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if len(args.imgsz) > 2:
         parser.error(f"argument --imgsz: expected one size or two (h w), got {len(args.imgsz)}")
@@ -385,7 +376,7 @@ def _main(argv) -> int:
     from utils.memory import keep_freed_memory
 
     keep_freed_memory()  # whole-process choice: see utils/memory.py
-    run(config_from_args(args))
+    run_config(config_from_args(args))
     return 0
 
 

@@ -1,13 +1,17 @@
-"""Export a checkpoint to TorchScript and/or ONNX, beside the weights (YOLOv5 export.py flags).
+"""Export a checkpoint to TorchScript, ONNX and/or OpenVINO, beside the weights (YOLOv5 export.py flags).
 
-    python export.py --weights runs/train/exp/weights/best.pt --include torchscript onnx
+    python export.py --weights runs/train/exp/weights/best.pt --include torchscript onnx openvino
     python export.py --weights best.pt --include onnx --dynamic            # any batch and image size
     python export.py --weights best.pt --include onnx --imgsz 320 --batch-size 8
+    python export.py --weights best.pt --include openvino --half           # fp16 weights, runs on the CPU
 
-Writes ``best.torchscript`` / ``best.onnx`` next to ``best.pt``, each holding its metadata (names,
-stride, input size, batch, dynamic, nc, format version; see models/backends.py) so val.py and detect.py
-take it as ``--weights``. The exported model returns the decoded ``(batch, N, 5 + nc)`` output that NMS
-takes. ONNX needs the optional packages in requirements-export.txt.
+Writes ``best.torchscript`` / ``best.onnx`` / ``best_openvino_model/`` (``best.xml``, ``best.bin`` and
+``best.yaml``, YOLOv5's layout) next to ``best.pt``, each holding its metadata (names, stride, input size,
+batch, dynamic, nc, format version; see models/export_info.py) so val.py and detect.py take it as
+``--weights``. The exported model returns the decoded ``(batch, N, 5 + nc)`` output that NMS takes.
+ONNX and OpenVINO need the optional packages in requirements-export.txt. OpenVINO IR is converted from
+the ONNX graph (as YOLOv5 does) on the CPU; ``--half`` stores its weights in fp16 (half the size; the
+CPU still computes in fp32) and needs no GPU, unlike ``--half`` for TorchScript and ONNX.
 
 Each file is checked before it is kept: the exported model is loaded back and run on the same random
 input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
@@ -20,6 +24,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,13 +40,15 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models.backends import BACKENDS, TORCHSCRIPT_METADATA, ExportInfo, first_line, require  # noqa: E402
+from models.backends import (BACKENDS, OPENVINO_FOLDER, TORCHSCRIPT_METADATA, ExportInfo, first_line,  # noqa: E402
+                             import_openvino, openvino_reason, require)
 from utils.cli import add_device_flag  # noqa: E402
 from utils.errors import ArgumentError, UserError  # noqa: E402
+from utils.limits import MAX_BATCH_SIZE, MAX_IMAGE_SIZE  # noqa: E402
 
 LOGGER = logging.getLogger("export")
-SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx"}
-TITLES = {"torchscript": "TorchScript", "onnx": "ONNX"}
+SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx", "openvino": OPENVINO_FOLDER}  # OpenVINO: a folder
+TITLES = {"torchscript": "TorchScript", "onnx": "ONNX", "openvino": "OpenVINO"}
 OPSETS = range(11, 21)  # Range/Resize need 11; 20 is the TorchScript-based ONNX exporter's newest
 # Largest allowed |exported - PyTorch| as a fraction of the output's scale: the input's longest side for
 # the box columns (pixels), 1 for objectness and class scores. fp32 rounding differences between
@@ -123,7 +130,7 @@ def run(config: ExportConfig) -> list[ExportResult]:
     device = select_device(config.device)
     check_options(config, formats, device)
     model = for_inference(load_model(weights, device=device))
-    if config.half:
+    if config.half and device.type == "cuda":  # on the CPU --half is OpenVINO's fp16 weights, converted at the end
         model.half()
     stride = int(model.stride.max())
     info = ExportInfo(names=tuple(model.names), stride=stride, imgsz=round_size(config.imgsz, stride),
@@ -132,7 +139,13 @@ def run(config: ExportConfig) -> list[ExportResult]:
     LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
                 "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
     exporter = Exporter(model, info, device, config)
-    return [exporter.export(fmt, weights.with_suffix(SUFFIXES[fmt])) for fmt in formats]
+    return [exporter.export(fmt, output_path(weights, fmt)) for fmt in formats]
+
+
+def output_path(weights: Path, fmt: str) -> Path:
+    """``best.torchscript`` / ``best.onnx`` / the folder ``best_openvino_model`` beside ``best.pt``."""
+    suffix = SUFFIXES[fmt]
+    return weights.with_suffix(suffix) if suffix.startswith(".") else weights.with_name(weights.stem + suffix)
 
 
 def check_formats(include) -> list[str]:
@@ -146,27 +159,34 @@ def check_formats(include) -> list[str]:
 
 def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
-    if config.half and device.type != "cuda":
-        raise ArgumentError("--half needs a CUDA device (--device 0); CPU exports are float32")
-    if config.half and config.dynamic:
-        raise ArgumentError("--half and --dynamic cannot be combined (as in YOLOv5)")
+    only_openvino = formats == ["openvino"]
+    if config.half and device.type != "cuda" and not only_openvino:
+        raise ArgumentError("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
+                            "float32 (--include openvino alone takes --half: fp16 weights)")
+    if config.half and config.dynamic and not only_openvino:
+        raise ArgumentError("--half and --dynamic cannot be combined (as in YOLOv5) for TorchScript and ONNX")
     if config.optimize and device.type != "cpu":
         raise ArgumentError("--optimize (TorchScript mobile optimisation) is CPU only: use --device cpu")
     if config.optimize and not getattr(torch._C, "_is_xnnpack_enabled", lambda: True)():
         raise ArgumentError("--optimize needs a torch build with XNNPACK, which this one lacks; export without it")
-    if config.batch_size < 1:
-        raise ArgumentError(f"--batch-size {config.batch_size}: must be 1 or more")
-    if min(config.imgsz) < 1:
-        raise ArgumentError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be positive")
-    if "onnx" in formats:
+    if not 1 <= config.batch_size <= MAX_BATCH_SIZE:  # the bounds val.py and detect.py check in the metadata
+        raise ArgumentError(f"--batch-size {config.batch_size}: must be 1 to {MAX_BATCH_SIZE}")
+    if min(config.imgsz) < 1 or max(config.imgsz) > MAX_IMAGE_SIZE:
+        raise ArgumentError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be 1 to {MAX_IMAGE_SIZE}")
+    if "openvino" in formats and device.type != "cpu":
+        raise ArgumentError(f"--include openvino exports and runs on the CPU: use --device cpu (not {device.type})")
+    if "onnx" in formats or "openvino" in formats:
         if config.opset not in OPSETS:
             raise ArgumentError(f"--opset {config.opset}: supported {OPSETS.start} to {OPSETS.stop - 1}")
-        require("onnx", purpose="--include onnx")
+        require("onnx", purpose=f"--include {'onnx' if 'onnx' in formats else 'openvino (converted from ONNX)'}")
+    if "onnx" in formats:
         require("onnxruntime", purpose="the ONNX parity check")
         if config.simplify:
             require("onnxsim", purpose="--simplify")
     elif config.simplify:
         LOGGER.info("--simplify ignored: it applies to --include onnx")
+    if "openvino" in formats:
+        import_openvino("--include openvino")
 
 
 def round_size(imgsz, stride: int) -> tuple[int, int]:
@@ -194,7 +214,7 @@ class Exporter:
     def __init__(self, model: nn.Module, info: ExportInfo, device: torch.device, config: ExportConfig):
         self.model, self.info, self.device, self.config = model, info, device, config
         self.graph = PredictionOnly(model).eval()
-        self.dtype = torch.float16 if info.half else torch.float32
+        self.dtype = torch.float16 if info.half and device.type == "cuda" else torch.float32  # see run()
         self.example = self.input((info.batch, 3, *info.imgsz))
         with torch.no_grad():
             self.graph(self.example)  # one eager pass first, as inference would
@@ -206,15 +226,20 @@ class Exporter:
 
     def export(self, fmt: str, path: Path) -> ExportResult:
         start = time.perf_counter()
-        data = self.torchscript() if fmt == "torchscript" else self.onnx()
-        temp = write_temp(data, path)
+        if fmt == "openvino":
+            temp = self.openvino(path)
+        else:
+            temp = write_temp(self.torchscript() if fmt == "torchscript" else self.onnx(), path)
         seconds = time.perf_counter() - start
         try:
             parity = self.check(fmt, temp, path)
-            os.replace(temp, path)
+            if fmt == "openvino":
+                place_folder(temp, path)
+            else:
+                os.replace(temp, path)
         finally:
-            temp.unlink(missing_ok=True)
-        result = ExportResult(fmt, path, path.stat().st_size / 1e6, seconds, parity)
+            remove(temp)
+        result = ExportResult(fmt, path, size_bytes(path) / 1e6, seconds, parity)
         LOGGER.info("%s: saved %s (%.1f MB) in %.1f s", TITLES[fmt], path, result.megabytes, seconds)
         for figure in parity:
             LOGGER.info("%s parity: %s", TITLES[fmt], figure.describe())
@@ -234,9 +259,8 @@ class Exporter:
             torch.jit.save(module, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(self.info.to_dict())})
         return buffer.getvalue()
 
-    def onnx(self) -> bytes:
-        import onnx
-
+    def trace_onnx(self) -> bytes:
+        """The ONNX graph (no metadata): input ``images``, output ``output0``, free axes with --dynamic."""
         axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 1: "anchors"}}
         buffer = io.BytesIO()
         try:
@@ -246,7 +270,12 @@ class Exporter:
                                   dynamic_axes=axes if self.info.dynamic else None)
         except (RuntimeError, ValueError) as error:
             raise ExportError(f"ONNX export at --opset {self.config.opset} failed ({first_line(error)})") from None
-        proto = onnx.load_from_string(buffer.getvalue())
+        return buffer.getvalue()
+
+    def onnx(self) -> bytes:
+        import onnx
+
+        proto = onnx.load_from_string(self.trace_onnx())
         onnx.checker.check_model(proto)
         if self.config.simplify:
             proto = simplify(proto)
@@ -255,10 +284,34 @@ class Exporter:
             entry.key, entry.value = key, json.dumps(value)
         return proto.SerializeToString()
 
+    def openvino(self, path: Path) -> Path:
+        """The OpenVINO IR converted from the ONNX graph, with its metadata YAML, in a hidden folder beside
+        ``path`` (``<stem>.xml``, ``<stem>.bin``, ``<stem>.yaml``); fp16 weights with --half."""
+        import yaml
+
+        ov = import_openvino("--include openvino")
+        stem = path.name.removesuffix(OPENVINO_FOLDER)
+        folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+        try:
+            graph = folder / f"{stem}.onnx"
+            graph.write_bytes(self.trace_onnx())
+            try:
+                model = ov.Core().read_model(str(graph))
+                ov.save_model(model, str(folder / f"{stem}.xml"), compress_to_fp16=self.info.half)
+            except Exception as error:  # openvino's conversion errors are RuntimeErrors and its own types
+                raise ExportError(f"OpenVINO conversion failed ({openvino_reason(error)})") from None
+            graph.unlink()
+            text = yaml.safe_dump(self.info.to_dict(), sort_keys=False, allow_unicode=True)
+            (folder / f"{stem}.yaml").write_text(text, encoding="utf-8")
+        except BaseException:
+            remove(folder)
+            raise
+        return folder
+
     def check(self, fmt: str, written: Path, path: Path) -> list[Parity]:
         """Load the ``written`` file back and compare it with the PyTorch model; ParityError beyond
         TOLERANCE (``path`` is the name it is meant to get)."""
-        backend = BACKENDS[SUFFIXES[fmt]](written, self.device)
+        backend = BACKENDS[".xml" if fmt == "openvino" else SUFFIXES[fmt]](written, self.device)
         shapes = [tuple(self.example.shape)]
         if self.info.dynamic:
             shapes.append(second_shape(self.example.shape, self.info.stride))
@@ -272,7 +325,7 @@ class Exporter:
                 except Exception as error:  # e.g. a size baked into the graph: a parity failure, not a crash
                     raise ParityError(f"{path}: the {TITLES[fmt]} model fails on a {'x'.join(map(str, shape))} "
                                       f"input ({first_line(error)}); not written") from None
-            figure = compare(reference, exported, shape, TOLERANCE[self.dtype])
+            figure = compare(reference, exported, shape, TOLERANCE[torch.float16 if self.info.half else torch.float32])
             figures.append(figure)
             if not figure.ok:
                 raise ParityError(f"{path}: the {TITLES[fmt]} model differs from the PyTorch model: "
@@ -313,6 +366,40 @@ def simplify(proto):
     return simplified
 
 
+def place_folder(temp: Path, path: Path) -> None:
+    """Move the checked files of ``temp`` into the folder ``path``: a rename when ``path`` is new, else each
+    file replaced in turn (other files there are left alone); the folder gets a new folder's permissions."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise ExportError(f"{path}: exists and is not a folder; move it away to export here")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temp, 0o777 & ~umask)
+    if not path.exists():
+        try:
+            os.rename(temp, path)
+            return
+        except OSError:  # created meanwhile: replace file by file below
+            pass
+    # the weights first, so a reader never pairs the new description with old weights
+    for file in sorted(temp.iterdir(), key=lambda item: item.suffix != ".bin"):
+        os.replace(file, path / file.name)
+
+
+def remove(path: Path) -> None:
+    """Delete a temp file or folder of ours, if still there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def size_bytes(path: Path) -> int:
+    """A file's size, or the total of the files in a folder (OpenVINO)."""
+    if path.is_dir():
+        return sum(item.stat().st_size for item in path.iterdir() if item.is_file())
+    return path.stat().st_size
+
+
 def write_temp(data: bytes, path: Path) -> Path:
     """``data`` in a hidden temp file beside ``path`` (same suffix), fsynced, with the permissions a new
     file gets (mkstemp's are owner-only); replaced into place once checked."""
@@ -339,19 +426,20 @@ def quiet_tracing():
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="export.py", description="Export a checkpoint to TorchScript / ONNX")
+    parser = argparse.ArgumentParser(prog="export.py",
+                                     description="Export a checkpoint to TorchScript / ONNX / OpenVINO")
     add = parser.add_argument
     add("--weights", type=str, default="yolov5s.pt", help="checkpoint path (ours or YOLOv5's .pt)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640, 640], help="image size h w (or one)")
     add("--batch-size", type=int, default=1, help="batch size")
     add_device_flag(parser)
     parser.set_defaults(device="cpu")
-    add("--half", action="store_true", help="FP16 half-precision export (CUDA only)")
+    add("--half", action="store_true", help="FP16 half-precision export (CUDA; OpenVINO: fp16 weights on the CPU)")
     add("--optimize", action="store_true", help="TorchScript: optimize for mobile (CPU only)")
-    add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript and ONNX)")
+    add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript, ONNX, OpenVINO)")
     add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
-    add("--opset", type=int, default=17, help="ONNX: opset version")
-    add("--include", nargs="+", default=["torchscript"], help="formats: torchscript, onnx")
+    add("--opset", type=int, default=17, help="ONNX (and OpenVINO, converted from ONNX): opset version")
+    add("--include", nargs="+", default=["torchscript"], help="formats: torchscript, onnx, openvino")
     return parser.parse_args(argv)
 
 

@@ -6,6 +6,9 @@ Usage:
     python train.py --data data.yaml --weights yolov5s.pt      # fine-tune from our or YOLOv5's weights
     python train.py --resume                                   # continue the newest run under runs/train
     torchrun --nproc_per_node 4 train.py --data data.yaml --device 0,1,2,3
+
+From Python, ``train.run(data="data.yaml", epochs=10, imgsz=320)`` takes the same flags as keywords and returns
+the run folder, best.pt / last.pt and the final metrics (``run``).
 """
 from __future__ import annotations
 
@@ -22,17 +25,24 @@ LOGGER = logging.getLogger("train")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, batch_size, float_in_range,
-                           image_size, int_in_range, non_negative_int, positive_int, workers)
-    from utils.limits import Range
+    from utils import cli  # every bound below is also applied to a resumed checkpoint's options (TrainConfig)
+    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, image_size, non_negative_int,
+                           positive_int, train_batch_size, workers)
+    from utils.config import TIME_HOURS
 
     parser = ArgumentParser(prog="train.py", description="Train a YOLOv5-style detector")
     parser.add_argument("--weights", type=str, default="", help="initial weights path ('' to train from --cfg)")
     parser.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/yolov5n.yaml")
     parser.add_argument("--data", type=str, default="", help="dataset YAML ('' = the embedded default dataset)")
     parser.add_argument("--hyp", type=str, default="data/hyps/hyp.scratch-low.yaml", help="hyperparameters path")
-    parser.add_argument("--epochs", type=positive_int, default=100, help="total training epochs")
-    parser.add_argument("--batch-size", type=batch_size, default=16, help="total batch size over all processes")
+    parser.add_argument("--epochs", type=positive_int, default=None,
+                        help=f"total training epochs (default {DEFAULT_EPOCHS}; with --time, as many as fit, "
+                             f"at most the --epochs given)")
+    parser.add_argument("--time", type=TIME_HOURS, default=None, metavar="HOURS",
+                        help="training time budget in hours, as ultralytics' time=: after the first epoch the epoch "
+                             "count becomes what fits (at most --epochs when given; with --evolve: per generation)")
+    parser.add_argument("--batch-size", type=train_batch_size, default=16,
+                        help="total batch size over all processes, -1 for AutoBatch (CUDA)")
     parser.add_argument("--imgsz", "--img", "--img-size", type=image_size, default=640, help="train, val image size (pixels)")
     parser.add_argument("--rect", action="store_true", help="rectangular training")
     parser.add_argument("--resume", nargs="?", const=True, default=False,
@@ -41,40 +51,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noval", action="store_true", help="only validate final epoch")
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
+    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                        help="write no TensorBoard event files (on by default; YOLOv5 has no such switch)")
     parser.add_argument("--evolve", type=positive_int, nargs="?", const=300, help="evolve hyperparameters for x generations")
     parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
                         help="--evolve search space: which hyperparameters evolve, with their bounds")
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
-                        choices=("ram", "disk", "auto", "off"),
+                        choices=cli.CACHE_MODES,
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
-    parser.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW"], default="SGD", help="optimizer")
+    parser.add_argument("--optimizer", type=str, choices=cli.OPTIMIZER_NAMES, default="SGD", help="optimizer")
     parser.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
     parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers (per process in DDP mode)")
     add_run_folder_flags(parser, "runs/train")
     parser.add_argument("--quad", action="store_true", help="quad dataloader (accepted; not used)")
     parser.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
-    parser.add_argument("--label-smoothing", type=float_in_range(Range(0, 1, high_open=True)), default=0.0, help="label smoothing epsilon")
+    parser.add_argument("--label-smoothing", type=cli.label_smoothing, default=0.0, help="label smoothing epsilon")
     parser.add_argument("--patience", type=non_negative_int, default=100, help="EarlyStopping patience (epochs without improvement)")
-    parser.add_argument("--freeze", nargs="+", type=int_in_range(0, 1000), default=[0], help="freeze layers: backbone=10, first3=0 1 2")
-    parser.add_argument("--save-period", type=int_in_range(-1, 2 ** 31 - 1), default=-1, help="save checkpoint every x epochs (disabled if < 1)")
-    parser.add_argument("--save-every-min", type=float_in_range(Range(0, 10 ** 6)), default=10.0,
+    parser.add_argument("--freeze", nargs="+", type=cli.freeze_layer, default=[0], help="freeze layers: backbone=10, first3=0 1 2")
+    parser.add_argument("--save-period", type=cli.save_period, default=-1, help="save checkpoint every x epochs (disabled if < 1)")
+    parser.add_argument("--save-every-min", type=cli.save_every_min, default=10.0,
                         help="also save last.pt inside long epochs every x minutes of training (0: only at epoch ends)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="global training seed")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help="ignored: torchrun sets LOCAL_RANK")
+    parser.add_argument("--local_rank", "--local-rank", type=cli.local_rank, default=-1, help="ignored: torchrun sets LOCAL_RANK")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
-    parser.add_argument("--amp", default="auto", choices=("auto", "fp16", "bf16", "off"),
+    parser.add_argument("--amp", default="auto", choices=cli.TRAIN_AMP_MODES,
                         help="mixed precision: auto = fp16 on CUDA (after a self-check), bf16 on CPUs with AMX or AVX512-BF16, else fp32")
-    parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"),
+    parser.add_argument("--channels-last", default="auto", choices=cli.CHANNELS_LAST_MODES,
                         help="channels_last memory format for conv weights and inputs")
     return parser
 
 
+DEFAULT_EPOCHS = 100
+TIME_MAX_EPOCHS = 100_000  # --time without --epochs: the budget alone decides (ultralytics' time= overrides epochs)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.epochs is None:
+        args.epochs = TIME_MAX_EPOCHS if args.time else DEFAULT_EPOCHS
+    return args
 
 
 def explicit_options(argv=None) -> dict:
@@ -113,7 +132,7 @@ def _main(argv) -> int:
         raise ArgumentError(problem)
     if args.evolve:
         return run_evolution(config_from_args(args), args.evolve_space)
-    return run(config_from_args(args), explicit_options(argv))
+    return _train_cli(config_from_args(args), explicit_options(argv))
 
 
 def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
@@ -131,24 +150,50 @@ def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
     return None
 
 
-def run(config, explicit: dict) -> int:
-    """Set up this process, decide what to train (a new run or a resumed one; decided by the main process
-    and shared), train, and tear the process group down on every way out."""
+def run(**options):
+    """Python API: ``train.run(data="data.yaml", weights="yolov5s.pt", epochs=10, batch_size=16, imgsz=320)``.
+
+    Keywords are train.py's flags with underscores for dashes, with the same defaults and checks (a bad value or
+    an unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError).
+    Returns the ``TrainResult``: save_dir, best and last (paths), final_metrics (best.pt's metrics/precision,
+    metrics/recall, metrics/mAP_0.5, metrics/mAP_0.5:0.95), last_row (the final results.csv row), epochs_run.
+    With ``evolve``, its save_dir is the evolution folder. A signal (Ctrl-C) saves last.pt as on the command line,
+    then raises TrainingInterrupted; resuming a finished run raises RunFinished, whose message says so.
+    """
+    from utils.api import api_call, keyword_argv
+    from utils.errors import ArgumentError
+
+    argv = keyword_argv(build_parser(), options)
+    args = parse_args(argv)
+    problem = launch_problem(args, argv)
+    if problem:
+        raise ArgumentError(problem)
+    with api_call():
+        if args.evolve:
+            return _evolve_result(config_from_args(args), args.evolve_space)
+        return _train(config_from_args(args), explicit_options(argv))
+
+
+def _evolve_result(config, space_path: str):
+    """train.run(evolve=N): run_evolution, its stop by a signal raised, its folder returned as a TrainResult."""
+    from utils.trainer import TrainingInterrupted, TrainResult
+
+    code = run_evolution(config, space_path)
+    if code:
+        raise TrainingInterrupted("evolution stopped by a signal; call train.run again to continue it", code)
+    project = Path("runs/evolve") if config.project == "runs/train" else Path(config.project)  # as run_evolution
+    return TrainResult(save_dir=project / config.name, best=None, last=None)
+
+
+def _train_cli(config, explicit: dict) -> int:
+    """The command line's training: ``_train`` with its errors and stops said in one line, as exit codes."""
     from utils import dist
     from utils.errors import UserError, one_line
-    from utils.trainer import TrainingInterrupted, setup_process, train
-    from utils.trainer.resume import RunFinished, resolve_run
+    from utils.trainer import TrainingInterrupted
+    from utils.trainer.resume import RunFinished
 
     try:
-        if not config.cfg and not config.weights and not config.resume:
-            config.cfg = "models/yolov5n.yaml" if (ROOT / "models/yolov5n.yaml").exists() else ""
-        if config.cfg and not Path(config.cfg).exists() and (ROOT / config.cfg).exists():
-            config.cfg = str(ROOT / config.cfg)
-        device = setup_process(config.device)
-        config, hyp, resume = _shared(lambda: resolve_run(config, explicit))
-        listed = [d for d in str(config.device).replace("cuda:", "").split(",") if d.strip().isdigit()]
-        dist.check_launch(config.batch_size, device, len(listed) or None)
-        train(config, hyp, device, resume)
+        _train(config, explicit)
     except UserError as error:
         if dist.is_main_process() or not isinstance(error, dist.SharedError):  # said once, not once per process
             rank = "" if dist.is_main_process() else f"[rank {dist.dist_info().rank}] "
@@ -160,9 +205,31 @@ def run(config, explicit: dict) -> int:
     except TrainingInterrupted as interrupted:
         print(f"train.py: {interrupted}", file=sys.stderr)
         return interrupted.exit_status
+    return 0
+
+
+def _train(config, explicit: dict):
+    """Set up this process, decide what to train (a new run or a resumed one; decided by the main process
+    and shared), train, and tear the process group down on every way out. Returns the TrainResult; raises
+    UserError, RunFinished and TrainingInterrupted."""
+    from utils import dist
+    from utils.autobatch import check_request
+    from utils.trainer import setup_process, train
+    from utils.trainer.resume import resolve_run
+
+    try:
+        if not config.cfg and not config.weights and not config.resume:
+            config.cfg = "models/yolov5n.yaml" if (ROOT / "models/yolov5n.yaml").exists() else ""
+        if config.cfg and not Path(config.cfg).exists() and (ROOT / config.cfg).exists():
+            config.cfg = str(ROOT / config.cfg)
+        device = setup_process(config.device)
+        config, hyp, resume = _shared(lambda: resolve_run(config, explicit))
+        listed = [d for d in str(config.device).replace("cuda:", "").split(",") if d.strip().isdigit()]
+        check_request(config.batch_size, device)  # --batch-size -1 needs CUDA
+        dist.check_launch(config.batch_size, device, len(listed) or None)
+        return train(config, hyp, device, resume)
     finally:
         dist.cleanup()
-    return 0
 
 
 def run_evolution(config, space_path: str) -> int:
@@ -170,12 +237,10 @@ def run_evolution(config, space_path: str) -> int:
     mutated from the best rows of <project>/<name>/evolve.csv (default runs/evolve/exp, never incremented: several
     processes given the same folder cooperate, and running the command again continues the evolution)."""
     import dataclasses
-    import os
-    import shutil
 
     from utils.config import Hyp, resolve_hyp_path
-    from utils.errors import UserError
     from utils.evolve import METRIC_COLUMNS, SearchSpace, evolve
+    from utils.evolve_folder import make_scratch_folder, remove_scratch_folder
     from utils.trainer import TrainingInterrupted, setup_process, train
 
     project = Path("runs/evolve") if config.project == "runs/train" else Path(config.project)
@@ -186,14 +251,16 @@ def run_evolution(config, space_path: str) -> int:
         if not config.cfg and not config.weights:
             config.cfg = str(ROOT / "models/yolov5n.yaml")
         device = setup_process(config.device)
-        scratch = folder / f".generation-{os.getpid()}"  # this process's training folder, emptied each time
 
         def run_generation(hyp, number: int) -> dict:
-            shutil.rmtree(scratch, ignore_errors=True)
-            generation = dataclasses.replace(config, save_dir=str(scratch), noval=True, nosave=True, noplots=True,
-                                             hyp=str(resolve_hyp_path(config.hyp)))
-            result = train(generation, hyp, device)
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch = make_scratch_folder(folder, number)  # this generation's own folder (a random name)
+            try:
+                generation = dataclasses.replace(config, save_dir=str(scratch), noval=True, nosave=True,
+                                                 noplots=True, tensorboard=False,
+                                                 hyp=str(resolve_hyp_path(config.hyp)))
+                result = train(generation, hyp, device)
+            finally:
+                remove_scratch_folder(scratch)
             return {key: result.last_row[key] for key in METRIC_COLUMNS}
 
         best = evolve(run_generation, config.evolve, folder, space, base, seed=config.seed)

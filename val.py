@@ -5,11 +5,14 @@ Usage:
     python val.py --weights best.pt --data data.yaml --save-json     # + COCO JSON scored by pycocotools
     python val.py --weights best.pt --data data.yaml --task speed    # timing only
 
-``run(...)`` loads the model through ``models.backends.load_backend`` (a checkpoint, or a ``.torchscript`` /
-``.onnx`` file from export.py), builds a rectangular-batch loader and calls ``utils.validation.validate``
-(the loop the trainer also runs every epoch on the EMA model). A static-shape export only takes the input
-size it was exported at: it is validated on square letterboxed batches of that size (rectangular batches
-need a ``--dynamic`` export), and a non-square static export is refused.
+From Python, ``val.run(data="data.yaml", weights="best.pt", imgsz=640)`` takes the same flags as keywords and
+returns the metrics (``utils.validation.ValResult``: overall and per class).
+
+``validate_weights(...)`` loads the model through ``models.backends.load_backend`` (a checkpoint, or a
+``.torchscript`` / ``.onnx`` file from export.py), builds a rectangular-batch loader and calls
+``utils.validation.validate`` (the loop the trainer also runs every epoch on the EMA model). A static-shape
+export only takes the input size it was exported at: it is validated on square letterboxed batches of that
+size (rectangular batches need a ``--dynamic`` export), and a non-square static export is refused.
 """
 from __future__ import annotations
 
@@ -38,10 +41,31 @@ class ValError(UserError):
     """A user mistake (missing file, mismatched data); val.py prints it as one line and exits 1."""
 
 
-def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300,
-        task="val", device="", workers=8, single_cls=False, augment=False, verbose=False, save_txt=False,
-        save_hybrid=False, save_conf=False, save_json=False, project=ROOT / "runs/val", name="exp", exist_ok=False,
-        half=False, dnn=False, plots=True, amp="auto") -> ValResult:
+def run(**options) -> ValResult | list[ValResult]:
+    """Python API: ``val.run(data="data.yaml", weights="best.pt", imgsz=640, batch_size=32)``.
+
+    Keywords are val.py's flags with underscores for dashes, with the same defaults and checks (a bad value or an
+    unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError), plus
+    ``plots`` (default True; False writes no plots). Returns the ``ValResult`` (mp, mr, map50, map, per_class,
+    speed, save_dir); a list of them, one per file, when ``weights`` is a list.
+    """
+    from utils.api import api_call, keyword_argv
+    from utils.errors import ArgumentError
+
+    plots = options.pop("plots", True)
+    if plots is not True and plots is not False:
+        raise ArgumentError(f"plots takes True or False, got {plots!r}")
+    values = vars(parse_args(keyword_argv(build_parser(), options)))
+    weights = values.pop("weights")
+    with api_call():
+        results = [validate_weights(weights=path, plots=plots, **values) for path in weights]
+    return results if isinstance(options.get("weights"), (list, tuple)) else results[0]
+
+
+def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6,
+                     max_det=300, task="val", device="", workers=8, single_cls=False, augment=False, verbose=False,
+                     save_txt=False, save_hybrid=False, save_conf=False, save_json=False, project=ROOT / "runs/val",
+                     name="exp", exist_ok=False, half=False, dnn=False, plots=True, amp="auto") -> ValResult:
     """Standalone validation: model from ``weights``, rectangular batches (pad 0.5) of ``data``'s ``task`` split.
 
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
@@ -60,7 +84,7 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
     sources = config.split(split)
     if not sources:
         raise ValError(f"{config.yaml_file}: no '{split}' split in the dataset YAML")
-    if not weights or not Path(weights).is_file():
+    if not weights or not Path(weights).exists():  # a file, or an OpenVINO export folder
         raise ValError(f"{weights}: weights file not found")
     device = select_device(device)
     half = half and device.type == "cuda"
@@ -79,7 +103,8 @@ def run(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.
                                   single_cls=single_cls, names=config.names, prefix=f"{split}: ")
     from utils.precision import inference_autocast
 
-    with inference_autocast(device, half, amp):  # bf16 on CPUs with AMX (--amp auto); a no-op on CUDA
+    exported = "" if getattr(model, "kind", "pytorch") == "pytorch" else model.kind
+    with inference_autocast(device, half, amp, exported):  # bf16 on CPUs with native bf16 (--amp auto); no-op on CUDA
         _warmup(model, device, imgsz)
         result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                           save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
@@ -146,11 +171,11 @@ def _warmup(model, device, imgsz: int) -> None:
         model(image)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="val.py", description="Validate a detector on a dataset split")
     parser.add_argument("--data", type=str, default=None, help="dataset.yaml path (default: embedded dataset)")
     parser.add_argument("--weights", nargs="+", type=str, default=["yolov5s.pt"],
-                        help="model path(s): .pt, .torchscript or .onnx")
+                        help="model path(s): .pt, .torchscript, .onnx or an OpenVINO folder / .xml")
     parser.add_argument("--batch-size", type=batch_size, default=32, help="batch size")
     parser.add_argument("--imgsz", "--img", "--img-size", type=image_size, default=640, help="inference size (pixels)")
     parser.add_argument("--conf-thres", type=probability, default=0.001, help="confidence threshold")
@@ -170,7 +195,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_half_flag(parser)
     add_amp_flag(parser)
     parser.add_argument("--dnn", action="store_true", help="use OpenCV DNN for ONNX inference (ignored)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     args.save_json |= bool(args.data) and str(args.data).endswith("coco.yaml")
     return args
 
@@ -190,7 +219,7 @@ def _main(argv) -> int:
     options = vars(args).copy()
     weights = options.pop("weights")
     for weight in weights:
-        run(weights=weight, **options)
+        validate_weights(weights=weight, **options)
     return 0
 
 

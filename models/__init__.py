@@ -34,9 +34,12 @@ def is_channels_last(model) -> bool:
 
 
 def build_model(entry: dict, source: str = "checkpoint"):
-    """A float32 DetectionModel from a "model"/"ema" entry (strict state_dict load)."""
+    """A float32 DetectionModel from a "model"/"ema" entry (strict state_dict load); its class names must be a
+    flat list (or {index: name} dict) of short strings, one per class (utils.checkpoint.class_names)."""
+    import torch
+
     from models.yolo import DetectionModel, ModelConfigError
-    from utils.checkpoint import CheckpointError
+    from utils.checkpoint import CheckpointError, class_names
 
     if not isinstance(entry, dict) or not {"yaml", "state_dict"} <= entry.keys():
         raise CheckpointError(f"{source}: model entry needs 'yaml' and 'state_dict'")
@@ -45,12 +48,14 @@ def build_model(entry: dict, source: str = "checkpoint"):
     except ModelConfigError as error:
         raise CheckpointError(f"{source}: stored model YAML does not build ({error})") from None
     state = entry["state_dict"]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source}: state_dict is a {type(state).__name__}, expected a dict of tensors")
     ours = model.state_dict()
     missing = [k for k in ours if k not in state]
     unexpected = [k for k in state if k not in ours]
-    wrong = [k for k in ours if k in state and tuple(state[k].shape) != tuple(ours[k].shape)]
+    wrong = [k for k in ours if k in state and (not torch.is_tensor(state[k]) or state[k].shape != ours[k].shape)]
     if missing or unexpected or wrong:
-        detail = "; ".join(f"{label} {len(keys)} (e.g. {keys[0]})" for label, keys in
+        detail = "; ".join(f"{label} {len(keys)} (e.g. {_key_text(keys[0])})" for label, keys in
                            (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)) if keys)
         raise CheckpointError(f"{source}: weights do not fit the stored model YAML: {detail}")
     model.load_state_dict(state, strict=True)
@@ -58,5 +63,15 @@ def build_model(entry: dict, source: str = "checkpoint"):
     model.anchors_placeholder = False  # the anchors buffer came with the weights
     names = entry.get("names")
     if names:
-        model.names = [str(n) for n in (names.values() if isinstance(names, dict) else names)]
+        names = class_names(names, f"{source}: names")  # types and sizes checked before any conversion
+        if len(names) != model.model[-1].nc:
+            raise CheckpointError(f"{source}: {len(names)} class names for a model of {model.model[-1].nc} classes")
+        model.names = names
     return model
+
+
+def _key_text(key) -> str:
+    """A state_dict key for a message: as it is when it is a short string, else shortened (file content)."""
+    from utils.errors import shorten
+
+    return key if isinstance(key, str) and len(key) <= 200 else shorten(key, 80)

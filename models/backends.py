@@ -1,8 +1,8 @@
-"""Inference backends: one interface over our checkpoints, TorchScript files and ONNX Runtime.
+"""Inference backends: one interface over our checkpoints, TorchScript files, ONNX Runtime and OpenVINO.
 
 ``load_backend(path, device)`` picks the backend from the file's suffix (``.onnx``, ``.torchscript``,
-anything else is a checkpoint) and returns an ``nn.Module`` that val.py's ``validate()`` and detect.py
-use like a DetectionModel:
+``.xml`` or a folder for OpenVINO, anything else is a checkpoint) and returns an ``nn.Module`` that
+val.py's ``validate()`` and detect.py use like a DetectionModel:
 
     backend(images)  # float (B, 3, H, W) in [0, 1] -> (pred (B, N, 5 + nc), raw)
     backend.names, backend.nc, backend.stride (max stride, int)
@@ -13,32 +13,36 @@ use like a DetectionModel:
 decoded output alone, so ``raw`` is ``[]``. A static-shape export only takes its own (height, width);
 batches of another size are run in chunks of the exported batch (the last one zero-padded).
 
-Exported files carry their metadata inside (``METADATA_KEYS``): ONNX as ``metadata_props`` (one JSON
-value per key), TorchScript as the ``config.txt`` extra file (one JSON object). YOLOv5's exports, which
-only store ``stride`` and ``names``, are read too (sizes then come from the ONNX input shape or the
-TorchScript ``shape`` entry).
+Exported files carry their metadata (``METADATA_KEYS``, models/export_info.py): ONNX as ``metadata_props``
+(one JSON value per key), TorchScript as the ``config.txt`` extra file (one JSON object), OpenVINO as
+``<stem>.yaml`` beside ``<stem>.xml`` in the ``<stem>_openvino_model`` folder. YOLOv5's exports, which only
+store ``stride`` and ``names``, are read too (sizes then come from the graph's input shape or the
+TorchScript ``shape`` entry). Every field is checked (type, the command line's bounds, text sizes before
+parsing) and a bad one is a one-line BackendError naming the file and the field.
 
 A ``.torchscript`` file is a program: loading it runs its graph. Load only files from a trusted source;
-nothing here loads one unless it is named explicitly. ONNX files are data run by onnxruntime.
+nothing here loads one unless it is named explicitly. ONNX and OpenVINO files are data run by
+onnxruntime / openvino (optional packages: requirements-export.txt).
 """
 from __future__ import annotations
 
-import ast
 import json
 import logging
+import sys
 import warnings
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from models.export_info import (EXPORT_FORMAT, MAX_METADATA_CHARS, METADATA_KEYS, ExportInfo,  # noqa: F401
+                                MetadataError, info_from_metadata)
 from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
-EXPORT_FORMAT = "yolo-trainer-export/1"
 TORCHSCRIPT_METADATA = "config.txt"  # the extra file YOLOv5 also uses
-METADATA_KEYS = ("format", "names", "nc", "stride", "imgsz", "batch", "dynamic", "half", "channels_last", "device")
+OPENVINO_FOLDER = "_openvino_model"  # <stem>_openvino_model/<stem>.xml, .bin and .yaml (YOLOv5's layout)
 INSTALL_HINT = "pip install -r requirements-export.txt"
 
 
@@ -58,77 +62,20 @@ def require(module: str, package: str | None = None, purpose: str = ""):
                            f"pip install {package} (or {INSTALL_HINT})") from None
 
 
-@dataclass(frozen=True)
-class ExportInfo:
-    """What an exported file says about itself (``METADATA_KEYS``)."""
-    names: tuple
-    stride: int
-    imgsz: tuple  # (height, width) the file was exported for
-    batch: int
-    dynamic: bool = False
-    half: bool = False
-    channels_last: bool = False
-    device: str | None = None  # device type traced on ("cpu", "cuda"); None when the file does not say
-    format: str = EXPORT_FORMAT
-
-    @property
-    def nc(self) -> int:
-        return len(self.names)
-
-    def to_dict(self) -> dict:
-        values = asdict(self)
-        values.update(names=list(self.names), imgsz=list(self.imgsz), nc=self.nc)
-        return {key: values[key] for key in METADATA_KEYS}
-
-
-def parse_info(values: dict, source: str, input_shape=None) -> ExportInfo:
-    """ExportInfo from a file's metadata mapping (our keys, or YOLOv5's ``stride``/``names``/``shape``).
-
-    ``input_shape`` (B, C, H, W) with None or names for dynamic axes fills in what YOLOv5 files lack.
-    """
+def parse_info(values, source: str, input_shape=None) -> ExportInfo:
+    """ExportInfo from a file's metadata mapping, every field checked (models/export_info.py); a
+    BackendError naming ``source`` and the field otherwise. ``input_shape``: the graph's (B, C, H, W)."""
     try:
-        fmt = values.get("format")
-        if fmt is not None and fmt != EXPORT_FORMAT:
-            raise ValueError(f"export format {fmt!r} is not {EXPORT_FORMAT!r} (written by another version?)")
-        names = _names(values["names"])
-        stride = int(values["stride"])
-        shape = values.get("shape") or input_shape  # YOLOv5 TorchScript: "shape"; ONNX: the graph input
-        imgsz = values.get("imgsz") or (shape[2:4] if shape else None)
-        batch = values.get("batch") or (shape[0] if shape else None)
-        dynamic = bool(values.get("dynamic", not _static(shape)))
-        if fmt is not None and int(values.get("nc", len(names))) != len(names):
-            raise ValueError(f"nc {values['nc']} but {len(names)} names")
-        info = ExportInfo(names=names, stride=stride, imgsz=_size_pair(imgsz, dynamic),
-                          batch=int(batch) if _static([batch]) else 1, dynamic=dynamic,
-                          half=bool(values.get("half", False)), channels_last=bool(values.get("channels_last", False)),
-                          device=values.get("device"))
-    except (KeyError, TypeError, ValueError, SyntaxError, RecursionError) as error:
-        detail = f"missing {error}" if isinstance(error, KeyError) else str(error).splitlines()[0]
-        raise BackendError(f"{source}: not an exported yolo-trainer/YOLOv5 model (metadata: {detail})") from None
-    if stride < 1 or not names:
-        raise BackendError(f"{source}: metadata has stride {stride} and {len(names)} names")
-    return info
+        return info_from_metadata(values, input_shape)
+    except MetadataError as error:
+        raise BackendError(f"{source}: not an exported yolo-trainer/YOLOv5 model (metadata: {error})") from None
 
 
-def _names(value) -> tuple:
-    """Names as a list, or YOLOv5's ``{0: 'name', ...}`` (a Python literal: read without eval)."""
-    if isinstance(value, str):
-        value = ast.literal_eval(value)
-    if isinstance(value, dict):
-        value = [value[key] for key in sorted(value, key=int)]
-    return tuple(str(name) for name in value)
-
-
-def _static(shape) -> bool:
-    return bool(shape) and all(isinstance(dim, int) and dim > 0 for dim in shape)
-
-
-def _size_pair(imgsz, dynamic: bool):
-    if imgsz is None or not _static(list(imgsz)):
-        if dynamic:
-            return None
-        raise ValueError("no input size")
-    return tuple(int(side) for side in imgsz)
+def _check_metadata_size(characters: int, source, what: str) -> None:
+    """Refuse more than MAX_METADATA_CHARS characters of metadata text, before any of it is parsed."""
+    if characters > MAX_METADATA_CHARS:
+        raise BackendError(f"{source}: {what} holds {characters:,} characters of metadata, more than "
+                           f"{MAX_METADATA_CHARS:,}")
 
 
 class Backend(nn.Module):
@@ -224,10 +171,12 @@ class TorchScriptBackend(Backend):
                 module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=extra)
         except (RuntimeError, ValueError, OSError) as error:
             raise BackendError(f"{path}: not a readable TorchScript file ({first_line(error)})") from None
+        text = extra[TORCHSCRIPT_METADATA]
+        _check_metadata_size(len(text), path, TORCHSCRIPT_METADATA)
         try:
-            values = json.loads(extra[TORCHSCRIPT_METADATA] or "null")
-        except json.JSONDecodeError as error:
-            raise BackendError(f"{path}: {TORCHSCRIPT_METADATA} inside is not JSON ({error})") from None
+            values = json.loads(text or "null")
+        except (json.JSONDecodeError, RecursionError) as error:
+            raise BackendError(f"{path}: {TORCHSCRIPT_METADATA} inside is not JSON ({first_line(error)})") from None
         if not isinstance(values, dict):
             raise BackendError(f"{path}: no {TORCHSCRIPT_METADATA} metadata inside (export it with export.py)")
         info = parse_info(values, str(path))
@@ -265,6 +214,7 @@ class OnnxBackend(Backend):
         except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
             raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
         meta = session.get_modelmeta().custom_metadata_map
+        _check_metadata_size(sum(len(key) + len(value) for key, value in meta.items()), path, "metadata_props")
         values = {key: _json_or_text(value) for key, value in meta.items()}
         graph_input = session.get_inputs()[0]
         info = parse_info(values, str(path), [dim if isinstance(dim, int) else None for dim in graph_input.shape])
@@ -279,10 +229,123 @@ class OnnxBackend(Backend):
         return torch.from_numpy(output).to(images.device).float()
 
 
+class OpenVinoBackend(Backend):
+    """An OpenVINO IR (``<stem>.xml`` + ``.bin``, metadata in ``<stem>.yaml`` beside them) run by the
+    optional ``openvino`` package on the CPU, in float32, on as many threads as torch uses."""
+
+    kind = "openvino"
+
+    def __init__(self, path, device="cpu"):
+        xml = openvino_xml(path)
+        _check_ir_header(xml)
+        ov = import_openvino(f"running {xml.name}")
+        values, source = _openvino_metadata(xml)
+        core = ov.Core()
+        try:
+            model = core.read_model(str(xml))  # and <stem>.bin beside it
+        except Exception as error:  # openvino raises RuntimeError and its own types for unreadable IR
+            raise BackendError(f"{xml}: not a readable OpenVINO model ({openvino_reason(error)})") from None
+        if len(model.inputs) != 1 or len(model.outputs) < 1:
+            raise BackendError(f"{xml}: expected one input (images) and an output, found {len(model.inputs)} "
+                               f"inputs and {len(model.outputs)} outputs")
+        dims = model.input(0).get_partial_shape()
+        shape = [dim.get_length() if dim.is_static else None for dim in dims] if dims.rank.is_static else None
+        info = parse_info(values, str(source), shape)
+        if torch.device(device).type != "cpu":
+            LOGGER.warning("WARNING: OpenVINO models run on the CPU here; running %s on the CPU", xml.name)
+        super().__init__(xml, info, device)
+        config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+        try:
+            compiled = core.compile_model(model, "CPU", config)
+        except Exception as error:
+            raise BackendError(f"{xml}: OpenVINO cannot compile it for the CPU ({openvino_reason(error)})") from None
+        self.request = compiled.create_infer_request()
+        self.output = compiled.output(0)
+
+    def _run(self, images: torch.Tensor) -> torch.Tensor:
+        array = images.detach().to("cpu", torch.float32).contiguous().numpy()
+        output = self.request.infer({0: array})[self.output]
+        return torch.from_numpy(output.copy()).to(images.device).float()
+
+
+def _check_ir_header(xml: Path) -> None:
+    """An IR starts with an XML declaration or ``<net``; anything else would make openvino try every other
+    frontend it has on the file (TensorFlow's prints its parse errors to stderr)."""
+    try:
+        with open(xml, "rb") as file:
+            head = file.read(512).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError as error:
+        raise BackendError(f"{xml}: cannot read it ({error.strerror or error})") from None
+    if not head.startswith((b"<?xml", b"<net")):
+        raise BackendError(f"{xml}: not a readable OpenVINO model (not an OpenVINO IR .xml file)")
+
+
+def openvino_reason(error: Exception) -> str:
+    """The informative line of an openvino exception (its first lines are C++ source locations)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Exception from ", "Check '")) and not line.endswith(":")]
+    return useful[-1][:200] if useful else first_line(error)
+
+
+def openvino_xml(path) -> Path:
+    """The IR behind ``path``: the ``.xml`` itself, or in a folder ``<stem>.xml`` for ``<stem>_openvino_model``
+    (else the folder's only ``.xml``)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    named = path / f"{path.name.removesuffix(OPENVINO_FOLDER)}.xml"
+    if named.is_file():
+        return named
+    found = sorted(path.glob("*.xml"))
+    if not found:
+        raise BackendError(f"{path}: a folder without an OpenVINO model (.xml file); pass a model file")
+    if len(found) > 1:
+        raise BackendError(f"{path}: a folder with {len(found)} .xml files; pass the OpenVINO model's .xml file")
+    return found[0]
+
+
+def _openvino_metadata(xml: Path) -> tuple[dict, Path]:
+    """The metadata YAML beside the IR (``<stem>.yaml``, as YOLOv5 writes it), read with the bounded reader."""
+    import yaml
+
+    from utils.safe_yaml import read_yaml, yaml_reason
+
+    source = xml.with_suffix(".yaml")
+    if not source.is_file():
+        raise BackendError(f"{xml}: no metadata file {source.name} beside it (export.py writes it with the model)")
+    try:
+        return read_yaml(source), source
+    except OSError as error:
+        raise BackendError(f"{source}: cannot read it ({error.strerror or error})") from None
+    except yaml.YAMLError as error:
+        raise BackendError(f"{source}: not valid YAML ({yaml_reason(error)})") from None
+
+
+@contextmanager
+def _no_telemetry():
+    """Importing openvino imports its converter, which starts usage telemetry: it writes a client id under
+    the home folder and sends events over the network unless the user opted out. The converter falls back
+    to its own no-op stub when ``openvino_telemetry`` cannot be imported, so hide that package meanwhile."""
+    hidden = "openvino_telemetry" not in sys.modules
+    if hidden:
+        sys.modules["openvino_telemetry"] = None  # import openvino_telemetry now raises ImportError
+    try:
+        yield
+    finally:
+        if hidden and sys.modules.get("openvino_telemetry", 0) is None:
+            del sys.modules["openvino_telemetry"]
+
+
+def import_openvino(purpose: str):
+    """The ``openvino`` package (optional), imported without its telemetry; a one-line BackendError without it."""
+    with _no_telemetry():
+        return require("openvino", purpose=purpose)
+
+
 def _json_or_text(value: str):
     try:
         return json.loads(value)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return value  # e.g. YOLOv5's names, a Python dict literal (parsed with ast.literal_eval)
 
 
@@ -305,16 +368,17 @@ def first_line(error: Exception) -> str:
     return line.split(". ")[0][:200] if len(line) > 120 else line
 
 
-BACKENDS = {".onnx": OnnxBackend, ".torchscript": TorchScriptBackend}
+BACKENDS = {".onnx": OnnxBackend, ".torchscript": TorchScriptBackend, ".xml": OpenVinoBackend}
 
 
 def load_backend(path, device="cpu", half: bool = False) -> Backend:
-    """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, else a checkpoint (``half``: fp16
-    weights, checkpoints only; an exported file runs in the precision it was exported in)."""
+    """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, ``.xml`` or a folder (OpenVINO), else a
+    checkpoint (``half``: fp16 weights, checkpoints only; an exported file runs in the precision it was
+    exported in)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise BackendError(f"{path}: model file not found")
-    backend = BACKENDS.get(path.suffix.lower())
+    backend = OpenVinoBackend if path.is_dir() else BACKENDS.get(path.suffix.lower())
     if backend is None:
         return PyTorchBackend(path, device, half)
     if half:

@@ -1,25 +1,53 @@
-"""Shared fixtures: the read-only ../shared folder (skipped cleanly when absent), tiny images."""
+"""Shared fixtures: generated test data (bad-input dataset, YOLOv5-format checkpoints), tiny images, and
+the optional read-only ../shared folder of real data (its checks skip cleanly when it is absent).
+
+``YOLO_TRAINER_SHARED`` overrides where that folder is (point it at an empty folder to run the suite
+as a fresh clone would).
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("YOLO_TRAINER_SHARED") or ROOT.parent / "shared")
 
 
-def shared_path(*parts: str) -> Path:
-    """Path inside ../shared, or skip the calling test when it is not there."""
+def shared_path(*parts: str, why: str = "") -> Path:
+    """Path inside ../shared, or skip the calling test when it is not there (``why``: what only that
+    data can check, added to the skip reason)."""
     path = SHARED.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"../shared not available ({path} missing)")
+        pytest.skip(f"../shared not available ({path} missing)" + (f": {why}" if why else ""))
     return path
 
 
 @pytest.fixture
 def shared():
     return shared_path
+
+
+@pytest.fixture(scope="session")
+def badinputs(tmp_path_factory):
+    """The generated bad-input dataset (tests/generate_badinputs.py), read-only like a shared copy;
+    returns its root folder (data.yaml inside)."""
+    from tests.generate_badinputs import make_badinputs, set_folders_writable
+
+    root = tmp_path_factory.mktemp("badinputs")
+    make_badinputs(root)
+    set_folders_writable(root, False)
+    yield root
+    set_folders_writable(root, True)
+
+
+@pytest.fixture(scope="session")
+def yolov5_lookalike(tmp_path_factory):
+    """YOLOv5-v7-format checkpoints written by look-alike classes (tests/generate_yolov5.py)."""
+    from tests.generate_yolov5 import write_yolov5_lookalike
+
+    return write_yolov5_lookalike(tmp_path_factory.mktemp("yolov5"))
 
 
 def make_tiny_dataset(root: Path, num_train: int = 8, num_val: int = 4, size: int = 96, nc: int = 2) -> Path:
@@ -96,3 +124,21 @@ head:
    [[17, 20, 23], 1, Detect, [nc, anchors]],
   ]
 """
+
+
+@pytest.fixture(autouse=True)
+def _restore_sigchld_handler():
+    """Each test starts with the process's SIGCHLD handler as it was: torch's DataLoader installs one the first
+    time workers start and never removes it, and with that handler left in place a later test that loads
+    OpenVINO and waits on a child process crashed the test process (SIGSEGV in the interpreter, reproduced with
+    tests/test_dataset.py's worker tests followed by tests/test_export_openvino.py). The flag torch keeps is
+    reset too, so the next loader with workers installs its handler again."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGCHLD)
+    yield
+    if signal.getsignal(signal.SIGCHLD) is not previous:
+        signal.signal(signal.SIGCHLD, previous)
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._SIGCHLD_handler_set = False

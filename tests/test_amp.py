@@ -207,3 +207,14 @@ def test_validation_during_training_runs_in_the_training_precision(tmp_path, val
     assert set(raw_dtypes) == {dtype} and len(raw_dtypes) == len(val_loader)
     assert result.seen == 4 and math.isfinite(result.fitness) and all(math.isfinite(v) for v in result.losses)
     assert not torch.is_autocast_enabled("cpu")  # the autocast ends with the validation
+
+
+def test_exported_models_run_without_autocast(cpu_with, caplog):
+    # a traced graph under bf16 autocast would compute (and decode boxes) in bf16: exported files keep their precision
+    conv = torch.nn.Conv2d(3, 4, 3)
+    cpu_with(AMX)
+    with caplog.at_level("INFO"), inference_autocast("cpu", amp="bf16", exported="torchscript"):
+        assert conv(torch.rand(1, 3, 8, 8)).dtype == torch.float32
+    assert "Inference: torchscript runs in the precision it was exported in (no autocast) on cpu" in caplog.text
+    with inference_autocast("cpu", amp="bf16"):
+        assert conv(torch.rand(1, 3, 8, 8)).dtype == torch.bfloat16

@@ -247,7 +247,7 @@ def test_bccd_default_anchors_fit(shared):
     from utils.data.dataset_yaml import load_data_config
     from utils.data.verify import scan_split
 
-    config = load_data_config(shared("datasets", "bccd", "data.yaml"))
+    config = load_data_config(shared("datasets", "bccd", "data.yaml", why="a fact about a real dataset (BCCD)"))
     split = scan_split(config.train, config.nc, workers=1, use_cache=False)
     wh = label_wh(split.labels, split.shapes, 320, np.random.default_rng(0))
     bpr, _ = anchor_fit(np.array(tiny_config()["anchors"]).reshape(-1, 2), wh, 4.0)

@@ -138,9 +138,8 @@ def test_missing_truncated_and_non_checkpoint_files(tmp_path):
             load_model(path)
 
 
-def test_truncated_yolov5_fixture(tmp_path):
-    fixture = shared_path("fixtures", "yolov5", "yolov5n_v7_random.pt")
-    data = fixture.read_bytes()
+def test_truncated_yolov5_checkpoint(tmp_path, yolov5_lookalike):
+    data = yolov5_lookalike.checkpoint.read_bytes()
     for size in (len(data) // 3, len(data) - 100):
         copy = tmp_path / f"cut{size}.pt"
         copy.write_bytes(data[:size])
@@ -210,8 +209,10 @@ def test_unknown_yolov5_class_is_refused(tmp_path):
 # ---------------------------------------------------------------- YOLOv5 fixture
 
 def test_yolov5_fixture_reproduces_yolov5_outputs():
-    model = load_model(shared_path("fixtures", "yolov5", "yolov5n_v7_random.pt"))
-    reference = torch.load(shared_path("fixtures", "yolov5", "yolov5n_v7_random_io.pt"), weights_only=True)
+    """Against YOLOv5's own inference output, recorded in ../shared: it cannot be generated without YOLOv5."""
+    why = "compares with YOLOv5's own recorded inference output, which cannot be generated without YOLOv5"
+    model = load_model(shared_path("fixtures", "yolov5", "yolov5n_v7_random.pt", why=why))
+    reference = torch.load(shared_path("fixtures", "yolov5", "yolov5n_v7_random_io.pt", why=why), weights_only=True)
     assert model.model[0].conv.weight.dtype == torch.float32 and not model.training
     with torch.no_grad():
         pred = model(reference["input"])[0]
@@ -223,17 +224,53 @@ def test_yolov5_fixture_reproduces_yolov5_outputs():
     assert model.stride.tolist() == [8.0, 16.0, 32.0]
 
 
-def test_yolov5_fixture_converts_to_our_format(tmp_path):
-    fixture = shared_path("fixtures", "yolov5", "yolov5n_v7_random.pt")
-    ckpt = load_checkpoint(fixture)
+def test_yolov5_format_checkpoint_reproduces_the_lookalike_outputs(yolov5_lookalike):
+    """A YOLOv5-format file (pickled fp16 module tree) runs as the independently written look-alike
+    of YOLOv5's layers runs it (float32 compute): same importer, mapping and decoding as for YOLOv5's."""
+    model = load_model(yolov5_lookalike.checkpoint)
+    reference = torch.load(yolov5_lookalike.io, weights_only=True)
+    assert model.model[0].conv.weight.dtype == torch.float32 and not model.training
+    with torch.no_grad():
+        pred = model(reference["input"])[0]
+    assert pred.shape == reference["output"].shape == (2, 3 * (12 * 16 + 6 * 8 + 3 * 4), 85)
+    error = (pred - reference["output"]).abs().max().item()
+    assert torch.allclose(pred, reference["output"], rtol=1e-4, atol=1e-3), error
+    assert reference["output"][..., 4:].std() > 0.01  # not a degenerate constant output
+    assert model.names[:3] == ["person", "bicycle", "car"] and len(model.names) == 80
+    assert model.stride.tolist() == [8.0, 16.0, 32.0]
+
+
+def test_yolov5_checkpoint_converts_to_our_format(tmp_path, yolov5_lookalike):
+    ckpt = load_checkpoint(yolov5_lookalike.checkpoint)
     assert ckpt["format"] == FORMAT and ckpt["source"] == "yolov5" and ckpt["ema"] is None
     assert ckpt["model"]["stride"] == [8.0, 16.0, 32.0] and ckpt["date"] == "2024-01-01T00:00:00"
-    assert ckpt["model"]["state_dict"]["model.24.anchors"].shape == (3, 3, 2)
+    assert ckpt["epoch"] == -1 and ckpt["best_fitness"] is None
+    recorded = torch.load(yolov5_lookalike.io, weights_only=True)["state_dict"]
+    state = ckpt["model"]["state_dict"]
+    assert list(state) == list(recorded)  # every parameter and buffer, in module order, nothing else
+    for name, tensor in recorded.items():
+        assert state[name].shape == tensor.shape and torch.equal(state[name].to(tensor.dtype), tensor), name
+    assert state["model.24.anchors"].shape == (3, 3, 2)
+    assert torch.equal(state["model.24.anchors"][0, 0].float(), torch.tensor([10 / 8, 13 / 8]))  # grid units
     # converted once, it is plain data we can save and reload without the importer
     path = save_checkpoint(ckpt, tmp_path / "converted.pt")
     assert torch.load(path, weights_only=True)["model"]["names"][0] == "person"
     image = torch.rand(1, 3, 64, 64)
     assert torch.equal(outputs(build_model(ckpt["model"]), image), outputs(load_model(path), image))
+
+
+def test_yolov5_training_checkpoint_keeps_model_and_ema_apart(yolov5_lookalike):
+    """A last.pt written mid-training: model, EMA (its first conv weight doubled), optimizer, and best_fitness a
+    one-element numpy array (pickled with numpy's _reconstruct and _codecs.encode, read without either)."""
+    ckpt = load_checkpoint(yolov5_lookalike.training_checkpoint)
+    assert ckpt["epoch"] == 4 and ckpt["best_fitness"] == pytest.approx(0.23) and ckpt["ema_updates"] == 1000
+    model, ema = ckpt["model"]["state_dict"], ckpt["ema"]["state_dict"]
+    assert list(model) == list(ema) and len(model) == 349
+    first = "model.0.conv.weight"
+    assert torch.equal(ema[first].float(), model[first].float() * 2)
+    assert all(torch.equal(ema[name], model[name]) for name in model if name != first)
+    loaded = load_model(yolov5_lookalike.training_checkpoint)  # inference uses the EMA, as YOLOv5 does
+    assert torch.equal(loaded.model[0].conv.weight, ema[first].float())
 
 
 def test_pickle_globals_reads_without_unpickling():

@@ -10,7 +10,8 @@ pytest.importorskip("pycocotools")
 
 @pytest.mark.slow
 def test_val_agrees_with_pycocotools_on_bccd(tmp_path):
-    data = shared_path("datasets", "bccd", "data.yaml")
+    data = shared_path("datasets", "bccd", "data.yaml", why="a real-data check (BCCD); tests/test_val.py checks "
+                       "the agreement on generated data")
     code = train_script.main(["--data", str(data), "--cfg", "models/yolov5n.yaml", "--weights", "", "--imgsz", "160",
                               "--batch-size", "32", "--epochs", "3", "--workers", "2", "--device", "cpu",
                               "--noplots", "--noautoanchor", "--project", str(tmp_path / "train")])

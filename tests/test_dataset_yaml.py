@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_path
 from utils.data import dataset_yaml
 from utils.data.dataset_yaml import DataConfigError, load_data_config
 
@@ -123,8 +122,8 @@ def test_bare_name_found_in_repo_data_folder(tmp_path, monkeypatch):
         load_data_config("absent.yaml")
 
 
-def test_shared_badinputs_yaml():
-    file = shared_path("datasets", "badinputs", "data.yaml")
+def test_badinputs_yaml(badinputs):
+    file = badinputs / "data.yaml"  # "path: ." is the YAML's own folder
     config = load_data_config(file)
     assert config.names == ["RBC", "WBC", "Platelets"] and config.nc == 3
     assert config.train == [str(file.parent / "images" / "train")]

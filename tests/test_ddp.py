@@ -224,6 +224,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_continues(tiny, tmp_path):
     assert folders == ["restarted"]  # no new run folder
     rows = (root / "runs" / "restarted" / "results.csv").read_text().splitlines()[1:]
     assert [int(row.split(",")[0]) for row in rows] == [0, 1, 2]
+    assert not (root / "runs" / "restarted" / ".launch").exists()  # finished: no later launch can adopt it
 
 
 def test_ddp_resume_with_the_same_processes_is_bit_exact(tiny, tmp_path):

@@ -65,7 +65,7 @@ def config(weights, source, tmp_path, **overrides):
 def test_detect_folder_saves_drawn_images_and_logs(weights, tmp_path, caplog):
     images = make_images(tmp_path / "images")
     caplog.set_level(logging.INFO, logger="detect")
-    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path))
+    save_dir = detect.run_config(config(weights, tmp_path / "images", tmp_path)).save_dir
     assert save_dir == tmp_path / "runs" / "detect" / "exp"
     for path in images:
         out = cv2.imread(str(save_dir / path.name))
@@ -75,14 +75,14 @@ def test_detect_folder_saves_drawn_images_and_logs(weights, tmp_path, caplog):
     assert any(line.startswith(f"image 1/3 {images[0]}: ") and "ms" in line for line in lines)
     assert any(line.startswith("Speed: ") and "per image at shape (1, 3, 96, 96)" in line for line in lines)
     assert any(line == f"Results saved to {save_dir}" for line in lines)
-    second = detect.run(config(weights, images[0], tmp_path, nosave=True))
+    second = detect.run_config(config(weights, images[0], tmp_path, nosave=True)).save_dir
     assert second == save_dir.with_name("exp2") and list(second.iterdir()) == []  # --nosave writes nothing
 
 
 def test_unreadable_image_in_folder_warns_and_continues(weights, tmp_path, caplog):
     make_images(tmp_path / "images", 2)
     (tmp_path / "images" / "broken.jpg").write_bytes(b"not a jpeg")
-    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path))
+    save_dir = detect.run_config(config(weights, tmp_path / "images", tmp_path)).save_dir
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("broken.jpg" in w for w in warnings)
     assert len(list(save_dir.glob("*.jpg"))) == 2
@@ -90,7 +90,8 @@ def test_unreadable_image_in_folder_warns_and_continues(weights, tmp_path, caplo
 
 def test_save_txt_writes_normalised_yolo_labels_with_conf(weights, tmp_path):
     images = make_images(tmp_path / "images", 2)
-    save_dir = detect.run(config(weights, tmp_path / "images", tmp_path, save_txt=True, save_conf=True, max_det=7))
+    save_dir = detect.run_config(config(weights, tmp_path / "images", tmp_path, save_txt=True, save_conf=True,
+                                        max_det=7)).save_dir
     for path in images:
         rows = np.loadtxt(save_dir / "labels" / f"{path.stem}.txt", ndmin=2)
         assert rows.shape[1] == 6 and 1 <= rows.shape[0] <= 7
@@ -102,8 +103,8 @@ def test_save_txt_writes_normalised_yolo_labels_with_conf(weights, tmp_path):
 
 def test_save_txt_without_conf_crops_and_classes_filter(weights, tmp_path):
     image = make_images(tmp_path / "images", 1)[0]
-    save_dir = detect.run(config(weights, image, tmp_path, save_txt=True, save_crop=True, nosave=True,
-                                 classes=[1], max_det=3))
+    save_dir = detect.run_config(config(weights, image, tmp_path, save_txt=True, save_crop=True, nosave=True,
+                                        classes=[1], max_det=3)).save_dir
     rows = np.loadtxt(save_dir / "labels" / f"{image.stem}.txt", ndmin=2)
     assert rows.shape[1] == 5 and set(rows[:, 0]) == {1}
     crops = list((save_dir / "crops").rglob("*.jpg"))
@@ -119,7 +120,7 @@ def test_video_source_writes_annotated_mp4_and_frame_labels(weights, tmp_path):
         cv2.rectangle(frame, (20 + 5 * i, 20), (70 + 5 * i, 70), (0, 200, 255), -1)
         writer.write(frame)
     writer.release()
-    save_dir = detect.run(config(weights, video, tmp_path, save_txt=True))
+    save_dir = detect.run_config(config(weights, video, tmp_path, save_txt=True)).save_dir
     capture = cv2.VideoCapture(str(save_dir / "clip.mp4"))
     frames = 0
     while capture.read()[0]:
@@ -127,7 +128,7 @@ def test_video_source_writes_annotated_mp4_and_frame_labels(weights, tmp_path):
     capture.release()
     assert frames == 5
     assert sorted(p.name for p in (save_dir / "labels").glob("*.txt")) == [f"clip_{i}.txt" for i in range(1, 6)]
-    strided = detect.run(config(weights, video, tmp_path, save_txt=True, nosave=True, vid_stride=2))
+    strided = detect.run_config(config(weights, video, tmp_path, save_txt=True, nosave=True, vid_stride=2)).save_dir
     assert sorted(p.name for p in (strided / "labels").glob("*.txt")) == ["clip_1.txt", "clip_2.txt"]
 
 
@@ -280,7 +281,8 @@ def test_detect_writes_the_same_boxes_from_pt_onnx_and_torchscript(weights, tmp_
     runs = [(weights, {})] + [(exported["dynamic"].with_suffix(f".{fmt}"), {}) for fmt in formats] + \
         [(exported["static"].with_suffix(f".{formats[-1]}"), {"imgsz": (64, 64)})]  # static: its own 96x96 wins
     with caplog.at_level(logging.INFO):
-        rows = [_label_rows(detect.run(config(path, images[0], tmp_path, save_txt=True, save_conf=True, **extra)))
+        rows = [_label_rows(detect.run_config(config(path, images[0], tmp_path, save_txt=True, save_conf=True,
+                                                     **extra)).save_dir)
                 for path, extra in runs]
     assert "exported for 96x96 inputs; using that instead of --imgsz 64 64" in caplog.text
     reference = rows[0]

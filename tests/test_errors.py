@@ -28,12 +28,56 @@ def stderr_lines(capsys) -> list[str]:
      "tool: error: could not write runs/exp/weights/last.pt: No space left on device"),
     (OSError(errno.EROFS, "Read-only file system"), 1,
      "tool: error: could not write an output file: Read-only file system"),
-    (PermissionError(errno.EACCES, "Permission denied", "/root/x.yaml"), 1,
-     "tool: error: /root/x.yaml: Permission denied"),
 ])
 def test_expected_failures_are_one_line_with_their_exit_code(capsys, error, code, line):
     assert run_main("tool", raising(error), []) == code
     assert stderr_lines(capsys) == [line]
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("/root/x.yaml", ["--hyp", "/root/x.yaml"]),  # the path given
+    ("/root/x.yaml", ["--hyp=/root/x.yaml"]),
+    ("/data/set/images/a.jpg", ["--source", "/data/set/"]),  # inside a folder given
+    ("/ro/runs", ["--project", "/ro/runs/train"]),  # a folder on the way to one given
+    ("runs/train/exp/weights", []),  # permission denied under the working folder (default outputs)
+])
+def test_os_errors_on_paths_the_user_gave_are_one_line(capsys, name, argv):
+    error = PermissionError(errno.EACCES, "Permission denied", name)
+    assert run_main("tool", raising(error), argv) == 1
+    assert stderr_lines(capsys) == [f"tool: error: {name}: Permission denied"]
+
+
+def test_a_missing_file_the_user_gave_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "data/coco.yaml")
+    assert run_main("tool", raising(missing), ["--data", "./data/coco.yaml"]) == 1
+    assert stderr_lines(capsys) == ["tool: error: data/coco.yaml: No such file or directory"]
+    monkeypatch.setattr("sys.argv", ["tool.py", "--data", "data/coco.yaml"])  # argv=None: the command line
+    assert run_main("tool", raising(missing), None) == 1
+    assert stderr_lines(capsys) == ["tool: error: data/coco.yaml: No such file or directory"]
+
+
+@pytest.mark.parametrize("error, argv", [
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/repo/models/missing.yaml"), ["--data", "a.yaml"]),
+    (PermissionError(errno.EACCES, "Permission denied", "/etc/shadow"), ["--source", "/etc/shadows/"]),
+    (IsADirectoryError(errno.EISDIR, "Is a directory", "/"), ["--project", "/tmp/x"]),
+    (OSError(errno.EBADF, "Bad file descriptor", 7), []),  # a file descriptor, not a name
+    (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), []),
+])
+def test_os_errors_on_paths_the_user_never_gave_are_bugs(capsys, error, argv):
+    """A wrong-path bug must not look like bad input: the traceback and the request to report it."""
+    assert run_main("tool", raising(error), argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().splitlines()[-1] == (
+        f"tool: internal error ({type(error).__name__}): please report it with the traceback above")
+
+
+def test_write_errors_name_the_output_whatever_the_command_line(capsys):
+    with pytest.raises(WriteError) as error:
+        with writing("runs/exp/results.csv"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+    assert run_main("tool", raising(error.value), []) == 1
+    assert stderr_lines(capsys) == ["tool: error: could not write runs/exp/results.csv: Permission denied"]
 
 
 def test_class_exit_code_and_multi_line_messages():

@@ -193,10 +193,15 @@ def _claim_many(folder: str, count: int, queue) -> None:
     queue.put(numbers)
 
 
+ROWS_EACH = 60
+
+
 def test_concurrent_processes_append_whole_rows(tmp_path):
+    """Each row rewrites the file (fsynced): 60 rows per process keep the test short."""
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    workers = [context.Process(target=_append_many, args=(str(tmp_path), worker, 150, queue)) for worker in (1, 2)]
+    workers = [context.Process(target=_append_many, args=(str(tmp_path), worker, ROWS_EACH, queue))
+               for worker in (1, 2)]
     for process in workers:
         process.start()
     numbers = queue.get(timeout=60) + queue.get(timeout=60)
@@ -204,12 +209,12 @@ def test_concurrent_processes_append_whole_rows(tmp_path):
         process.join(60)
         assert process.exitcode == 0
     lines = (tmp_path / CSV_NAME).read_text().splitlines()
-    assert len(lines) == 301 and all(len(line.split(",")) == 36 for line in lines)
-    assert sorted(numbers) == list(range(1, 301))  # each row got its own generation number
+    assert len(lines) == 2 * ROWS_EACH + 1 and all(len(line.split(",")) == 36 for line in lines)
+    assert sorted(numbers) == list(range(1, 2 * ROWS_EACH + 1))  # each row got its own generation number
     rows, count = read_rows(tmp_path / CSV_NAME)
-    assert count == len(rows) == 300
+    assert count == len(rows) == 2 * ROWS_EACH
     tags = sorted(int(row.metrics["val/box_loss"]) for row in rows)
-    assert tags == sorted([1000 + i for i in range(150)] + [2000 + i for i in range(150)])
+    assert tags == sorted([1000 + i for i in range(ROWS_EACH)] + [2000 + i for i in range(ROWS_EACH)])
 
 
 def test_concurrent_claims_are_distinct(tmp_path):

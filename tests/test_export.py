@@ -299,7 +299,7 @@ def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
     assert "missing.pt: weights file not found" in one_error_line(capsys)
     assert run_export(weights, "--include", "onnx", "engine", "tflite") == 2
     assert one_error_line(capsys) == \
-        "export.py: error: --include engine tflite: not supported (supported: torchscript, onnx)"
+        "export.py: error: --include engine tflite: not supported (supported: torchscript, onnx, openvino)"
     assert run_export(weights, "--half") == 2
     assert "--half needs a CUDA device" in one_error_line(capsys)
     assert run_export(weights, "--include", "onnx", "--opset", "9") == 2
@@ -386,9 +386,9 @@ def test_unwritable_export_folder_is_one_line(weights, tmp_path, capsys):
     assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
 
 
-def test_yolov5_checkpoint_exports_with_its_names(shared, tmp_path):
-    """A real ultralytics/yolov5 v7 .pt (imported without running its pickle) exported from a copy."""
-    source = Path(shutil.copy(shared("fixtures", "yolov5", "yolov5n_v7_random.pt"), tmp_path / "yolov5n.pt"))
+def test_yolov5_checkpoint_exports_with_its_names(yolov5_lookalike, tmp_path):
+    """A YOLOv5 v7-format .pt (imported without running its pickle) exported from a copy."""
+    source = Path(shutil.copy(yolov5_lookalike.checkpoint, tmp_path / "yolov5n.pt"))
     assert export.main(["--weights", str(source), "--imgsz", "96", "128", "--include", FORMATS[-1]]) == 0
     backend = load_backend(source.with_suffix(SUFFIXES[-1]))
     checkpoint = load_backend(source)

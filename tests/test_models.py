@@ -40,15 +40,29 @@ def test_parameter_counts_match_yolov5(size):
     assert len(model.model[-1].m) == (4 if size.endswith("6") else 3)
 
 
-@pytest.mark.parametrize("size", ["n", "s"])
-def test_state_dict_keys_and_shapes_match_yolov5(size):
-    reference = json.loads(shared_path("fixtures", "yolov5", "state_dict_shapes_nc80.json").read_text())
-    expected = reference[f"models/yolov5{size}.yaml"]
+def check_state_dict(size: str, expected: dict) -> None:
     model = DetectionModel(MODELS / f"yolov5{size}.yaml")
     ours = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
     assert list(ours) == list(expected["state_dict"])
     assert ours == expected["state_dict"]
     assert model.stride.tolist() == expected["stride"]
+
+
+@pytest.mark.parametrize("size", ["n", "s"])
+def test_state_dict_keys_and_shapes_match_yolov5(size, yolov5_lookalike):
+    """Against YOLOv5's module tree as tests/yolov5_lookalike builds it (its parameter count is YOLOv5's)."""
+    expected = json.loads(yolov5_lookalike.shapes.read_text())[f"models/yolov5{size}.yaml"]
+    assert expected["parameters"] == YOLOV5_PARAMS[size]
+    assert len(expected["state_dict"]) == 349  # 57 Conv+BatchNorm blocks x 6, Detect: 3 x 2 + anchors
+    check_state_dict(size, expected)
+
+
+def test_state_dict_keys_and_shapes_match_yolov5_recorded():
+    """Against the keys and shapes recorded from YOLOv5 itself (../shared), when present."""
+    why = "compares with the shapes recorded from YOLOv5 itself; the generated check above always runs"
+    reference = json.loads(shared_path("fixtures", "yolov5", "state_dict_shapes_nc80.json", why=why).read_text())
+    for size in ("n", "s"):
+        check_state_dict(size, reference[f"models/yolov5{size}.yaml"])
 
 
 @pytest.mark.parametrize("path", sorted((MODELS / "hub").glob("*.yaml")), ids=lambda p: p.name)

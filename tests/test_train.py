@@ -74,7 +74,7 @@ def test_evolve_runs_generations_and_continues_counting(tiny):
     assert not (root / "runs" / "evolve2").exists()  # never a new folder
 
 
-@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--epochs", "0"),
+@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--batch-size", "-2"), ("--epochs", "0"),
                                          ("--imgsz", "100000"), ("--workers", "-2"), ("--label-smoothing", "1.5"),
                                          ("--save-every-min", "nan")])
 def test_bad_flag_values_are_refused_before_any_work(tmp_path, capsys, flag, value):

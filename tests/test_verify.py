@@ -1,4 +1,5 @@
-"""Label discovery, verification of every bad input (CASES.md), the non-pickle cache, the check tool."""
+"""Label discovery, verification of every bad input (generated; ../shared's CASES.md too when present), the non-pickle
+cache, the check tool."""
 from __future__ import annotations
 
 import logging
@@ -49,12 +50,14 @@ TRAIN_CASES = {
 VAL_CASES = {f"good_{i:02d}.jpg": ("used", None) for i in range(6)}
 
 
+def scan_bad_train(root: Path, cache_dir: Path):
+    return scan_split([str(root / "images" / "train")], nc=3, prefix="train: ", cache_dir=cache_dir)
+
+
 @pytest.fixture(scope="module")
-def bad_train(tmp_path_factory):
-    root = shared_path("datasets", "badinputs")
+def bad_train(badinputs, tmp_path_factory):
     cache_dir = tmp_path_factory.mktemp("label-cache")
-    result = scan_split([str(root / "images" / "train")], nc=3, prefix="train: ", cache_dir=cache_dir)
-    return root, result, cache_dir
+    return badinputs, scan_bad_train(badinputs, cache_dir), cache_dir
 
 
 def label_rows(path: Path) -> int:
@@ -65,57 +68,85 @@ def by_name(result) -> dict[str, int]:
     return {Path(f).name: i for i, f in enumerate(result.im_files)}
 
 
-def test_cases_md_rows_are_all_covered():
-    text = shared_path("datasets", "badinputs", "CASES.md").read_text()
-    rows = re.findall(r"^\| (train|val) \| `([^`]+)` \|", text, flags=re.M)
-    assert len(rows) >= 40
-    for split, name in rows:
-        assert name in (TRAIN_CASES if split == "train" else VAL_CASES), f"{split}/{name} has no expectation"
-
-
-@pytest.mark.parametrize("name", sorted(TRAIN_CASES))
-def test_train_case(bad_train, name):
-    root, result, _ = bad_train
+def check_case(root: Path, result, name: str) -> None:
+    """``name`` of images/train had the outcome TRAIN_CASES gives it."""
     outcome, expected = TRAIN_CASES[name]
     index = by_name(result).get(name)
     problems = [p for p in result.problems if Path(p["file"]).name == name]
     if outcome == "skipped":
-        assert index is None
-        assert len(problems) == 1 and problems[0]["action"] == "skipped"
-        assert expected in problems[0]["detail"]
+        assert index is None, f"{name} should be skipped"
+        assert len(problems) == 1 and problems[0]["action"] == "skipped", (name, problems)
+        assert expected in problems[0]["detail"], (name, problems[0]["detail"])
     elif outcome == "ignored":
-        assert index is None
+        assert index is None, f"{name} should be ignored"
     else:
         assert index is not None, f"{name} should be used"
         labels = result.labels[index]
         assert labels.dtype == np.float32 and labels.shape[1] == 5
         rows = label_rows(root / "labels" / "train" / (Path(name).stem + ".txt")) if expected is None else expected
-        assert len(labels) == rows
-        assert ((labels[:, 1:] >= 0) & (labels[:, 1:] <= 1)).all()
+        assert len(labels) == rows, name
+        assert ((labels[:, 1:] >= 0) & (labels[:, 1:] <= 1)).all(), name
         height, width = read_image(result.im_files[index]).shape[:2]
-        assert tuple(result.shapes[index]) == (width, height)
+        assert tuple(result.shapes[index]) == (width, height), name
 
 
-def test_val_split_all_used():
-    root = shared_path("datasets", "badinputs")
-    result = scan_split(str(root / "images" / "val"), nc=3, use_cache=False)
-    assert sorted(Path(f).name for f in result.im_files) == sorted(VAL_CASES)
-    assert result.stats["corrupt"] == 0 and not result.problems
-
-
-def test_badinputs_stats_and_warnings(bad_train, caplog):
-    root, result, cache_dir = bad_train
+def check_stats_and_warnings(root: Path, result, cache_dir: Path, caplog) -> None:
     assert result.stats["corrupt"] == 12 and result.stats["duplicates"] == 1
     assert result.stats["missing"] == 1 and result.stats["empty"] == 2
     assert result.stats["images"] == len(result.im_files) == 30
     assert result.shapes.dtype == np.int64 and result.shapes.shape == (30, 2)
+    caplog.clear()
     with caplog.at_level(logging.INFO):  # a second scan: cache hit, same warnings and summary
-        again = scan_split([str(root / "images" / "train")], nc=3, prefix="train: ", cache_dir=cache_dir)
+        again = scan_bad_train(root, cache_dir)
     assert again.im_files == result.im_files
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("class_out_of_range.jpg" in w and "class 7 out of range (data has 3 classes)" in w for w in warnings)
     assert sum("zero_bytes.jpg" in w for w in warnings) == 1
     assert any(w.endswith("... 30 images, 3 backgrounds, 12 corrupt, 1 duplicate removed") for w in caplog.messages)
+
+
+def check_geometry(result) -> None:
+    """The polygon is boxed, the box past the edge clipped, the EXIF-rotated JPEG upright like its source."""
+    from PIL import Image
+
+    names = by_name(result)
+    polygon = names["polygon_segment.jpg"]
+    np.testing.assert_allclose(result.labels[polygon], [[2, 0.21, 0.25, 0.22, 0.30]], atol=1e-6)
+    assert len(result.segments[polygon]) == 1 and result.segments[polygon][0].shape == (4, 2)
+    assert result.segments[names["good_00.jpg"]] == []
+    np.testing.assert_allclose(result.labels[names["box_past_edge.jpg"]], [[0, 0.925, 0.5, 0.15, 0.2]], atol=1e-6)
+    rotated, source = names["exif_rotated.jpg"], names["bitmap.bmp"]
+    with Image.open(result.im_files[rotated]) as stored:
+        assert stored.getexif().get(0x0112) == 6 and stored.size[::-1] == tuple(result.shapes[source])
+    assert tuple(result.shapes[rotated]) == tuple(result.shapes[source])
+    assert result.shapes[source][0] != result.shapes[source][1]  # a quarter turn shows in the shape
+    np.testing.assert_array_equal(result.labels[rotated], result.labels[source])
+    pixels = read_image(result.im_files[rotated]).astype(np.float32)
+    assert np.abs(pixels - read_image(result.im_files[source])).mean() < 3
+
+
+def test_generated_badinputs_hold_every_case(badinputs):
+    train = {p.name for p in (badinputs / "images" / "train").iterdir()}
+    assert train == set(TRAIN_CASES)
+    assert {p.name for p in (badinputs / "images" / "val").iterdir()} == set(VAL_CASES)
+    total = sum(p.stat().st_size for p in badinputs.rglob("*") if p.is_file())
+    assert total < 1_000_000, total  # small: made in a blink, at every run
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_CASES))
+def test_train_case(bad_train, name):
+    root, result, _ = bad_train
+    check_case(root, result, name)
+
+
+def test_val_split_all_used(badinputs):
+    result = scan_split(str(badinputs / "images" / "val"), nc=3, use_cache=False)
+    assert sorted(Path(f).name for f in result.im_files) == sorted(VAL_CASES)
+    assert result.stats["corrupt"] == 0 and not result.problems
+
+
+def test_badinputs_stats_and_warnings(bad_train, caplog):
+    check_stats_and_warnings(*bad_train, caplog)
 
 
 def test_read_only_dataset_uses_fallback_cache(bad_train):
@@ -124,28 +155,25 @@ def test_read_only_dataset_uses_fallback_cache(bad_train):
     assert len(list(Path(cache_dir).glob("*.npz"))) == 1
 
 
-def test_polygon_becomes_its_bounding_box(bad_train):
-    _, result, _ = bad_train
-    index = by_name(result)["polygon_segment.jpg"]
-    np.testing.assert_allclose(result.labels[index], [[2, 0.21, 0.25, 0.22, 0.30]], atol=1e-6)
-    assert len(result.segments[index]) == 1 and result.segments[index][0].shape == (4, 2)
-    assert result.segments[by_name(result)["good_00.jpg"]] == []
+def test_polygon_box_past_edge_and_exif_rotation(bad_train):
+    check_geometry(bad_train[1])
 
 
-def test_box_past_edge_is_clipped(bad_train):
-    _, result, _ = bad_train
-    labels = result.labels[by_name(result)["box_past_edge.jpg"]]
-    np.testing.assert_allclose(labels, [[0, 0.925, 0.5, 0.15, 0.2]], atol=1e-6)
-
-
-def test_exif_rotated_is_upright_like_its_source(bad_train):
-    _, result, _ = bad_train
-    names = by_name(result)
-    rotated, source = names["exif_rotated.jpg"], names["bitmap.bmp"]
-    assert tuple(result.shapes[rotated]) == (640, 480)  # stored 480x640 with orientation 6
-    np.testing.assert_array_equal(result.labels[rotated], result.labels[source])
-    pixels = read_image(result.im_files[rotated]).astype(np.float32)
-    assert np.abs(pixels - read_image(result.im_files[source])).mean() < 3
+def test_shared_badinputs_behave_as_cases_md_says(tmp_path, caplog):
+    """The same expectations on ../shared's bad-input files (made by other tools), when present."""
+    root = shared_path("datasets", "badinputs", why="the same checks on files made by other tools; the generated "
+                       "dataset above covers every case")
+    rows = re.findall(r"^\| (train|val) \| `([^`]+)` \|", (root / "CASES.md").read_text(), flags=re.M)
+    assert len(rows) >= 40
+    for split, name in rows:
+        assert name in (TRAIN_CASES if split == "train" else VAL_CASES), f"{split}/{name} has no expectation"
+    result = scan_bad_train(root, tmp_path)
+    for name in TRAIN_CASES:
+        check_case(root, result, name)
+    check_stats_and_warnings(root, result, tmp_path, caplog)
+    check_geometry(result)
+    assert not (root / "labels" / "train.cache.npz").exists()
+    assert check_dataset.main(["--data", str(root / "data.yaml"), "--cache-dir", str(tmp_path / "tool")]) == 1
 
 
 # ----------------------------------------------------------------------------- synthetic datasets
@@ -299,8 +327,8 @@ def test_check_tool_exit_codes(tmp_path, capsys):
     assert check_dataset.main(["--data", str(data), "--workers", "0"]) == 2
 
 
-def test_check_tool_on_badinputs(capsys, tmp_path):
-    data = shared_path("datasets", "badinputs", "data.yaml")
+def test_check_tool_on_badinputs(badinputs, capsys, tmp_path):
+    data = badinputs / "data.yaml"
     assert check_dataset.main(["--data", str(data), "--cache-dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "train: Scanning" in out and "12 corrupt" in out

@@ -237,3 +237,48 @@ def test_declared_pickle_size_is_checked_before_reading(tmp_path):
     with zipfile.ZipFile(path) as archive:
         with pytest.raises(CheckpointError, match="data.pkl is 42 MB uncompressed"):
             find_pickle(archive, str(path))
+
+
+# ----------------------------------------------------------------------------- YOLOv5-format files
+def test_lookalike_checkpoint_names_yolov5_classes_only(yolov5_lookalike):
+    """The generated checkpoints pickle YOLOv5's module paths (so they test the importer as YOLOv5's
+    files do), and every global they name is on the importer's allow-list."""
+    from utils.checkpoint import pickle_globals
+    from utils.yolov5_import import RestrictedUnpickler, read_checkpoint_pickle
+
+    yolov5_classes = {"models.yolo.DetectionModel", "models.yolo.Detect", "models.common.Conv", "models.common.C3",
+                      "models.common.Bottleneck", "models.common.SPPF", "models.common.Concat"}
+    for path in (yolov5_lookalike.checkpoint, yolov5_lookalike.training_checkpoint):
+        names = set(pickle_globals(read_checkpoint_pickle(path)))
+        assert {name for name in names if name.startswith("models.")} == yolov5_classes
+        assert {"torch.HalfStorage", "torch.nn.modules.conv.Conv2d", "torch.nn.modules.batchnorm.BatchNorm2d",
+                "torch.nn.modules.upsampling.Upsample", "torch.nn.modules.pooling.MaxPool2d"} <= names
+        with zipfile.ZipFile(path) as archive:
+            unpickler = RestrictedUnpickler(b"", archive, "", str(path))
+            for name in names:
+                unpickler.find_class(*name.rsplit(".", 1))  # raises CheckpointError when refused
+
+
+def test_numpy_arrays_and_protocol_2_bytes_are_read_as_records(tmp_path):
+    """YOLOv5's training checkpoints hold best_fitness as a (1,) numpy array, which protocol 2 pickles with
+    numpy's _reconstruct and _codecs.encode: both resolve to checked stand-ins, nothing else gets through."""
+    model = detection_model(dict_of((text("w"), tensor(storage("0", 1), 0, [1], [1]))))
+
+    def load(name: str, value: bytes) -> dict:
+        return load_yolov5_checkpoint(checkpoint(tmp_path / f"{name}.pt", model, ONE_FLOAT,
+                                                 extra=[(text("best_fitness"), value)]))
+
+    assert load("one", plain(np.array([0.5])))["best_fitness"] == 0.5
+    assert load("float32", plain(np.array([0.25], np.float32)))["best_fitness"] == 0.25
+    assert load("two", plain(np.array([0.5, 0.7])))["best_fitness"] is None  # not one number: dropped
+    assert load("int", plain(np.array([3])))["best_fitness"] is None
+    refusals = {
+        "object": (plain(np.array(["a"], dtype=object)), "numpy dtype 'O8' is not allowed"),
+        "rot13": (global_("_codecs", "encode") + tuple_of(text("x"), text("rot13")) + b"R", "malformed bytes record"),
+        "not an array": (global_("numpy.core.multiarray", "_reconstruct")
+                         + tuple_of(global_("collections", "OrderedDict"), tuple_of(integer(0)), text("b")) + b"R",
+                         "malformed numpy array record"),
+    }
+    for name, (value, expected) in refusals.items():
+        with pytest.raises(CheckpointError, match=expected):
+            load(name, value)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickletools
 import re
 import shutil
 import tempfile
@@ -33,7 +32,9 @@ from pathlib import Path
 import torch
 
 from utils.dist import is_main_process
-from utils.errors import CheckpointError, WriteError
+from utils.errors import CheckpointError, WriteError, shorten
+from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH
+from utils.pickle_scan import check_legacy_pickles, check_tuple_work, pickle_globals, scan_pickle
 
 LOGGER = logging.getLogger(__name__)
 FORMAT = "yolo-trainer/1"
@@ -177,10 +178,11 @@ def load_checkpoint(path) -> dict:
     with open(path, "rb") as file:
         head = file.read(4)
     if head == ZIP_MAGIC:
-        pickle_bytes = _zip_pickle(path)
-        if _is_yolov5(pickle_bytes):
+        scan = scan_pickle(_zip_pickle(path))
+        check_tuple_work(scan, path)
+        if any(name.startswith("models.") for name in scan.globals):  # YOLOv5's pickled modules
             from utils.yolov5_import import load_yolov5_checkpoint
-            return {**load_yolov5_checkpoint(path), "format": FORMAT}
+            return _check_names({**load_yolov5_checkpoint(path), "format": FORMAT}, path)
     elif not head.startswith(b"\x80"):
         raise CheckpointError(f"{path}: not a checkpoint (neither a torch zip archive nor a pickle)")
     else:
@@ -188,7 +190,8 @@ def load_checkpoint(path) -> dict:
             if _is_yolov5(file.read(1 << 20)):
                 raise CheckpointError(f"{path}: legacy (non-zip) YOLOv5 checkpoint is not supported; "
                                       "re-save it with torch >= 1.6")
-    return _check_ours(_torch_load(path), path)
+        check_legacy_pickles(path)  # the pickle budget and the tuple-expansion bound, as for a zip archive
+    return _check_names(_check_ours(_torch_load(path), path), path)
 
 
 def _zip_pickle(path: Path) -> bytes:
@@ -203,29 +206,6 @@ def _zip_pickle(path: Path) -> bytes:
         if isinstance(error, CheckpointError):
             raise
         raise CheckpointError(f"{path}: truncated or corrupt zip archive ({error})") from None
-
-
-def pickle_globals(data: bytes) -> list[str]:
-    """'module.name' of every GLOBAL / STACK_GLOBAL in a pickle, read without unpickling."""
-    found, strings, memo = [], [], {}
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            name = opcode.name
-            if name == "GLOBAL":
-                found.append(arg.replace(" ", "."))
-            elif name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-            elif "UNICODE" in name or name.endswith("STRING"):
-                strings.append(arg)
-            elif name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
-                memo[arg] = strings[-1]
-            elif name == "MEMOIZE" and strings:
-                memo[len(memo)] = strings[-1]
-            elif name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
-                strings.append(memo[arg])
-    except (ValueError, EOFError):
-        pass  # a damaged pickle: the loader reports it
-    return found
 
 
 def _is_yolov5(pickle_bytes: bytes) -> bool:
@@ -251,7 +231,7 @@ def _check_ours(data, path: Path) -> dict:
     if data.get("format") != FORMAT:
         if "model" not in data and data and all(torch.is_tensor(v) for v in data.values()):
             raise CheckpointError(f"{path}: a bare state_dict, not a checkpoint (needs the model YAML)")
-        raise CheckpointError(f"{path}: unsupported checkpoint format {data.get('format')!r} "
+        raise CheckpointError(f"{path}: unsupported checkpoint format {shorten(data.get('format'), 40)} "
                               f"(expected '{FORMAT}')")
     for key in ("model", "ema"):
         entry = data.get(key)
@@ -260,6 +240,33 @@ def _check_ours(data, path: Path) -> dict:
             raise CheckpointError(f"{path}: '{key}' entry is missing or malformed")
     data.setdefault("ema", None)
     return data
+
+
+def _check_names(data: dict, path: Path) -> dict:
+    """Class names of the "model" and "ema" entries, checked (``class_names``) before anything uses them."""
+    for key in ("model", "ema"):
+        entry = data.get(key)
+        if entry is not None and entry.get("names") is not None:
+            data[key] = {**entry, "names": class_names(entry["names"], f"{path}: {key}.names")}
+    return data
+
+
+def class_names(names, where: str) -> list[str]:
+    """A checkpoint's class names as a list of strings: a flat list/tuple of strings, or YOLOv5's {index: name}
+    dict, at most MAX_CLASSES names of at most MAX_NAME_LENGTH characters; CheckpointError (``where``: the
+    reason) otherwise. Types and sizes are checked before any value is converted or formatted."""
+    if isinstance(names, dict):
+        if len(names) > MAX_CLASSES or not all(type(key) is int for key in names):
+            raise CheckpointError(f"{where}: expected {{index: name}} with at most {MAX_CLASSES} integer keys, "
+                                  f"got {shorten(names, 60)}")
+        names = [names[key] for key in sorted(names)]
+    if not isinstance(names, (list, tuple)) or len(names) > MAX_CLASSES:
+        raise CheckpointError(f"{where}: expected a list of at most {MAX_CLASSES} names, got {shorten(names, 60)}")
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH:
+            raise CheckpointError(f"{where}[{index}]: expected a string of at most {MAX_NAME_LENGTH} characters, "
+                                  f"got {shorten(name, 60)}")
+    return [str(name) for name in names]
 
 
 # ---------------------------------------------------------------------- training checkpoints
@@ -309,14 +316,16 @@ def is_finished(ckpt: dict) -> bool:
 
 
 def training_state(ckpt: dict, path) -> TrainingState:
-    """The resumable part of ``ckpt``, with its types checked; CheckpointError (one line) otherwise."""
+    """The resumable part of ``ckpt``, every field's type and range checked (utils.trainer.run_checks:
+    options through the command line's bounds, hyp, position, counters, results, generator states,
+    optimizer layout) before anything is built; CheckpointError naming the file and field otherwise."""
     training = ckpt.get("training")
     if not isinstance(training, dict):
         reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"
         raise CheckpointError(f"{path}: not resumable ({reason})")
     version = training.get("version")
     if version != TRAINING_VERSION:
-        raise CheckpointError(f"{path}: training state version {str(version)[:20]!r}, this version of train.py "
+        raise CheckpointError(f"{path}: training state version {shorten(version, 20)}, this version of train.py "
                               f"resumes version {TRAINING_VERSION} only")
     expected = {"optimizer": dict, "scaler": dict, "scheduler": dict, "ema_updates": int, "run": dict, "rng": list}
     for key, kind in expected.items():
@@ -325,21 +334,25 @@ def training_state(ckpt: dict, path) -> TrainingState:
     for key in ("config", "hyp"):
         if not isinstance(ckpt.get(key), dict):
             raise CheckpointError(f"{path}: '{key}' is missing or not a dict")
-    optimizer = training["optimizer"]
-    if not isinstance(optimizer.get("state"), dict) or not isinstance(optimizer.get("param_groups"), list):
-        raise CheckpointError(f"{path}: optimizer state is malformed")
-    return TrainingState(Path(path), ckpt["model"], ckpt.get("ema"), training["ema_updates"], optimizer,
+    from utils.trainer.run_checks import check_training  # (utils.trainer imports this module)
+
+    check_training(ckpt, path)
+    return TrainingState(Path(path), ckpt["model"], ckpt.get("ema"), training["ema_updates"], training["optimizer"],
                          training["scaler"], training["scheduler"], training["run"], training["rng"],
                          ckpt["config"], ckpt["hyp"])
 
 
 def load_resumable(path) -> tuple[dict, Path]:
     """Load ``path``; when it is missing or unreadable (truncated, corrupt, refused) and the previous
-    file (``previous_path``) exists, warn and load that instead. Returns (checkpoint, path used)."""
+    file (``previous_path``) exists, warn and load that instead. Returns (checkpoint, path used). Only a file
+    that is not a valid checkpoint falls back: when this machine failed to read it (MemoryError, OSError) the
+    file may be good, and resuming the older one would later replace it, so that error is raised as it is."""
     path = Path(path)
     try:
         return load_checkpoint(path), path
     except CheckpointError as error:
+        if isinstance(error.__context__, (MemoryError, OSError)):
+            raise error.__context__ from None
         previous = previous_path(path)
         if not previous.is_file():
             raise

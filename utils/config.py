@@ -9,14 +9,16 @@ Derived values live in small pure functions elsewhere (``utils.trainer.optim``,
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from utils import cli
 from utils.errors import UserError, shorten
-from utils.limits import Range
+from utils.limits import MAX_OPTION_ITEMS, MAX_OPTION_TEXT, Range
 from utils.safe_yaml import read_yaml, yaml_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +163,7 @@ class TrainConfig:
     data: str = ""
     hyp: str = "data/hyps/hyp.scratch-low.yaml"
     epochs: int = 100
-    batch_size: int = 16
+    batch_size: int = 16  # -1 (AutoBatch) is replaced by the chosen batch before the run is saved
     imgsz: int = 640
     rect: bool = False
     resume: str | bool = False
@@ -193,12 +195,104 @@ class TrainConfig:
     deterministic: bool = False
     amp: str = "auto"  # auto (fp16 on CUDA, fp32 on CPU), bf16 (CPU or CUDA), off
     channels_last: str = "auto"
+    time: float | None = None  # --time HOURS: training time budget; sets the epoch count after the first epoch
+    tensorboard: bool = True  # --no-tensorboard turns it off
     save_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any], source: str = "<dict>") -> "TrainConfig":
+        """A config from plain data (parsed flags, or the options stored in a checkpoint): every option is
+        checked with the bound its flag has (``OPTION_RULES``, built from utils.cli's validators), so a file
+        cannot bring a value the command line refuses. Unknown keys are ignored; a bad value is a
+        ConfigError naming ``source`` and the option."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        checked = {key: _option_value(key, value, source) for key, value in values.items() if key in known}
+        return cls(**checked)
+
+
+def _option_value(key: str, value, source: str):
+    rule = OPTION_RULES.get(key, _plain_option)
+    try:
+        return rule(value)
+    except ValueError as error:
+        raise ConfigError(f"{source}: option '{key}': {error}") from None
+
+
+def _text(value) -> str:
+    if not isinstance(value, str) or len(value) > MAX_OPTION_TEXT:
+        raise ValueError(f"expected text of at most {MAX_OPTION_TEXT} characters, got {shorten(value, 40)}")
+    return value
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {shorten(value, 40)}")
+    return value
+
+
+def _one_of(*choices):
+    def check(value):
+        if not any(value is choice or type(value) is type(choice) and value == choice for choice in choices):
+            listed = ", ".join(str(choice) for choice in choices)
+            raise ValueError(f"expected one of {listed}, got {shorten(value, 40)}")
+        return value
+    return check
+
+
+def _optional(rule):
+    return lambda value: None if value is None else rule(value)
+
+
+def _list_of(rule):
+    def check(value):
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_OPTION_ITEMS:
+            raise ValueError(f"expected a list of at most {MAX_OPTION_ITEMS} items, got {shorten(value, 40)}")
+        return [rule(item) for item in value]
+    return check
+
+
+def _resume_option(value):
+    return value if isinstance(value, bool) else _text(value)
+
+
+def _plain_option(value):
+    """An option without its own rule (keep OPTION_RULES complete): a plain bounded scalar."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, int) and abs(value) <= 2 ** 63 or isinstance(value, float) and math.isfinite(value):
+        return value
+    raise ValueError(f"expected a number, text, true/false or null, got {shorten(value, 40)}")
+
+
+TIME_HOURS = cli.float_in_range(Range(0, 10 ** 6, low_open=True))  # train.py --time (hours)
+
+# The bound of every TrainConfig field: the flag's own validator (utils.cli), applied to stored values too.
+OPTION_RULES = {
+    **dict.fromkeys(("weights", "cfg", "data", "hyp", "device", "project", "name", "save_dir"), _text),
+    **dict.fromkeys(("rect", "nosave", "noval", "noautoanchor", "noplots", "image_weights", "multi_scale",
+                     "single_cls", "sync_bn", "exist_ok", "quad", "cos_lr", "deterministic"), _flag),
+    "epochs": cli.positive_int.check,
+    "batch_size": cli.train_batch_size.check,
+    "imgsz": cli.image_size.check,
+    "resume": _resume_option,
+    "evolve": _optional(cli.positive_int.check),
+    "cache": _one_of(*cli.CACHE_MODES, None),
+    "optimizer": _one_of(*cli.OPTIMIZER_NAMES),
+    "workers": cli.workers.check,
+    "label_smoothing": cli.label_smoothing.check,
+    "patience": cli.non_negative_int.check,
+    "freeze": _list_of(cli.freeze_layer.check),
+    "save_period": cli.save_period.check,
+    "save_every_min": cli.save_every_min.check,
+    "seed": cli.non_negative_int.check,
+    "local_rank": cli.local_rank.check,
+    "amp": _one_of(*cli.TRAIN_AMP_MODES),
+    "channels_last": _one_of(*cli.CHANNELS_LAST_MODES),
+    "time": _optional(TIME_HOURS.check),
+    "tensorboard": _flag,
+}

@@ -59,3 +59,11 @@ def compute_fills_cpus(device, processes: int = 1) -> bool:
     """The compute of ``processes`` processes on this node keeps every usable CPU busy: a CPU device whose
     intra-op threads (per process) cover the CPUs. Then other CPU work (loader workers) competes with it."""
     return torch.device(device).type == "cpu" and torch.get_num_threads() * max(processes, 1) >= usable_cpus()
+
+
+def cuda_memory(device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device as the driver reports them (other processes' use included), after
+    handing this process's cached but unused blocks back."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)

@@ -13,8 +13,10 @@ import contextlib
 import datetime
 import logging
 import os
+import secrets
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
@@ -48,7 +50,8 @@ class DistInfo:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Launched by torchrun, one process included (as YOLOv5: a process group, DDP and --sync-bn)."""
+        return self.world_size > 1 or self.rank >= 0
 
     @property
     def is_main(self) -> bool:
@@ -70,6 +73,12 @@ def is_main_process() -> bool:
     return dist_info().is_main
 
 
+def in_process_group() -> bool:
+    """This process has joined a process group (under torchrun): collectives go through its backend, even
+    with one process; outside one they return their input."""
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
 def get_world_size() -> int:
     if torch_dist.is_available() and torch_dist.is_initialized():
         return torch_dist.get_world_size()
@@ -87,7 +96,7 @@ def check_launch(batch_size: int, device: torch.device, device_ids: int | None =
     info = dist_info()
     if not info.distributed:
         return
-    if batch_size % info.world_size:
+    if batch_size > 0 and batch_size % info.world_size:  # AutoBatch (-1) chooses a multiple later
         lower = batch_size - batch_size % info.world_size
         choices = [b for b in (lower, lower + info.world_size) if b > 0]
         raise SharedError(f"--batch-size {batch_size} is not divisible by the {info.world_size} processes "
@@ -123,12 +132,12 @@ def _restart_store(info: DistInfo, timeout: datetime.timedelta) -> dict:
     a restarted group would read the dead group's addresses and fail to connect. Each restart gets its own
     key prefix in that store. Nothing changes for a first start or the c10d rendezvous (--standalone,
     --rdzv-backend c10d), which give every round a fresh store."""
-    launch = launch_info()
-    if not launch.restarted or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    restarts = restart_count()
+    if not restarts or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     client = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
                                  is_master=False, timeout=timeout)
-    store = torch_dist.PrefixStore(f"/yolo-trainer/restart_{launch.restart_count}/", client)
+    store = torch_dist.PrefixStore(f"/yolo-trainer/restart_{restarts}/", client)
     return {"store": store, "rank": info.rank, "world_size": info.world_size}
 
 
@@ -202,7 +211,7 @@ def all_reduce_sum(tensor: torch.Tensor, phase: str = "sum a statistic") -> torc
 
 
 def _all_reduce(tensor: torch.Tensor, op, phase: str) -> torch.Tensor:
-    if get_world_size() == 1:
+    if not in_process_group():
         return tensor
     if torch_dist.get_backend() == "nccl":
         tensor = tensor.cuda()
@@ -213,7 +222,7 @@ def _all_reduce(tensor: torch.Tensor, op, phase: str) -> torch.Tensor:
 
 def gather_object(obj, phase: str = "share their results") -> list:
     """Every process's ``obj``, in rank order, on every process (``[obj]`` when not distributed)."""
-    if get_world_size() == 1:
+    if not in_process_group():
         return [obj]
     gathered = [None] * get_world_size()
     with named_wait(phase):
@@ -223,7 +232,7 @@ def gather_object(obj, phase: str = "share their results") -> list:
 
 def broadcast_object(obj, src: int = 0, phase: str = "share the main process's decision"):
     """Send a picklable Python object from ``src`` to every process (identity when not distributed)."""
-    if get_world_size() == 1:
+    if not in_process_group():
         return obj
     holder = [obj]
     with named_wait(phase):
@@ -234,7 +243,7 @@ def broadcast_object(obj, src: int = 0, phase: str = "share the main process's d
 def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, phase: str = "receive the main process's tensors"
                       ) -> None:
     """Overwrite ``tensors`` in place with ``src``'s values on every process (one flat transfer)."""
-    if get_world_size() == 1 or not tensors:
+    if not in_process_group() or not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
     if torch_dist.get_backend() == "nccl":
@@ -252,7 +261,8 @@ def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, phase: str = "r
 @dataclass(frozen=True)
 class LaunchInfo:
     """How torchrun (torch elastic) started this process: which restart of the worker group it is, and an
-    id that stays the same across restarts of one launch (node, launcher process, rendezvous id)."""
+    id that stays the same across the restarts of one launch and is never shared by two launches ("" when
+    not under torchrun, or when the launch cannot be identified: its restarts then start a new run)."""
     restart_count: int = 0
     launch_id: str = ""
 
@@ -261,8 +271,67 @@ class LaunchInfo:
         return self.restart_count > 0
 
 
+LAUNCH_TOKEN_KEY = "/yolo-trainer/launch-token"
+STORE_TIMEOUT_SECONDS = 60  # to reach torchrun's agent store
+PROC_ROOT = Path("/proc")
+_LAUNCH_IDS: dict[int, str] = {}  # process id -> this process's launch id, asked for once
+
+
+def restart_count() -> int:
+    """Which restart of its worker group torchrun started this process as (0: the first start, or no torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def launch_info() -> LaunchInfo:
+    """This process's launch (see LaunchInfo); a plain ``python train.py`` has no launch id."""
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         return LaunchInfo()
-    launcher = f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
-    return LaunchInfo(int(os.environ["TORCHELASTIC_RESTART_COUNT"]), launcher)
+    if os.getpid() not in _LAUNCH_IDS:
+        _LAUNCH_IDS[os.getpid()] = _identify_launch()
+    return LaunchInfo(restart_count(), _LAUNCH_IDS[os.getpid()])
+
+
+def _identify_launch() -> str:
+    """What survives a torchrun restart is the agent process (the workers' parent) and, by default, its
+    key-value store at MASTER_ADDR:MASTER_PORT (the static --master_port store and the c10d one alike); a
+    fresh launch has a fresh agent and a fresh store. So the first process to ask puts a random token in
+    that store and every later process of the launch, restarts included, reads the same one. Without an
+    agent store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) the agent process itself identifies the launch:
+    the machine's boot id, its process id and its start time, which no other process on any machine
+    shares (host names, process ids and run ids alone repeat in containers)."""
+    token = _agent_store_token()
+    if token:
+        return f"token:{token}"
+    agent = _process_identity(os.getppid())
+    if agent:
+        return f"process:{agent}"
+    LOGGER.warning("WARNING: cannot identify this torchrun launch (no agent store, no %s): a torchrun restart "
+                   "will start a new run folder instead of resuming this one", PROC_ROOT)
+    return ""
+
+
+def _agent_store_token() -> str:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    try:
+        store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                    timeout=datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS))
+        token = store.compare_set(LAUNCH_TOKEN_KEY, "", secrets.token_hex(16))  # the first process's wins
+    except (KeyError, ValueError, RuntimeError) as error:
+        LOGGER.warning("WARNING: torchrun's agent store is unreachable (%s)", str(error).splitlines()[0][:160]
+                       if str(error) else type(error).__name__)
+        return ""
+    return token.decode("ascii", errors="replace") if isinstance(token, bytes) else str(token)
+
+
+def _process_identity(pid: int) -> str:
+    """``boot id:pid:start time`` of a process (Linux /proc), "" when unavailable."""
+    try:
+        boot = (PROC_ROOT / "sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        stat = (PROC_ROOT / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
+        start = stat[stat.rindex(")") + 1:].split()[19]  # field 22 (starttime); the name in (...) may hold spaces
+    except (OSError, ValueError, IndexError):
+        return ""
+    if not boot or not start.isdigit():
+        return ""
+    return f"{boot}:{pid}:{start}"

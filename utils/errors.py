@@ -18,8 +18,11 @@ escapes into an exit code and, except for bugs, one line on stderr::
     KeyboardInterrupt                                 130   "<prog>: interrupted"
     OSError: disk full, quota, read-only file system,
       file too large                                  1     "<prog>: error: could not write <file>: <reason>"
-    other OSError naming a file (permission, missing) 1     "<prog>: error: <file>: <reason>"
-    anything else (a bug)                             1     the traceback, then "<prog>: internal error
+    other OSError on a path given on the command line
+      (or inside / on the way to one), or permission
+      denied under the working folder (runs/...)      1     "<prog>: error: <file>: <reason>"
+    anything else (a bug), including an OSError on a
+      path the user never gave                        1     the traceback, then "<prog>: internal error
                                                             (<type>): please report it with the traceback above"
 
 A script uses it as::
@@ -37,15 +40,24 @@ itself carries no file name (as ``write()`` on a full disk does).
 """
 from __future__ import annotations
 
+import builtins
+import collections
 import contextlib
 import errno
+import itertools
+import os
 import reprlib
 import sys
 import traceback
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 MESSAGE_LIMIT = 2000  # characters of one error line
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM}
+MAX_PATH_TEXT = 4096  # characters of a path (PATH_MAX); longer file names are not compared
+MAX_GIVEN = 10_000  # command-line arguments compared with a file name
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 class UserError(ValueError):
@@ -67,20 +79,74 @@ class CheckpointError(UserError):
 
 
 class _BoundedRepr(reprlib.Repr):
-    """reprlib with small limits everywhere, and huge integers described instead of converted."""
+    """reprlib with small limits, and no path through which a value can expand before it is cut.
+
+    Dispatch is by ``isinstance``, so subclasses (OrderedDict, Counter, torch.Size) take the bounded
+    container paths instead of their own ``repr``; dicts and sets are shown in stored order, never
+    sorted; strings and bytes are cut before they are converted; integers past 128 bits, tensors and
+    arrays are described, not converted. At most ``1 + 6 + 36 + 216`` values are visited (three
+    levels of six items), each shown in at most ``limit`` characters, whatever the value's size or
+    sharing. Objects of other types use their own ``repr`` (cut afterwards): a weights_only load,
+    a YAML or a JSON file never produces one.
+    """
 
     def __init__(self, limit: int):
         super().__init__()
         self.maxlevel = 3
-        self.maxtuple = self.maxlist = self.maxarray = self.maxdict = 6
-        self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxitems = 6
         self.maxstring = self.maxother = limit
-        self.maxlong = 40
 
-    def repr_int(self, value, level):
-        if value.bit_length() > 128:  # str() of a huge int is slow, or refused past 4300 digits
-            return f"<{value.bit_length()}-bit integer>"
-        return super().repr_int(value, level)
+    def repr1(self, value, level):
+        if value is None or isinstance(value, (bool, float, complex)):
+            return builtins.repr(value)
+        if isinstance(value, int):
+            return builtins.repr(value) if value.bit_length() <= 128 else f"<{value.bit_length()}-bit integer>"
+        if isinstance(value, (str, bytes, bytearray)):
+            return self._cut_text(value)
+        if isinstance(value, dict):
+            return self._items(value, level)
+        if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+            return self._sequence(value, level)
+        if hasattr(type(value), "shape") and hasattr(type(value), "dtype") and getattr(value, "ndim", 0) != 0:
+            # tensors and arrays are described, never printed (0-d ones and numpy scalars print as numbers)
+            return f"<{type(value).__name__} shape={self._sequence(tuple(value.shape)[:8], 1)} dtype={value.dtype}>"
+        return self.repr_instance(value, level)
+
+    def _cut_text(self, value) -> str:
+        head = value[: self.maxstring]
+        text = builtins.repr(bytes(head) if isinstance(value, bytearray) else head)
+        return text + "..." if len(value) > self.maxstring else text
+
+    def _sequence(self, value, level) -> str:
+        left, right = self._brackets(value)
+        if not value:
+            return left + right
+        if level <= 0:
+            return left + "..." + right
+        parts = [self.repr1(item, level - 1) for item in itertools.islice(value, self.maxitems)]
+        if len(value) > self.maxitems:
+            parts.append("...")
+        single = "," if isinstance(value, tuple) and len(value) == 1 else ""
+        return left + ", ".join(parts) + single + right
+
+    @staticmethod
+    def _brackets(value) -> tuple[str, str]:
+        if isinstance(value, list):
+            return "[", "]"
+        if isinstance(value, tuple):
+            return "(", ")"
+        return f"{type(value).__name__}({{", "})"
+
+    def _items(self, value, level) -> str:
+        if not value:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        parts = [f"{self.repr1(key, level - 1)}: {self.repr1(item, level - 1)}"
+                 for key, item in itertools.islice(value.items(), self.maxitems)]
+        if len(value) > self.maxitems:
+            parts.append("...")
+        return "{" + ", ".join(parts) + "}"
 
 
 def shorten(value, limit: int = 80) -> str:
@@ -91,10 +157,34 @@ def shorten(value, limit: int = 80) -> str:
 
 
 def one_line(message, limit: int = MESSAGE_LIMIT) -> str:
-    """``message`` as a single line (line breaks become spaces), cut to ``limit`` characters."""
-    text = str(message)[: limit + 1]
+    """``message`` as a single line (line breaks become spaces), cut to ``limit`` characters.
+
+    A string is cut before it is split; an exception is converted with ``str`` only when its arguments are
+    plain scalars (otherwise they are shown through ``shorten``); any other object goes through ``shorten``.
+    So the time and memory spent are bounded by ``limit`` whatever the message holds.
+    """
+    text = _bounded_text(message, limit)[: limit + 1]
     text = " ".join(part.strip() for part in text.splitlines() if part.strip())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bounded_text(message, limit: int) -> str:
+    if isinstance(message, str):
+        return message
+    if isinstance(message, BaseException):
+        args = message.args
+        if len(args) <= 8 and all(_plain(arg) for arg in args):
+            return str(message)
+        shown = ", ".join(shorten(arg, 200) for arg in args[:4])
+        return f"{type(message).__name__}: {shown}"
+    return shorten(message, limit)
+
+
+def _plain(value) -> bool:
+    """A value whose ``str`` is no larger than the value itself (and cheap to make)."""
+    if value is None or isinstance(value, (bool, float, str, bytes, os.PathLike)):
+        return True
+    return isinstance(value, int) and value.bit_length() <= 128
 
 
 @contextlib.contextmanager
@@ -106,15 +196,69 @@ def writing(path):
         raise WriteError(f"could not write {path}: {error.strerror or error}") from error
 
 
-def describe_os_error(error: OSError) -> str | None:
-    """One line for an OSError caused by the environment (disk, permissions, missing file), else None."""
+def describe_os_error(error: OSError, given: Sequence[str] = ()) -> str | None:
+    """One line for an OSError that is the user's or the environment's doing, else None (a bug: it keeps its
+    traceback). ``given``: the command line's arguments. The user's or the environment's doing:
+
+    - a full disk, a quota, a read-only file system or a file too large (``WRITE_ERRNOS``), whatever the file;
+    - any error on a path given on the command line, on a file inside a folder given there, or on a folder
+      on the way to one (a missing input, an output folder that cannot be made);
+    - permission denied under the working folder, where outputs go by default (runs/...).
+
+    Any other file name (a file the code looked for in the wrong place, say) is not evidence of bad input."""
     reason = error.strerror or type(error).__name__
-    name = error.filename
+    names = [text for text in (_path_text(error.filename), _path_text(error.filename2)) if text]
     if error.errno in WRITE_ERRNOS:
-        return f"could not write {name if name is not None else 'an output file'}: {reason}"
-    if name is not None:
-        return f"{name}: {reason}"
+        return f"could not write {' -> '.join(names) or 'an output file'}: {reason}"
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working folder was removed: relative names cannot be placed
+        return None
+    for name in names:
+        target = _absolute(name, cwd)
+        permission = error.errno in PERMISSION_ERRNOS and _inside(target, cwd)
+        if permission or any(_concerns(target, value, cwd) for value in _given_paths(given)):
+            return f"{' -> '.join(names)}: {reason}"
     return None
+
+
+def _path_text(name) -> str:
+    """A file name from an OSError as text ("" for none, or for a file descriptor number)."""
+    if isinstance(name, (str, bytes, os.PathLike)):
+        text = os.fsdecode(name)
+        return text if len(text) <= MAX_PATH_TEXT else ""
+    return ""
+
+
+def _absolute(path: str, base: str) -> str:
+    return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _given_paths(given: Sequence[str]) -> list[str]:
+    """The values on a command line that may be paths: every argument, and the value of ``--flag=value``."""
+    values = []
+    for argument in list(given)[:MAX_GIVEN]:
+        if not isinstance(argument, str) or not argument or len(argument) > MAX_PATH_TEXT:
+            continue
+        if argument.startswith("-"):
+            if "=" in argument:
+                values.append(argument.split("=", 1)[1])
+            continue
+        values.append(argument)
+    return [value for value in values if value]
+
+
+def _concerns(target: str, value: str, cwd: str) -> bool:
+    """Whether ``target`` (absolute) is the given ``value``, inside it, or a folder on the way to it; a bare
+    value also names the repository's own file of that path (the scripts look there for shipped files)."""
+    given = _absolute(value, cwd)
+    if _inside(target, given) or (target != os.sep and _inside(given, target)):
+        return True
+    return not os.path.isabs(value) and target == _absolute(value, str(REPOSITORY))
 
 
 def _say(prog: str, text: str) -> None:
@@ -132,7 +276,7 @@ def run_main(prog: str, main: Callable, argv: list[str] | None = None) -> int:
         _say(prog, "interrupted")
         return 130
     except OSError as error:
-        line = describe_os_error(error)
+        line = describe_os_error(error, sys.argv[1:] if argv is None else argv)
         if line is None:
             return _internal_error(prog, error)
         _say(prog, f"error: {line}")

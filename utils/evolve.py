@@ -10,16 +10,33 @@ Files in the evolve folder (shared safely by several processes, e.g. one per GPU
 
 - ``evolve.csv``: YOLOv5's layout, a header then one row per generation, each value right-aligned in
   20 characters (``%20.5g``): the metric columns ``METRIC_COLUMNS``, then every Hyp key (an unset
-  ``anchors`` is written ``nan``). A row's generation number is its position in the file: rows are
-  appended whole (one write) under an exclusive ``flock`` of ``evolve.csv.lock``, and take the number
-  row count + 1 at that moment, so concurrent processes never tear or interleave lines, and a run
-  restarted after an interruption continues the count.
+  ``anchors`` is written ``nan``). A row's generation number is its position in the file: a row is added
+  under an exclusive ``flock`` of ``evolve.csv.lock`` by writing the whole file anew beside it and renaming
+  it into place (fsynced first), and takes the number row count + 1 at that moment, so concurrent processes
+  never tear or interleave lines, a reader never sees half a file, and a run restarted after an
+  interruption continues the count. When read, precision, recall and mAPs must lie in [0, 1] and the hyp
+  values in ``utils.config.HYP_RANGES`` (a line that does not is skipped with a warning); the file may
+  hold at most 64 MB (``utils.evolve_folder.MAX_CSV_BYTES``).
+- A generation whose training fails for a reason of its own (a ``UserError`` such as a loss that stayed
+  NaN, or an ``ArithmeticError``) is recorded like YOLOv5 records it: precision, recall and mAPs 0
+  (fitness 0), losses ``nan``; the reason is logged and the evolution goes on (the new row also changes
+  what the next proposal draws from). When the first ``MAX_FIRST_FAILURES`` generations of a process
+  all fail, the cause is probably not the hyp: the evolution stops with the last reason. Any other
+  exception (an interruption, a full disk, a bug) gives the proposal number back and propagates.
 - ``evolve.csv.lock``: the lock file; it also holds the next proposal number. Each proposal claims
   one under the lock (at least row count + 1), so concurrent processes never propose the same hyp; a
   proposal that fails gives its number back when no later one was claimed. ``run_generation`` gets
   the proposal number, which is the row number the result takes unless another process appends first.
 - ``hyp_evolve.yaml``: the best row's hyperparameters, with a comment header; ``evolve.png``: fitness
   against each evolved hyperparameter, best marked. Both are refreshed after every generation.
+- ``.generation-<number>-<random>``: one generation's training folder (train.py makes it with
+  ``utils.evolve_folder.make_scratch_folder``), removed when it ends; named by a random token because
+  process ids repeat across containers sharing a folder.
+
+Nothing in the folder is read or written through a symbolic link (``utils.evolve_folder``): the lock and
+evolve.csv are opened with ``O_NOFOLLOW`` (a link is refused, naming it), new files and folders are created
+exclusively (``O_EXCL``, ``mkdir``) under random names and renamed into place, which replaces a link, never
+its target.
 
 A proposal is reproducible: its random numbers come from ``numpy.random.default_rng([seed, number])``
 and the rows present when it was claimed.
@@ -27,11 +44,8 @@ and the rows present when it was claimed.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import math
-import os
-import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,16 +55,18 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from utils.config import HYP_DIR, Hyp
-from utils.errors import UserError
+from utils.config import HYP_DIR, HYP_RANGES, Hyp
+from utils.errors import UserError, WriteError, one_line, shorten
+from utils.evolve_folder import CSV_NAME, EvolveError, FolderLock, read_folder_file, replace_file
 from utils.metrics import fitness
+from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 
 METRIC_COLUMNS = ("metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
                   "val/box_loss", "val/obj_loss", "val/cls_loss")
 HYP_KEYS = tuple(f.name for f in dataclasses.fields(Hyp))
-CSV_NAME, LOCK_NAME, YAML_NAME, PLOT_NAME = "evolve.csv", "evolve.csv.lock", "hyp_evolve.yaml", "evolve.png"
+YAML_NAME, PLOT_NAME = "hyp_evolve.yaml", "evolve.png"
 DEFAULT_SPACE = HYP_DIR / "evolve-space.yaml"
 COLUMN_WIDTH = 20
 PARENTS = 5  # fittest rows a parent is chosen from
@@ -59,10 +75,13 @@ MUTATION_SIGMA = 0.2
 FACTOR_RANGE = (0.3, 3.0)
 SIGNIFICANT_DIGITS = 5
 MAX_DRAWS = 100  # mutation draws before giving up on changing anything (e.g. every evolvable value is 0)
+MAX_LOSS = 1e6  # a validation loss above this (or negative, or not finite) is read and written as nan
+MAX_FIRST_FAILURES = 3  # failed generations at a process's start after which the evolution stops
+RECORDED_FAILURES = (UserError, ArithmeticError)  # a generation's own failure: recorded with fitness 0
+FAILED_METRICS = dict(zip(METRIC_COLUMNS, (0.0, 0.0, 0.0, 0.0, math.nan, math.nan, math.nan)))
 
 
-class EvolveError(UserError):
-    """A search-space file or evolve.csv that cannot be used; one line naming the file and the reason."""
+UNRECORDED_FAILURES = (WriteError, EvolveError)  # the disk or the folder: every generation would fail alike
 
 
 # ----------------------------------------------------------------------------- search space
@@ -78,20 +97,22 @@ class SearchSpace:
         if not path.exists() and (HYP_DIR / path.name).exists():
             path = HYP_DIR / path.name
         try:
-            content = yaml.safe_load(path.read_text(encoding="utf-8"))
+            content = read_yaml(path)  # bounded: an alias bomb is refused before it is built
         except OSError as error:
-            raise EvolveError(f"{path}: cannot read the search space ({error.strerror})") from None
+            raise EvolveError(f"{path}: cannot read the search space ({error.strerror or type(error).__name__})"
+                              ) from None
         except yaml.YAMLError as error:
-            raise EvolveError(f"{path}: invalid YAML ({str(error).splitlines()[0][:80]})") from None
+            raise EvolveError(f"{path}: invalid YAML ({yaml_reason(error)})") from None
         return cls.from_dict(content, str(path))
 
     @classmethod
     def from_dict(cls, content, source: str = "<search space>") -> "SearchSpace":
         if not isinstance(content, dict) or not content:
             raise EvolveError(f"{source}: expected a mapping of hyp keys to [lower, upper]")
-        unknown = [str(key)[:80] for key in content if key not in HYP_KEYS]
+        unknown = [key for key in content if key not in HYP_KEYS]
         if unknown:
-            raise EvolveError(f"{source}: unknown hyperparameter(s) {', '.join(unknown[:5])} (not hyp keys)")
+            listed = ", ".join(shorten(key, 40).strip("'") for key in unknown[:5])
+            raise EvolveError(f"{source}: unknown hyperparameter(s) {listed} (not hyp keys)")
         return cls({key: _bounds(key, value, source) for key, value in content.items()}, source)
 
     def keys(self, hyp: Hyp) -> list[str]:
@@ -113,16 +134,24 @@ class SearchSpace:
 
 
 def _bounds(key: str, value, source: str) -> tuple[float, float]:
+    """[lower, upper] of one key: finite numbers, in order, both inside the values a hyp accepts
+    (``HYP_RANGES``), so that every value a generation trains is one its evolve.csv row can hold."""
     if not isinstance(value, (list, tuple)) or len(value) != 2 or any(isinstance(v, bool) for v in value):
-        raise EvolveError(f"{source}: '{key}' must be [lower, upper], got {str(value)[:80]}")
+        raise EvolveError(f"{source}: '{key}' must be [lower, upper], got {shorten(value)}")
+    if not all(isinstance(v, (int, float)) or isinstance(v, str) and len(v) <= 100 for v in value):
+        raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {shorten(value)}")
     try:
         lower, upper = float(value[0]), float(value[1])
-    except (TypeError, ValueError):
-        raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {str(value)[:80]}") from None
+    except (ValueError, OverflowError):
+        raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {shorten(value)}") from None
     if not (math.isfinite(lower) and math.isfinite(upper)):
-        raise EvolveError(f"{source}: '{key}' bounds must be finite, got {str(value)[:80]}")
+        raise EvolveError(f"{source}: '{key}' bounds must be finite, got {shorten(value)}")
     if lower > upper:
         raise EvolveError(f"{source}: '{key}' lower bound {lower:g} is above the upper bound {upper:g}")
+    allowed = HYP_RANGES[key]
+    if lower not in allowed or upper not in allowed:
+        raise EvolveError(f"{source}: '{key}' bounds [{lower:g}, {upper:g}] leave the values a hyp accepts, "
+                          f"{allowed}: keep both inside it")
     return lower, upper
 
 
@@ -167,14 +196,19 @@ def parse_header(line: str, path) -> list[str]:
 
 
 def parse_line(columns: list[str], line: str, generation: int) -> EvolveRow:
-    """An EvolveRow from one data line; ValueError saying what is wrong."""
+    """An EvolveRow from one data line; ValueError saying what is wrong. Precision, recall and mAPs must be
+    in [0, 1] (so fitnesses, and the parent weights made from them, stay small numbers) and the hyp values in
+    HYP_RANGES; a loss out of [0, MAX_LOSS] is read as nan."""
     fields = line.split(",")
     if len(fields) != len(columns):
         raise ValueError(f"{len(fields)} values for {len(columns)} columns")
+    if any(len(field) > 100 for field in fields):
+        raise ValueError("a value longer than 100 characters")
     values = dict(zip(columns, (float(field) for field in fields)))
     metrics = {column: values[column] for column in METRIC_COLUMNS}
-    if not all(math.isfinite(metrics[column]) for column in METRIC_COLUMNS[:4]):
-        raise ValueError("non-finite precision, recall or mAP")
+    if not all(0.0 <= metrics[column] <= 1.0 for column in METRIC_COLUMNS[:4]):  # nan fails too
+        raise ValueError("precision, recall and mAP must be numbers in [0, 1]")
+    metrics.update({column: _loss(metrics[column]) for column in METRIC_COLUMNS[4:]})
     hyp_values = {key: values[key] for key in HYP_KEYS if key in values}
     if not math.isfinite(hyp_values.get("anchors", math.nan)):
         hyp_values.pop("anchors", None)
@@ -183,14 +217,15 @@ def parse_line(columns: list[str], line: str, generation: int) -> EvolveRow:
     return EvolveRow(generation, metrics, Hyp.from_dict(hyp_values, "evolve.csv row"))
 
 
+def _loss(value: float) -> float:
+    return float(value) if 0.0 <= value <= MAX_LOSS else math.nan
+
+
 def read_rows(path, warned: set | None = None) -> tuple[list[EvolveRow], int]:
     """(usable rows, number of data lines) of an evolve.csv; ([], 0) when missing or empty. A corrupt
     line keeps its generation number and is skipped with a warning naming the line (once per ``warned``)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return [], 0
+    lines = read_folder_file(path).splitlines()
     if not lines:
         return [], 0
     columns = parse_header(lines[0], path)
@@ -203,88 +238,45 @@ def read_rows(path, warned: set | None = None) -> tuple[list[EvolveRow], int]:
             rows.append(parse_line(columns, line, generation))
         except ValueError as error:
             if warned is None or number not in warned:
-                LOGGER.warning(f"{path}: line {number} skipped ({str(error).splitlines()[0][:80]})")
+                LOGGER.warning(f"{path}: line {number} skipped ({one_line(error, 120)})")
                 if warned is not None:
                     warned.add(number)
     return rows, generation
 
 
 # ----------------------------------------------------------------------------- the shared folder
-class FolderLock:
-    """Exclusive flock of ``evolve.csv.lock`` (a context manager); the file holds the next proposal number."""
-
-    def __init__(self, folder):
-        self.path = Path(folder) / LOCK_NAME
-        self.fd = -1
-
-    def __enter__(self) -> "FolderLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = -1
-
-    def _next(self) -> int:
-        text = os.pread(self.fd, 32, 0).decode("ascii", errors="replace").strip()
-        return int(text) if text.isdigit() else 1
-
-    def _store(self, number: int) -> None:
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{number}\n".encode("ascii"), 0)
-
-    def claim(self, row_count: int) -> int:
-        """The next proposal number: at least row_count + 1, never one claimed before (unless given back)."""
-        number = max(self._next(), row_count + 1)
-        self._store(number + 1)
-        return number
-
-    def give_back(self, number: int) -> None:
-        """Return a failed proposal's number when it is the last claimed, so a restart reuses it."""
-        if self._next() == number + 1:
-            self._store(number)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
 def append_row(folder, metrics: dict, hyp: Hyp) -> int:
-    """Append one generation's row to ``folder``/evolve.csv under the folder lock; returns its generation
-    number (row count + 1). The header is written with the first row; an unterminated last line (a writer
-    killed mid-write) is closed first, so it stays one corrupt line instead of joining this row."""
-    _check_metrics(metrics)
-    path = Path(folder) / CSV_NAME
+    """Add one generation's row to ``folder``/evolve.csv under the folder lock; returns its generation
+    number (row count + 1). The file is written anew and renamed into place; the header comes with the
+    first row; an unterminated last line (a foreign writer killed mid-write) is closed first, so it stays
+    one corrupt line instead of joining this row."""
+    metrics = _recorded(metrics)
+    folder = Path(folder)
+    path = folder / CSV_NAME
     with FolderLock(folder):
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            text = ""
+        text = read_folder_file(path)
         if text:
             columns = parse_header(text.split("\n", 1)[0], path)
-            prefix = "" if text.endswith("\n") else "\n"
             count = sum(1 for line in text.splitlines()[1:] if line.strip())
+            text += "" if text.endswith("\n") else "\n"
         else:
             columns, count = csv_columns(), 0
-            prefix = ",".join(f"{column:>{COLUMN_WIDTH}}" for column in columns) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            _write_all(fd, (prefix + format_line(columns, metrics, hyp)).encode("utf-8"))
-        finally:
-            os.close(fd)
+            text = ",".join(f"{column:>{COLUMN_WIDTH}}" for column in columns) + "\n"
+        data = (text + format_line(columns, metrics, hyp)).encode("utf-8")
+        replace_file(folder, CSV_NAME, lambda file: file.write(data), sync=True)
     return count + 1
 
 
-def _check_metrics(metrics: dict) -> None:
+def _recorded(metrics: dict) -> dict:
+    """The metric columns as a row holds them: precision, recall and mAPs checked to lie in [0, 1] (ValueError
+    otherwise), losses out of [0, MAX_LOSS] as nan."""
     missing = [column for column in METRIC_COLUMNS if column not in metrics]
     if missing:
         raise ValueError(f"generation metrics lack {', '.join(missing)}")
-    if not all(math.isfinite(float(metrics[column])) for column in METRIC_COLUMNS[:4]):
-        raise ValueError("generation precision, recall and mAP must be finite")
+    values = {column: float(metrics[column]) for column in METRIC_COLUMNS}
+    if not all(0.0 <= values[column] <= 1.0 for column in METRIC_COLUMNS[:4]):
+        raise ValueError("generation precision, recall and mAP must be numbers in [0, 1]")
+    return {**values, **{column: _loss(values[column]) for column in METRIC_COLUMNS[4:]}}
 
 
 # ----------------------------------------------------------------------------- proposals
@@ -329,11 +321,11 @@ def mutate(values: dict, keys: list[str], space: SearchSpace, rng: np.random.Gen
     """Each key times a factor 1 + N(0, 1) * u * sigma (with probability ``probability``; u ~ U(0, 1) per
     draw), clipped to [0.3, 3]; then clipped to the key's bounds and rounded to 5 significant digits.
     Drawn again until at least one value changes (up to 100 draws)."""
-    unchanged = {key: _round(space.clip(key, values[key])) for key in keys}
+    unchanged = {key: _bounded(space, key, values[key]) for key in keys}
     for _ in range(MAX_DRAWS):
         mask = rng.random(len(keys)) < probability
         factors = (mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(*FACTOR_RANGE)
-        mutated = {key: _round(space.clip(key, values[key] * factor)) for key, factor in zip(keys, factors)}
+        mutated = {key: _bounded(space, key, values[key] * factor) for key, factor in zip(keys, factors)}
         if mutated != unchanged:
             return mutated
     LOGGER.warning(f"Evolve: no hyperparameter changed in {MAX_DRAWS} mutations (evolvable values all 0?); "
@@ -345,24 +337,16 @@ def _round(value: float) -> float:
     return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
+def _bounded(space: SearchSpace, key: str, value: float) -> float:
+    """``value`` clipped to the key's bounds and rounded to 5 significant digits, clipped again in case the
+    rounding crossed a bound given with more digits."""
+    return space.clip(key, _round(space.clip(key, value)))
+
+
 # ----------------------------------------------------------------------------- outputs
 def best_row(rows: list[EvolveRow]) -> EvolveRow | None:
     """The fittest row (the earliest among equals), None without rows."""
     return max(rows, key=lambda row: row.fitness, default=None)
-
-
-def _replace_file(folder: Path, name: str, write) -> Path:
-    """Write through ``write(temp path)`` then rename over ``folder/name`` (readers never see half a file).
-    The temp file is created with the umask's permissions, like any file the run writes."""
-    temp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}{Path(name).suffix}"
-    os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        write(temp)
-        os.replace(temp, folder / name)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return folder / name
 
 
 def write_best_yaml(folder, rows: list[EvolveRow], count: int) -> Path | None:
@@ -377,7 +361,7 @@ def write_best_yaml(folder, rows: list[EvolveRow], count: int) -> Path | None:
             f"# Written {datetime.now().isoformat(timespec='seconds')}; "
             f"train with: python train.py --hyp {YAML_NAME}\n\n"
             + yaml.safe_dump(best.hyp.to_dict(), sort_keys=False))
-    return _replace_file(Path(folder), YAML_NAME, lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+    return replace_file(Path(folder), YAML_NAME, lambda file: file.write(text.encode("utf-8")))
 
 
 def plot_evolve(rows: list[EvolveRow], keys: list[str], folder) -> Path | None:
@@ -401,7 +385,7 @@ def plot_evolve(rows: list[EvolveRow], keys: list[str], folder) -> Path | None:
         axes.tick_params(labelsize=6)
         if i % columns == 0:
             axes.set_ylabel("fitness", fontsize=7)
-    return _replace_file(Path(folder), PLOT_NAME, lambda temp: figure.savefig(temp, dpi=120, format="png"))
+    return replace_file(Path(folder), PLOT_NAME, lambda file: figure.savefig(file, dpi=120, format="png"))
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -410,26 +394,26 @@ def evolve(run_generation: Callable[[Hyp, int], dict], generations: int, folder,
     """Run ``generations`` more generations in ``folder``, after the rows already in its evolve.csv.
 
     ``run_generation(hyp, number)`` trains once and returns the metric columns (``METRIC_COLUMNS``).
-    Several processes may share ``folder`` (see the module docstring). Returns the best row of the file.
+    Several processes may share ``folder``; a generation that fails is recorded with fitness 0 (see the
+    module docstring). Returns the best row of the file.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     keys = space.keys(base_hyp)
     LOGGER.info(space.describe(base_hyp))
-    warned, durations = set(), []
+    warned, durations, outcomes = set(), [], []
     for index in range(1, generations + 1):
         start = time.monotonic()
         with FolderLock(folder) as lock:
             rows, count = read_rows(folder / CSV_NAME, warned)
             number = lock.claim(count)
         hyp = propose(rows, base_hyp, space, seed, number, parent)
-        try:
-            metrics = run_generation(hyp, number)
-        except BaseException:
-            with FolderLock(folder) as lock:
-                lock.give_back(number)
-            raise
+        metrics, failure = _train_generation(run_generation, hyp, number, folder)
         generation = append_row(folder, metrics, hyp)
+        if failure:
+            LOGGER.warning(f"Evolve: generation {index}/{generations} (evolve.csv row {generation}) failed: "
+                           f"{failure}; recorded with fitness 0, the evolution goes on")
+        outcomes.append(failure)
         with FolderLock(folder):
             rows, count = read_rows(folder / CSV_NAME, warned)
             write_best_yaml(folder, rows, count)
@@ -437,7 +421,31 @@ def evolve(run_generation: Callable[[Hyp, int], dict], generations: int, folder,
             plot_evolve(rows, keys, folder)
         durations.append(time.monotonic() - start)
         _log_progress(index, generations, generation, row_fitness(metrics), best_row(rows), durations)
+        if len(outcomes) == MAX_FIRST_FAILURES and all(outcomes) and index < generations:
+            raise EvolveError(f"{folder}: the first {MAX_FIRST_FAILURES} generations of this evolution all failed "
+                              f"(recorded in {CSV_NAME} with fitness 0), so the cause is probably not the "
+                              f"hyperparameters; the last: {failure}")
     return best_row(read_rows(folder / CSV_NAME, warned)[0])
+
+
+def _train_generation(run_generation, hyp: Hyp, number: int, folder: Path) -> tuple[dict, str]:
+    """(metrics, "") of a generation trained, or (FAILED_METRICS, the reason) of one whose training failed for
+    a reason of its own (RECORDED_FAILURES). Anything else gives the proposal number back and propagates."""
+    try:
+        return run_generation(hyp, number), ""
+    except RECORDED_FAILURES as error:
+        if not isinstance(error, UNRECORDED_FAILURES):
+            return dict(FAILED_METRICS), f"{type(error).__name__}: {one_line(error, 300)}"
+        _give_back(folder, number)
+        raise
+    except BaseException:
+        _give_back(folder, number)
+        raise
+
+
+def _give_back(folder: Path, number: int) -> None:
+    with FolderLock(folder) as lock:
+        lock.give_back(number)
 
 
 def _log_progress(index: int, total: int, generation: int, score: float, best: EvolveRow | None,

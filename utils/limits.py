@@ -51,6 +51,10 @@ MAX_TENSOR_BYTES = 2_000_000_000  # storages read for "model" + "ema": yolov5x6 
 MAX_TENSORS = 100_000  # tensors in one module tree: yolov5x6 has about 1,000
 MAX_MODULES = 100_000  # module records walked in one tree: yolov5x6 has about 800
 MAX_TENSOR_DIMS = 8
+# items of all tuples a pickle builds, nested tuples counted in full (hashing a tuple key visits them all): a
+# training checkpoint's Python generator states are 1,255 per process (8.2e7 at MAX_PROCESSES), a tensor's
+# rebuild arguments about 40
+MAX_TUPLE_WORK = 100_000_000
 
 # ---------------------------------------------------------------- datasets and flags
 MAX_NAME_LENGTH = 256  # characters in one class name
@@ -61,3 +65,9 @@ MAX_BATCH_SIZE = 4_096
 MAX_WORKERS = 1_024
 MAX_DETECTIONS = 100_000  # --max-det: YOLOv5 defaults to 300 (val) and 1,000 (detect)
 MAX_ANNOTATION_XML_BYTES = 8 << 20  # one Pascal VOC file is a few KB
+MAX_OPTION_TEXT = 4_096  # characters of a path or other text option stored in a checkpoint (PATH_MAX on Linux)
+MAX_OPTION_ITEMS = 1_000  # items of a list option stored in a checkpoint (--freeze takes layer indices 0..1000)
+
+# ---------------------------------------------------------------- run state of a resumable checkpoint
+MAX_PROCESSES = 65_536  # processes of one training run (world size); large clusters use a few thousand GPUs
+MAX_GLOBAL_STEP = 2 ** 48  # batches trained since the start: far beyond any run, and exact in a float64

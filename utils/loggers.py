@@ -1,4 +1,4 @@
-"""Console logging setup and run loggers (results.csv, optional TensorBoard). Writers act on rank 0 only."""
+"""Console logging setup and run loggers (results.csv, TensorBoard). Writers act on rank 0 only."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from utils import dist
+from utils.paths import append_text, replace_text
 
 LOGGER = logging.getLogger(__name__)
 
@@ -59,19 +60,17 @@ class CSVLogger:
         if not dist.is_main_process():
             return
         new = not self.file.exists()
-        with open(self.file, "a", encoding="utf-8") as f:
-            f.write((self._header() if new else "") + self._line(epoch, values))
+        append_text(self.file, (self._header() if new else "") + self._line(epoch, values))  # never through a link
 
     def rewrite(self, rows: list[dict]) -> None:
-        """Replace the file with ``rows`` (dicts with "epoch" and every column), atomically; no rows: no file."""
+        """Replace the file with ``rows`` (dicts with "epoch" and every column), atomically and without following
+        a symbolic link (utils.paths.replace_text); no rows: no file."""
         if not dist.is_main_process():
             return
         if not rows:
             self.file.unlink(missing_ok=True)
             return
-        temp = self.file.with_name(f".{self.file.name}.tmp")
-        temp.write_text(self._header() + "".join(self._line(int(row["epoch"]), row) for row in rows), encoding="utf-8")
-        os.replace(temp, self.file)
+        replace_text(self.file, self._header() + "".join(self._line(int(row["epoch"]), row) for row in rows))
 
     @staticmethod
     def _header() -> str:
@@ -83,24 +82,53 @@ class CSVLogger:
 
 
 class TensorBoardLogger:
-    """Scalars to TensorBoard when the package is installed; silently absent otherwise."""
+    """TensorBoard event files in the run folder (as YOLOv5 writes them): per epoch every results.csv column as a
+    scalar under the same tag (train/box_loss, metrics/mAP_0.5, x/lr0 ...), and the run's plot files as images
+    (``log_images``). Main process only. ``enabled=False`` (--no-tensorboard), or a tensorboard package that
+    cannot be imported (one warning), writes nothing. ``purge_step``: a resumed run's first epoch: TensorBoard
+    hides what an earlier process logged from that step on (rows past the checkpoint the run resumed from)."""
 
-    def __init__(self, save_dir: Path):
+    def __init__(self, save_dir: Path, enabled: bool = True, purge_step: int | None = None):
         self.writer = None
-        if not dist.is_main_process():
+        if not (enabled and dist.is_main_process()):
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # tensorboard not installed: optional
+        except Exception as error:  # not installed, or a broken install: training goes on without it
+            LOGGER.warning("WARNING: TensorBoard: unavailable (%s); install it with 'pip install tensorboard', or "
+                           "pass --no-tensorboard", str(error).splitlines()[0] if str(error) else type(error).__name__)
             return
-        self.writer = SummaryWriter(str(save_dir))
-        LOGGER.info("TensorBoard: start with 'tensorboard --logdir %s', view at http://localhost:6006/", Path(save_dir).parent)
+        self.writer = SummaryWriter(str(save_dir), purge_step=purge_step)
+        LOGGER.info("TensorBoard: Start with 'tensorboard --logdir %s', view at http://localhost:6006/",
+                    Path(save_dir).parent)
 
     def log(self, epoch: int, values: dict[str, float]) -> None:
-        if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, epoch)
+        """One results.csv row (``values`` without the epoch) at step ``epoch``, written out at once."""
+        if self.writer is None:
+            return
+        for key, value in values.items():
+            self.writer.add_scalar(key, float(value), epoch)
+        self.writer.flush()
+
+    def log_images(self, paths, step: int) -> None:
+        """Image files (JPG/PNG plots the run wrote) under their file names without suffix, e.g. PR_curve."""
+        if self.writer is None:
+            return
+        import numpy as np
+        from PIL import Image
+
+        for path in paths:
+            try:
+                with Image.open(path) as image:
+                    pixels = np.asarray(image.convert("RGB"))
+            except (OSError, ValueError) as error:
+                LOGGER.warning("WARNING: TensorBoard: cannot read %s (%s)", path, error)
+                continue
+            self.writer.add_image(Path(path).stem, pixels, step, dataformats="HWC")
+        self.writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file (its writer thread ends); safe to call again."""
         if self.writer is not None:
             self.writer.close()
+            self.writer = None

@@ -1,4 +1,5 @@
-"""Metric plots: PR / F1 / P / R curves, the confusion matrix and results.png from results.csv.
+"""Metric plots: PR / F1 / P / R curves, the confusion matrix and results.png from results.csv; the names of
+the plot files a run shows in TensorBoard.
 
 Matplotlib is imported inside each function with the Agg backend so importing this module (and
 plotting in a headless process or a worker thread) never touches a display.
@@ -18,6 +19,16 @@ LOGGER = logging.getLogger(__name__)
 # results.csv columns drawn in results.png (YOLOv5's order): train losses, P, R, val losses, mAPs
 RESULTS_COLUMNS = ("train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
                    "val/box_loss", "val/obj_loss", "val/cls_loss", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95")
+
+# Plot files a run writes that TensorBoard shows as images (tags: the names without suffix)
+TRAIN_BATCH_PLOTS = ("train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg")  # the first epoch's mosaics
+FINAL_PLOTS = ("results.png", "confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+               *(f"val_batch{i}_{kind}.jpg" for i in range(3) for kind in ("labels", "pred")))  # at the end
+
+
+def existing_plots(save_dir, names) -> list[Path]:
+    """The files among ``names`` that exist in ``save_dir`` (a small dataset plots fewer batches), in order."""
+    return [Path(save_dir) / name for name in names if (Path(save_dir) / name).is_file()]
 
 
 def _pyplot():

@@ -100,9 +100,15 @@ def inference_dtype(device: torch.device, half: bool = False, amp: str = "auto")
     return (torch.bfloat16, f"bf16 autocast ({reason})") if use_bf16 else (None, f"fp32 ({reason})")
 
 
-def inference_autocast(device, half: bool = False, amp: str = "auto"):
-    """Context manager to run a model's forward passes in; logs which precision and why."""
+def inference_autocast(device, half: bool = False, amp: str = "auto", exported: str = ""):
+    """Context manager to run a model's forward passes in; logs which precision and why. ``exported``: the
+    format of an exported model (torchscript, onnx, openvino), which runs in the precision it was exported in
+    (autocast would change a traced graph's arithmetic, e.g. decode boxes in bf16), so no autocast."""
     device = torch.device(device)
+    if exported:
+        LOGGER.info("Inference: %s runs in the precision it was exported in (no autocast) on %s", exported,
+                    device.type)
+        return contextlib.nullcontext()
     dtype, reason = inference_dtype(device, half, amp)
     if half and device.type == "cpu":
         LOGGER.warning("--half is CUDA fp16 only; ignored on cpu")

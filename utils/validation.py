@@ -45,6 +45,8 @@ class ValResult:
     instances: int = 0
     coco: tuple | None = None  # (mAP50-95, mAP50) from pycocotools with save_json
     save_dir: Path | None = None
+    per_class: list = field(default_factory=list)  # classes with labels: dicts of class, name, instances, precision,
+    # recall, mAP50, mAP50-95 (the --verbose table's rows)
 
 
 class _Timer:
@@ -297,6 +299,9 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
         classes, ap50, ap = metrics.classes, metrics.ap[:, 0], metrics.ap.mean(1)
         result.mp, result.mr = float(metrics.p.mean()), float(metrics.r.mean())
         result.map50, result.map = float(ap50.mean()), float(ap.mean())
+        result.per_class = [{"class": int(cls), "name": acc.names[cls], "instances": int(instances[cls]),
+                             "precision": float(metrics.p[i]), "recall": float(metrics.r[i]),
+                             "mAP50": float(ap50[i]), "mAP50-95": float(ap[i])} for i, cls in enumerate(classes)]
     LOGGER.info(TABLE_ROW, "all", acc.seen, instances.sum(), result.mp, result.mr, result.map50, result.map)
     if not instances.sum():
         LOGGER.warning("WARNING: no labels found in the val set, can not compute metrics without labels")

@@ -144,8 +144,8 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=Non
 def _numpy_dtype(name, align=False, copy=False):
     import numpy
 
-    if str(name) not in NUMPY_DTYPES:
-        raise CheckpointError(f"numpy dtype {str(name)[:20]!r} is not allowed")
+    if not isinstance(name, str) or name not in NUMPY_DTYPES:  # file content: type-checked before any str()
+        raise CheckpointError(f"numpy dtype {shorten(name, 20)} is not allowed")
     return numpy.dtype(name)
 
 
@@ -157,8 +157,53 @@ def _numpy_scalar(dtype, data=b""):
     return numpy.frombuffer(data, dtype=dtype)[0].item()
 
 
+def _latin1_bytes(text, encoding="utf-8"):
+    """What protocol-2 pickles call (``_codecs.encode``) to rebuild a bytes object: str -> latin-1 only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise CheckpointError("malformed bytes record")
+    return text.encode("latin-1")
+
+
+class NumpyArrayRecord:
+    """What numpy's array ``_reconstruct`` resolves to: keeps the state the pickle gives it, builds nothing."""
+
+    def __init__(self, *args):
+        self.state = None
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+def _numpy_reconstruct(cls, shape=(0,), typecode=b"b"):
+    if cls is not NumpyArrayRecord:  # what "numpy.ndarray" resolves to
+        raise CheckpointError("malformed numpy array record")
+    return NumpyArrayRecord()
+
+
+def _one_float(value):
+    """A float from a one-element float numpy array record (YOLOv5's training checkpoints store
+    best_fitness so); any other value unchanged."""
+    import numpy
+
+    if not isinstance(value, NumpyArrayRecord):
+        return value
+    state = value.state
+    if not (isinstance(state, tuple) and len(state) == 5 and state[1] in ((), (1,))
+            and isinstance(state[2], numpy.dtype) and state[2].str in ("<f2", "<f4", "<f8")):
+        return None
+    dtype = numpy.dtype(state[2].str)  # a fresh dtype, whatever state the pickle gave the recorded one
+    raw = state[4]
+    return float(numpy.frombuffer(raw, dtype)[0]) if isinstance(raw, bytes) and len(raw) == dtype.itemsize else None
+
+
 def _plain_global(module: str, name: str):
     """Allowed non-class globals: containers, tensor rebuilders, storage types and dtypes; else None."""
+    if (module, name) == ("_codecs", "encode"):
+        return _latin1_bytes
+    if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
+        return _numpy_reconstruct
+    if (module, name) == ("numpy", "ndarray"):
+        return NumpyArrayRecord
     if (module, name) in (("collections", "OrderedDict"),):
         return collections.OrderedDict
     if module in ("builtins", "__builtin__") and name in ("set", "frozenset"):
@@ -395,8 +440,9 @@ def _materialise(entries: list[dict], archive: zipfile.ZipFile, prefix: str, sou
 
 
 def _plain_fields(data: dict) -> dict:
-    fields = {key: data.get(key) for key in PLAIN_KEYS
-              if data.get(key) is None or isinstance(data.get(key), (float, str)) or _small_int(data.get(key))}
+    values = {key: _one_float(data.get(key)) for key in PLAIN_KEYS}
+    fields = {key: value for key, value in values.items()
+              if value is None or isinstance(value, (float, str)) or _small_int(value)}
     updates = data.get("updates")
     fields["ema_updates"] = updates if _small_int(updates) else None
     return fields

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,17 +149,23 @@ def auto_cache_fits(shapes: np.ndarray, imgsz: int, copies: int = 1) -> tuple[bo
     return need * max(copies, 1) <= budget, need
 
 
+def npy_name(im_file: str) -> str:
+    """The .npy copy's file name: the image's whole name plus ".npy" (a.jpg -> a.jpg.npy), so images that
+    differ only in their suffix (a.jpg, a.png) never share one (YOLOv5's a.npy would)."""
+    return f"{Path(im_file).name}.npy"
+
+
 def fallback_npy_path(im_file: str) -> Path:
     """Per-folder .npy location under ~/.cache/yolo-trainer/npy/<hash of the image folder>/."""
     import hashlib
 
     digest = hashlib.sha1(str(Path(im_file).parent.resolve()).encode()).hexdigest()[:16]
-    return NPY_FALLBACK / digest / f"{Path(im_file).stem}.npy"
+    return NPY_FALLBACK / digest / npy_name(im_file)
 
 
 def npy_path(im_file: str) -> Path:
     """Where the .npy copy of an image lives: beside it, or the fallback folder when read-only."""
-    beside = Path(im_file).with_suffix(".npy")
+    beside = Path(im_file).with_name(npy_name(im_file))
     if beside.exists() or os.access(beside.parent, os.W_OK):
         return beside
     return fallback_npy_path(im_file)
@@ -166,7 +173,7 @@ def npy_path(im_file: str) -> Path:
 
 def save_npy(img: np.ndarray, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f"{target.stem}.{os.getpid()}.tmp.npy")
+    temp = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npy")  # per writer
     np.save(temp, img, allow_pickle=False)
     os.replace(temp, target)
 

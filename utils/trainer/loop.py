@@ -90,13 +90,22 @@ class TrainStep:
         return items, True
 
     def optimizer_step(self) -> None:
+        """Unscale, clip, step, EMA. A gradient that is not finite (a finite loss whose backward overflowed) is
+        skipped: by the GradScaler under fp16 (which also lowers its scale), here without one (fp32, bf16), where
+        clipping would otherwise turn it into NaN weights. Under DDP the gradients are already averaged, so every
+        process skips alike."""
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
-        scaler.step(self.optimizer)
-        scaler.update()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        if scaler.is_enabled() or bool(torch.isfinite(norm)):
+            scaler.step(self.optimizer)
+            scaler.update()
+            updated = True
+        else:
+            LOGGER.warning("Non-finite gradient at iteration %d: optimizer step skipped", self.counters.global_step)
+            updated = False
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
+        if self.ema is not None and updated:
             self.ema.update(self.model)
         self.counters.last_optimizer_step = self.counters.global_step
 

@@ -8,6 +8,11 @@ Parameter groups, in ``optimizer.param_groups`` order (results.csv ``x/lr0, x/lr
 
 Gradients are accumulated to a nominal batch of 64 images, and the hyp weight decay is scaled by
 ``batch * accumulate / 64`` so the effective decay per image seen does not depend on the batch.
+
+Resuming (``restore_optimizer``, ``restore_schedule``, ``restore_scaler``) takes only state from the
+checkpoint (momentum buffers, Adam moments and step counts, the fp16 loss scale); every setting (lr,
+momentum, betas, weight decay, nesterov, maximize, the scheduler's attributes) is rebuilt from the
+validated hyp, config and position, so a file cannot override them.
 """
 from __future__ import annotations
 
@@ -19,12 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from utils.cli import OPTIMIZER_NAMES
 from utils.config import ConfigError, Hyp
 
 LOGGER = logging.getLogger(__name__)
 
 NOMINAL_BATCH = 64
-OPTIMIZERS = ("SGD", "Adam", "AdamW")
+OPTIMIZERS = OPTIMIZER_NAMES  # the --optimizer choices
 MIN_WARMUP_ITERATIONS = 100
 NORM_LAYERS = tuple(getattr(nn, name) for name in (
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "GroupNorm", "LayerNorm",
@@ -92,6 +98,14 @@ def lr_lambda(epochs: int, lrf: float, cos: bool = False) -> Callable[[float], f
     return factor
 
 
+def retarget_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, lf: Callable[[float], float]) -> None:
+    """Make a LambdaLR follow ``lf`` (e.g. ``lr_lambda`` for a new epoch count, --time) from where it stands:
+    every group's lr becomes ``initial_lr * lf(last_epoch)``, as if the schedule had used ``lf`` from the start."""
+    scheduler.lr_lambdas = [lf] * len(scheduler.optimizer.param_groups)
+    scheduler.last_epoch -= 1
+    scheduler.step()  # recomputes the lrs for last_epoch with the new multiplier
+
+
 def warmup_iterations(warmup_epochs: float, batches_per_epoch: int) -> int:
     """Warmup length in optimizer iterations (batches).
 
@@ -123,3 +137,30 @@ def apply_warmup(optimizer: torch.optim.Optimizer, global_step: int, warmup_iter
         if "momentum" in group:
             group["momentum"] = float(np.interp(global_step, span, [hyp.warmup_momentum, hyp.momentum]))
     return accumulate
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load the per-parameter state of a checkpoint's optimizer (checked against this optimizer beforehand by
+    utils.trainer.run_checks); the groups keep the settings ``build_optimizer`` gave them."""
+    own_groups = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict({"state": saved["state"], "param_groups": own_groups})
+
+
+def restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, epoch: int) -> None:
+    """Put the scheduler and its optimizer's learning rates where ``epoch`` scheduler steps leave them: each
+    group's lr is ``initial_lr * lr_lambda(epoch)``, the value an uninterrupted run has from that epoch's
+    start (or from the end of warmup, which sets its own values before each of its steps). ``base_lrs`` are
+the groups' ``initial_lr``, the hyp's lr0."""
+    optimizer = scheduler.optimizer
+    rates = [base * factor(epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]  # as its step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler.load_state_dict({**scheduler.state_dict(), "last_epoch": epoch, "_step_count": epoch + 1,
+                               "_last_lr": rates})
+
+
+def restore_scaler(scaler, saved: dict) -> None:
+    """An fp16 run's loss scale and growth tracker; the growth and backoff settings stay this scaler's."""
+    if scaler.is_enabled() and saved:
+        scaler.load_state_dict({**scaler.state_dict(), "scale": float(saved["scale"]),
+                                "_growth_tracker": int(saved["_growth_tracker"])})

@@ -31,10 +31,11 @@ def epoch_values(mean_losses, metrics, learning_rates) -> dict[str, float]:
 class Recorder:
     """results.csv, TensorBoard and checkpoints of one run folder (main process only)."""
 
-    def __init__(self, save_dir: Path, save_period: int = -1):
+    def __init__(self, save_dir: Path, save_period: int = -1, tensorboard: TensorBoardLogger | None = None):
         self.weights_dir = Path(save_dir) / "weights"
         self.last, self.best = self.weights_dir / "last.pt", self.weights_dir / "best.pt"
-        self.csv, self.tensorboard = CSVLogger(save_dir), TensorBoardLogger(save_dir)
+        self.csv = CSVLogger(save_dir)
+        self.tensorboard = tensorboard or TensorBoardLogger(save_dir, enabled=False)  # none given: no TensorBoard
         self.save_period = save_period
 
     def restart_results(self, rows: list[dict]) -> None:
@@ -45,6 +46,10 @@ class Recorder:
     def log(self, epoch: int, values: dict[str, float]) -> None:
         self.csv.log(epoch, values)
         self.tensorboard.log(epoch, values)
+
+    def log_images(self, paths, step: int) -> None:
+        """Plot files the run wrote, shown in TensorBoard at ``step``."""
+        self.tensorboard.log_images(paths, step)
 
     def save(self, checkpoint: dict, epoch: int | None = None, improved: bool = False) -> None:
         """last.pt (keeping the previous one until the new one is complete); at the end of an ``epoch``

@@ -39,6 +39,8 @@ class RunState:
     loss_batches: int = 0              # batches whose losses are in loss_sums (finite ones)
     world_size: int = 1                # processes that trained this run
     finished: bool = False
+    planned_epochs: int = 0            # --time: the epoch count chosen after the first epoch (0: not yet)
+    train_seconds: float = 0.0         # --time: training time spent so far (a resumed run's included)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def start_epoch(self, epoch: int) -> None:
@@ -67,13 +69,18 @@ class RunState:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunState":
-        """The state saved by ``to_dict`` (raises KeyError/TypeError/ValueError on malformed data;
-        ``utils.checkpoint`` turns those into a one-line CheckpointError)."""
+        """The state saved by ``to_dict``. A checkpoint's run state is validated field by field before it
+        gets here (utils.trainer.run_checks.check_run); this raises ValueError on malformed data."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in values.items() if k in known}
+        if not isinstance(values.get("counters"), dict):
+            raise ValueError("run state field 'counters' is missing or not a dict")
         counters = StepCounters(**{k: int(v) for k, v in values.pop("counters").items()})
         state = cls(counters=counters, **values)
         state.epoch, state.batch = int(state.epoch), int(state.batch)
+        state.planned_epochs, state.train_seconds = int(state.planned_epochs), float(state.train_seconds)
+        if state.planned_epochs < 0 or not 0 <= state.train_seconds < float("inf"):
+            raise ValueError("malformed run state (--time epoch count or time spent)")
         state.loss_sums = [float(v) for v in state.loss_sums]
         if len(state.loss_sums) != 3 or not isinstance(state.results, list):
             raise ValueError("malformed run state")

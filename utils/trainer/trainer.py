@@ -20,19 +20,25 @@ import yaml
 from models.fused import FusedCopy
 from utils import dist
 from utils.autoanchor import format_anchors, write_anchors_yaml
+from utils.autobatch import auto_batch_size
 from utils.checkpoint import TrainingState, training_checkpoint
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
+from utils.errors import UserError
+from utils.loggers import TensorBoardLogger
 from utils.loss import ComputeLoss
-from utils.paths import increment_path
+from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
-from utils.trainer.optim import accumulate_steps, build_optimizer, lr_lambda, scaled_weight_decay, warmup_iterations
-from utils.trainer.resume import mark_folder
+from utils.trainer.optim import (accumulate_steps, build_optimizer, lr_lambda, restore_optimizer, restore_scaler,
+                                 restore_schedule, retarget_schedule, scaled_weight_decay, warmup_iterations)
+from utils.trainer.budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
+from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
+from utils.trainer.run_checks import check_against_run
 from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
 from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
 from utils.trainer.state import RunState, capture_rng, restore_rng
@@ -68,7 +74,10 @@ def setup_process(device: str) -> torch.device:
 def train(config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingState | None = None,
           callbacks: Callbacks | None = None) -> TrainResult:
     """Train from ``config`` (a new run), or continue ``resume`` (its run folder, state and options)."""
-    return Trainer(config, hyp, device, resume, callbacks or Callbacks()).fit()
+    try:
+        return Trainer(config, hyp, device, resume, callbacks or Callbacks()).fit()
+    finally:
+        release_run_folder(config.save_dir)  # the run folder's lock ends with the run, however it ends
 
 
 class Trainer:
@@ -85,6 +94,7 @@ class Trainer:
         else:
             model = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
         grid_stride = max(int(model.stride.max()), 32)
+        config.batch_size = auto_batch_size(config, model, device, data_cfg)  # --batch-size -1: before any save
         self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info, self.device)
         if resume is None:
             fit_anchors(model, config, hyp, self.data)
@@ -97,8 +107,10 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self.step.counters = self.state.counters
+        self.epochs, self.budget = config.epochs, None
+        self._start_budget()
         self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
-        self.recorder = Recorder(self.save_dir, config.save_period) if self.main else None
+        self.recorder = Recorder(self.save_dir, config.save_period, self._tensorboard(resume)) if self.main else None
         self.control = SaveControl(0.0 if config.nosave else config.save_every_min)  # signals still save
         if self.main:
             self._start_outputs(resume is None)
@@ -118,12 +130,14 @@ class Trainer:
         self.recorder.restart_results(self.state.results)
 
     def _restore(self, resume: TrainingState) -> None:
-        """Optimizer, scaler, scheduler, EMA, run state and random generators as they were saved."""
+        """Optimizer state, loss scale, EMA and run state as they were saved (checked against the model,
+        optimizer and loader first); learning rates and every optimizer setting from the hyp and position."""
         step = self.step
-        step.optimizer.load_state_dict(resume.optimizer)
-        if step.precision.scaler.is_enabled() and resume.scaler:
-            step.precision.scaler.load_state_dict(resume.scaler)
-        self.scheduler.load_state_dict(resume.scheduler)
+        check_against_run(resume, step.optimizer, step.ema.ema if step.ema is not None else None,
+                          self.data.batches_per_epoch, len(self.data.names))
+        restore_optimizer(step.optimizer, resume.optimizer)
+        restore_scaler(step.precision.scaler, resume.scaler)
+        restore_schedule(self.scheduler, resume.run["epoch"])
         if step.ema is not None:
             ema_entry = resume.ema if resume.ema is not None else resume.model
             step.ema.ema.load_state_dict(ema_entry["state_dict"])
@@ -142,25 +156,91 @@ class Trainer:
                        self.info.world_size)
         self.state.world_size = self.info.world_size
 
+    def _tensorboard(self, resume: TrainingState | None) -> TensorBoardLogger:
+        """The run's TensorBoard writer (off with --no-tensorboard); a resumed run hides what an earlier process
+        logged past the checkpoint's position."""
+        return TensorBoardLogger(self.save_dir, enabled=self.config.tensorboard,
+                                 purge_step=self.state.epoch if resume is not None else None)
+
+    def _start_budget(self) -> None:
+        """--time: the run's clock (a resumed run's time spent included) and the epoch count it chose, if any."""
+        if self.config.time:
+            self.budget = TimeBudget(self.config.time, self.state.train_seconds)
+        if self.state.planned_epochs:
+            self._set_epoch_count(self.state.planned_epochs)
+            LOGGER.info("--time %g h: continuing the %d epochs chosen after the first epoch (%.1f s spent)",
+                        self.config.time or 0, self.epochs, self.state.train_seconds)
+
+    def _set_epoch_count(self, epochs: int) -> None:
+        """Train ``epochs`` epochs in all: the LR schedule (and the warmup's target) span them from here on, as
+        they would for ``--epochs epochs``; warmup keeps its length."""
+        self.epochs = self.state.planned_epochs = int(epochs)
+        lf = lr_lambda(self.epochs, self.hyp.lrf, cos=self.config.cos_lr)
+        retarget_schedule(self.scheduler, lf)
+        warmup_iters = warmup_iterations(self.hyp.warmup_epochs, self.data.batches_per_epoch)
+        self.warmup = make_warmup(self.step.optimizer, warmup_iters, lf, self.hyp, self.config.batch_size)
+
+    def _length_text(self) -> str:
+        if self.budget is not None and not self.state.planned_epochs:
+            return f"--time {self.budget.hours:g} h (the epoch count is set after the first epoch)"
+        return f"{self.epochs} epochs"
+
+    def _check_budget(self, stats) -> bool:
+        """--time, after an epoch (decided by the main process, the same on every process): after the first,
+        set the epoch count to what fits; after a later one, True when not even one more epoch fits."""
+        if self.budget is None:
+            return False
+        decision = self._budget_decision(stats) if self.main else None
+        planned, stop = dist.broadcast_object(decision, phase="decide the --time epoch count")
+        if planned:
+            self._set_epoch_count(planned)
+        return stop
+
+    def _budget_decision(self, stats) -> tuple[int, bool]:
+        """(epoch count to set or 0, stop now) from the time spent and a reserve for the final validation."""
+        spent, done, config = self.budget.spent(), self.state.epoch, self.config
+        validation_s = stats.validation_time
+        if config.noval:  # not measured: estimated from the training batches' time
+            validation_s = validation_estimate(spent / done, self.data.batches_per_epoch, len(self.data.val_loader))
+        reserve = end_reserve(validation_s, config.noval, plots=not config.noplots)
+        fit = epochs_that_fit(self.budget.seconds, spent, done, reserve, most=config.epochs)
+        if not self.state.planned_epochs:
+            kept = "validation" if config.noplots else "validation and plots"
+            capped = "; --epochs is the most" if fit == config.epochs else ""
+            LOGGER.info("--time %g h: 1 epoch took %.1f s, training %d epoch%s (%.1f s kept for the final %s%s)",
+                        self.budget.hours, spent, fit, "s" * (fit != 1), reserve, kept, capped)
+            return fit, fit <= done
+        if fit <= done < self.epochs:
+            LOGGER.info("--time %g h: %.1f s spent after %d of %d epochs, another epoch would not fit: stopping now",
+                        self.budget.hours, spent, done, self.epochs)
+            return 0, True
+        return 0, False
+
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
         config, data = self.config, self.data
         self.callbacks.run("on_train_start", save_dir=self.save_dir, model=self.model, config=config)
         LOGGER.info("Image sizes %d train, %d val\nUsing %d dataloader workers\nLogging results to %s\n"
-                    "Starting training for %d epochs...", data.imgsz, data.imgsz, data.workers, self.save_dir,
-                    config.epochs)
+                    "Starting training for %s...", data.imgsz, data.imgsz, data.workers, self.save_dir,
+                    self._length_text())
         start = time.time()
-        self.control.install()
+        if self.budget is not None:
+            self.budget.start()
         try:
-            for epoch in range(self.state.epoch, config.epochs):
-                if self._run_epoch(epoch):
-                    break
+            self.control.install()
+            try:
+                while self.state.epoch < self.epochs:
+                    if self._run_epoch(self.state.epoch):
+                        break
+            finally:
+                self.control.uninstall()
+            return self._finish(start)
         finally:
-            self.control.uninstall()
-        return self._finish(start)
+            if self.recorder is not None:
+                self.recorder.close()  # on every way out: TensorBoard's writer thread ends with the run
 
     def _run_epoch(self, epoch: int) -> bool:
-        """Train, validate and record one epoch; True when early stopping ends the run."""
+        """Train, validate and record one epoch; True when early stopping or the --time budget ends the run."""
         config, state, step = self.config, self.state, self.step
         state.start_epoch(epoch)
         self.data.set_epoch(epoch, state.batch)
@@ -168,21 +248,25 @@ class Trainer:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
         batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
-        stats = train_one_epoch(step, self.data.train_loader, state, config.epochs, self.device, self.warmup,
+        stats = train_one_epoch(step, self.data.train_loader, state, self.epochs, self.device, self.warmup,
                                 self._at_step_boundary, multi_scale, batch_hook)
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
         self.scheduler.step()
-        final_epoch = epoch + 1 == config.epochs
+        final_epoch = epoch + 1 == self.epochs
         self._agree_on_weights()
         values, fitness, maps = self._validate(stats, learning_rates, final_epoch)
         # the main process's row (its training losses); the metrics agree already
         values = dist.broadcast_object(values, phase="share the epoch's results row")
         improved = state.end_epoch(values, fitness)
         state.maps = maps if maps is not None else state.maps
+        out_of_time = self._check_budget(stats)  # --time: may set self.epochs, or end the run here
+        final_epoch = state.epoch >= self.epochs or out_of_time
         if self.main:
             self.recorder.log(epoch, values)
+            if epoch == 0 and not config.noplots:
+                self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
         if not config.nosave or final_epoch:  # decided alike on every process (the save gathers from all)
             self._save_checkpoint(epoch=epoch, improved=improved)
         self.callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
@@ -191,7 +275,7 @@ class Trainer:
             LOGGER.info("Stopping training early as no improvement observed in last %d epochs. "
                         "Best results observed at epoch %d.", config.patience, state.best_epoch)
             return True
-        return False
+        return out_of_time
 
     def _agree_on_weights(self) -> None:
         """DDP: the main process's BatchNorm running statistics (each process updated its own from its own
@@ -229,6 +313,8 @@ class Trainer:
         """last.pt with the whole state (every process takes part: the random generator states are gathered)."""
         rng = dist.gather_object(capture_rng(), phase="collect generator states for the checkpoint")
         if self.main:
+            if self.budget is not None:
+                self.state.train_seconds = self.budget.spent()
             step = self.step
             checkpoint = training_checkpoint(step.model, step.ema, step.optimizer, step.precision.scaler,
                                              self.scheduler, self.state.to_dict(), rng, self.config.to_dict(),
@@ -239,7 +325,7 @@ class Trainer:
     def _interrupted_message(self) -> str:
         last = self.save_dir / "weights" / "last.pt"
         return (f"stopped by {_signal_name(self.control.signal_number)} at epoch {self.state.epoch + 1}/"
-                f"{self.config.epochs}, batch {self.state.batch}/{self.data.batches_per_epoch}; {last} holds this "
+                f"{self.epochs}, batch {self.state.batch}/{self.data.batches_per_epoch}; {last} holds this "
                 f"position. Resume with: python train.py --resume {last}")
 
     def _finish(self, start: float) -> TrainResult:
@@ -252,10 +338,17 @@ class Trainer:
             result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
                                                     self.device, self.val_loss, self.save_dir, self.info.distributed,
                                                     self.step.precision)
+        if self.budget is not None:
+            spent = self.budget.spent()
+            LOGGER.info("--time %g h: %d epoch%s and the end of the run took %.3f h (%.1f s) of training time",
+                        self.budget.hours, self.state.epoch, "s" * (self.state.epoch != 1), spent / 3600, spent)
         if self.recorder is not None:
+            if not self.config.noplots:
+                self.recorder.log_images(existing_plots(self.save_dir, FINAL_PLOTS), max(self.state.epoch - 1, 0))
             result.best = weights / "best.pt" if (weights / "best.pt").exists() else None
             result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
             self.recorder.close()
+            clear_marker(self.save_dir, dist.launch_info().launch_id)  # finished: no restart may adopt it
             self.callbacks.run("on_train_end", save_dir=self.save_dir, best=result.best, results=result.final_metrics)
         return result
 
@@ -326,22 +419,22 @@ def _sync_batchnorm(model, config: TrainConfig, device, info):
 
 
 def open_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
-    """The run's folder on every process: the resumed checkpoint's own run, the folder a torchrun restart
-    already owns (``config.save_dir`` set by the caller), or a new project/name{,2,3...} made by the
-    main process. A torchrun launch marks its folder so that its restarts find it again."""
-    folder = None
+    """The run's folder on every process: the resumed checkpoint's own run (``<run>/weights/<file>``), the
+    folder a torchrun restart already owns (``config.save_dir`` set by the caller), or a new
+    project/name{,2,3...}, claimed by the main process (utils.trainer.resume.claim_run_folder: refused when it
+    holds symbolic links, locked against a second process until ``train`` returns, marked for torchrun
+    restarts). A refusal reaches every process (the others raise SharedError)."""
+    outcome = None
     if dist.is_main_process():
-        if resume is not None:
-            folder = resume.path.resolve().parent.parent
-        elif config.save_dir:
-            folder = Path(config.save_dir)
-        else:
-            folder = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
-        (folder / "weights").mkdir(parents=True, exist_ok=True)
-        mark_folder(folder, dist.launch_info().launch_id)
-    folder = Path(dist.broadcast_object(str(folder) if folder is not None else None, phase="open the run folder"))
-    config.save_dir = str(folder)
-    return folder
+        try:
+            outcome = str(claim_run_folder(config, resume))
+        except UserError as error:
+            outcome = error
+    outcome = dist.broadcast_object(outcome, phase="open the run folder")
+    if isinstance(outcome, UserError):
+        raise outcome if dist.is_main_process() else dist.SharedError(str(outcome), outcome.exit_code)
+    config.save_dir = outcome
+    return Path(outcome)
 
 
 def _signal_name(number) -> str:

@@ -1,0 +1,550 @@
+"""One command that runs every CUDA path on a machine with an NVIDIA GPU and writes one markdown report.
+
+    python benchmarks/gpu_check.py [--data ../shared/datasets/bccd/data.yaml] [--out DIR] [--only A,B] [--skip A,B]
+
+Steps, in this order (``--only`` / ``--skip`` take these names, or ``train`` for the four training steps):
+
+  environment   (CPU) versions, GPU, CPUs, commit, the dataset, a YOLOv5 v7 reference install
+  cuda          stops here on a machine without CUDA: prints "no CUDA device: ..." and exits 3
+  tests         python -m pytest -m cuda (tests/test_cuda.py)
+  scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
+                a NaN loss skipped; then training goes on
+  train_n_amp, train_n_fp32, train_s_amp, train_s_fp32
+                python train.py --device 0 on --data, yolov5n / yolov5s, 640, --epochs 10, batch 16, 8 workers,
+                --amp auto (fp16) and --amp off: wall, training images/s, GPU memory, mAP
+  amp_accuracy  fp16 against fp32 mAP50-95 at the last epoch (AMP_TOLERANCE)
+  autobatch     train.py --batch-size -1 (yolov5s, 640, 1 epoch): the AutoBatch line, the memory the run used
+  torchrun_nccl torchrun --nproc_per_node 1 train.py --device 0 --sync-bn: NCCL group, SyncBatchNorm, DDP
+  gloo_cpu      torchrun --nproc_per_node 2 train.py --device cpu (320, 1 epoch) on this machine's CPUs
+  resume_deterministic, resume_default
+                SIGTERM sent in the middle of epoch 2 of 3 (the run stops at the next optimizer step), --resume,
+                against the uninterrupted run: identical weights and results.csv with --deterministic;
+                RESUME_TOLERANCE without it (cuDNN)
+  cross_device  the GPU-trained best.pt by val.py / detect.py on the CPU, the CPU-trained one (gloo_cpu) on the GPU
+  half          val.py / detect.py --half against fp32 (HALF_TOLERANCE)
+  export        export.py --device 0 --half --include torchscript onnx, then val.py on both files
+  loader        benchmarks/bench_loader.py at 640, 8 workers, no cache and --cache ram, against the GPU's
+                training step on batches already on the GPU (is the GPU starved?)
+  reference     YOLOv5 v7 (benchmarks/reference/README.md) with train_n_amp's settings, when installed
+
+Each step is timed, has a time limit, and passes, fails or is skipped with its reason; train/val/detect/export
+run as subprocesses whose whole output goes to <work>/logs/<step>.log. The report (gpu_check.md) goes to --out,
+else $OUT, else the work folder (--work, default runs/gpu_check: a later call finds the earlier checkpoints).
+Exit status: 0 all passed or skipped, 1 a step failed, 3 no CUDA device (2: bad flags).
+
+On a GPU machine that gets a copy of the repository without ../shared: copy the dataset into an ignored folder
+of the repository first, e.g. ``mkdir -p .gpu && cp -r ../shared/datasets/bccd .gpu/`` with ``/.gpu/`` in
+.git/info/exclude, and pass ``--data .gpu/bccd/data.yaml --commit <sha>`` (without .git the commit cannot be read).
+Where one command may run only so long (10 minutes), split the run in two with the same --work:
+``--only tests,scaler,train,amp_accuracy,autobatch``, then ``--skip tests,scaler,train,amp_accuracy,autobatch``
+(the later steps find the training steps' checkpoints under --work).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for folder in (ROOT, ROOT / "benchmarks"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
+                              checked, child_result, commit_of, count_images, python_command, results_rows,
+                              run_command, run_folder, training_figures, val_figures)
+
+EXIT_FAILED, EXIT_NO_CUDA = 1, 3
+AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
+#                       epochs on BCCD is 0.013-0.016 (README), so a smaller difference is not distinguishable
+RESUME_TOLERANCE = {"map": 0.02, "loss": 0.05}  # without --deterministic: mAP50-95 absolute, final losses relative
+HALF_TOLERANCE = 0.01  # mAP50 and mAP50-95, --half against fp32 (the same weights)
+CROSS_TOLERANCE = 0.005  # mAP, the same fp32 weights validated on the CPU and on the GPU
+TRAIN_STEPS = ("train_n_amp", "train_n_fp32", "train_s_amp", "train_s_fp32")
+
+
+# ---------------------------------------------------------------------- steps before CUDA
+def step_environment(context: Context) -> dict:
+    import platform
+
+    import torch
+
+    from utils.device import usable_cpus
+
+    figures = {"python": platform.python_version(), "torch": torch.__version__,
+               "CUDA build": torch.version.cuda or "none (CPU-only torch)", "usable CPUs": usable_cpus(),
+               "commit": context.args.commit or commit_of(ROOT) or "unknown (no .git: pass --commit)"}
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        figures["GPU"] = f"{torch.cuda.device_count()} x {properties.name}, {properties.total_memory / 2 ** 30:.0f} GiB"
+        figures["cuDNN"] = torch.backends.cudnn.version()
+    if "reference" in context.artifacts["steps"]:
+        figures["YOLOv5 v7 reference"] = reference_python(context.args.reference_python) or "not installed"
+    if not Path(context.data).is_file():
+        raise StepFailed(f"--data {context.data}: no such file (see this script's docstring for a lent GPU machine)")
+    context.artifacts["train_images"] = count_images(context.data, "train")
+    figures["dataset"] = f"{context.data}: {context.artifacts['train_images']} train, " \
+                         f"{count_images(context.data, 'val')} val images"
+    return figures
+
+
+def no_cuda_reason() -> str | None:
+    """None when a CUDA device is usable, else the one-line reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+    return (f"no CUDA device: torch {torch.__version__} ({build}) sees no GPU; the remaining steps need one "
+            "(run this on a machine with an NVIDIA GPU)")
+
+
+def cuda_device_name() -> str:
+    import torch
+
+    return f"cuda:0 {torch.cuda.get_device_name(0)}"
+
+
+def reference_python(given: str) -> str:
+    """A Python that imports the yolov5 package (YOLOv5 v7), or ''."""
+    for candidate in filter(None, (given, str(Path.home() / ".cache/yolov5-ref-venv/bin/python"))):
+        if Path(candidate).is_file():
+            probe = subprocess.run([candidate, "-c", "import yolov5"], capture_output=True, timeout=120)
+            if probe.returncode == 0:
+                return candidate
+    return ""
+
+
+# ---------------------------------------------------------------------- CUDA steps
+def step_tests(context: Context) -> dict:
+    completed = run_command(context, "tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p",
+                                               "no:cacheprovider"], context.args.limit_tests)
+    summary = next((t for _, t in reversed(completed.fragments) if " in " in t and ("passed" in t or "failed" in t)),
+                   "no summary line")
+    checked(completed, f"pytest -m cuda: {summary.strip('= ')}")
+    if "skipped" in summary:
+        raise StepFailed(f"pytest -m cuda skipped tests on a CUDA machine: {summary.strip('= ')}")
+    return {"pytest -m cuda": summary.strip("= ")}
+
+
+def step_scaler(context: Context) -> dict:
+    completed = run_command(context, "scaler", [sys.executable, __file__, "--child", "scaler"], 300)
+    result = child_result(checked(completed, "scaler check"))
+    problems = [k for k in ("fp16", "inf_step_skipped", "weights_unchanged", "scale_halved", "nan_loss_skipped",
+                            "trains_after") if not result[k]]
+    if problems:
+        raise StepFailed(f"failed: {', '.join(problems)} ({result})")
+    return {"precision": result["precision"], "scale": f"{result['scale_before']:g} -> {result['scale_after']:g}",
+            "weights after the inf step": "unchanged", "NaN loss": "skipped before backward"}
+
+
+def train_command(context: Context, name: str, cfg: str, *extra, batch: int = 16) -> list:
+    return python_command("train.py", "--data", context.data, "--cfg", f"models/{cfg}.yaml", "--weights", "",
+                          "--img", 640, "--batch-size", batch, "--workers", 8, "--device", 0, "--seed", 0,
+                          "--project", context.work / "runs", "--name", name, *extra)
+
+
+def step_train(context: Context, name: str) -> dict:
+    cfg = "yolov5n" if "_n_" in name else "yolov5s"
+    amp = "off" if name.endswith("fp32") else "auto"
+    completed = run_command(context, name, train_command(context, name, cfg, "--epochs", context.args.epochs,
+                                                         "--amp", amp), context.args.limit_train)
+    checked(completed, f"train.py {cfg} --amp {amp}")
+    folder = run_folder(completed)
+    last = results_rows(folder)[-1]
+    figures = training_figures(completed, context.artifacts.get("train_images", 0))
+    figures.update({"mAP50": f"{last['metrics/mAP_0.5']:.4f}", "mAP50-95": f"{last['metrics/mAP_0.5:0.95']:.4f}"})
+    context.artifacts[name] = {"folder": folder, "map": last["metrics/mAP_0.5:0.95"],
+                               "rate": float(figures.get("train img/s", 0))}
+    wanted = "fp32" if amp == "off" else "fp16"
+    if wanted not in figures["precision"]:
+        raise StepFailed(f"trained in '{figures['precision']}', expected {wanted}")
+    return figures
+
+
+def step_amp_accuracy(context: Context) -> dict:
+    figures = {}
+    for model in ("n", "s"):
+        fp16, fp32 = context.artifacts.get(f"train_{model}_amp"), context.artifacts.get(f"train_{model}_fp32")
+        if fp16 is None or fp32 is None:
+            continue
+        figures[f"yolov5{model} mAP50-95 fp16 / fp32"] = f"{fp16['map']:.4f} / {fp32['map']:.4f}"
+        if fp16["map"] < fp32["map"] - AMP_TOLERANCE:
+            raise StepFailed(f"yolov5{model}: fp16 mAP50-95 {fp16['map']:.4f} is below fp32 {fp32['map']:.4f} by "
+                             f"more than {AMP_TOLERANCE}")
+    if not figures:
+        raise StepSkipped("needs a train_*_amp and train_*_fp32 pair from this invocation")
+    return figures
+
+
+def step_autobatch(context: Context) -> dict:
+    command = train_command(context, "autobatch", "yolov5s", "--epochs", 1, "--noplots", batch=-1)
+    completed = run_command(context, "autobatch", command, context.args.limit_train)
+    checked(completed, "train.py --batch-size -1")
+    line = next((t for _, t in completed.fragments if "AutoBatch: " in t), "")
+    if not line:
+        raise StepFailed("no 'AutoBatch:' line in the log")
+    figures = training_figures(completed, context.artifacts.get("train_images", 0))
+    return {"AutoBatch": line.split("AutoBatch: ", 1)[1], "GPU memory (reserved)": figures["GPU memory (reserved)"],
+            "wall": figures["wall"]}
+
+
+def step_torchrun_nccl(context: Context) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+               *train_command(context, "torchrun_nccl", "yolov5n", "--epochs", 2, "--sync-bn", "--noplots")[1:]]
+    completed = checked(run_command(context, "torchrun_nccl", command, context.args.limit_train), "torchrun")
+    text = completed.text
+    expected = {"NCCL process group": "backend nccl", "SyncBatchNorm": "Using SyncBatchNorm",
+                "ranks agree at the end": "identical on all 1 processes"}
+    missing = [what for what, needle in expected.items() if needle not in text]
+    if missing:
+        raise StepFailed(f"not seen in the log: {', '.join(missing)}")
+    last = results_rows(run_folder(completed))[-1]
+    return {**training_figures(completed, context.artifacts.get("train_images", 0)),
+            "mAP50-95": f"{last['metrics/mAP_0.5:0.95']:.4f}", "seen": ", ".join(expected)}
+
+
+def step_gloo_cpu(context: Context) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(ROOT / "train.py"), "--data", context.data, "--cfg", "models/yolov5n.yaml", "--weights", "",
+               "--img", 320, "--batch-size", 16, "--workers", 2, "--device", "cpu", "--epochs", 1, "--noplots",
+               "--project", context.work / "runs", "--name", "gloo_cpu"]
+    completed = checked(run_command(context, "gloo_cpu", command, context.args.limit_train), "torchrun gloo")
+    starts = [t for _, t in completed.fragments if "backend gloo" in t]
+    if len(starts) != 2:
+        raise StepFailed(f"{len(starts)} gloo start lines, expected 2 (one per process)")
+    folder = run_folder(completed)
+    context.artifacts["gloo_cpu"] = {"folder": folder}
+    threads = re.search(r"(\d+) compute threads", starts[0])
+    return {"wall": f"{completed.seconds:.1f} s", "threads per process": threads.group(1) if threads else "?",
+            "mAP50-95": f"{results_rows(folder)[-1]['metrics/mAP_0.5:0.95']:.4f}"}
+
+
+def step_resume(context: Context, deterministic: bool) -> dict:
+    """The uninterrupted run, the same run stopped by SIGTERM in the middle of epoch 2 of 3, its --resume."""
+    name = "resume_deterministic" if deterministic else "resume_default"
+    extra = ["--epochs", 3, "--noplots", *(["--deterministic"] if deterministic else [])]
+    limit = context.args.limit_train
+    straight = run_command(context, f"{name}_straight", train_command(context, f"{name}_straight", "yolov5n", *extra),
+                           limit)
+    signalled = []
+
+    def interrupt(process, seconds, text):
+        match = PROGRESS.match(text)
+        if match and not signalled and match.group(1) == "2" and 2 * int(match.group(4)) >= int(match.group(5)):
+            signalled.append(text.strip())
+            process.send_signal(signal.SIGTERM)
+    stopped = run_command(context, f"{name}_stopped", train_command(context, f"{name}_stopped", "yolov5n", *extra),
+                          limit, interrupt)
+    checked(straight, "the uninterrupted run")
+    checked(stopped, "the run sent SIGTERM", expected=143)
+    folder = run_folder(stopped)
+    resumed = run_command(context, f"{name}_resumed", python_command("train.py", "--resume",
+                                                                     folder / "weights" / "last.pt"), limit)
+    checked(resumed, "train.py --resume")
+    stop_line = next((t for _, t in stopped.fragments if "stopped by SIGTERM" in t), "?")
+    figures = {"stopped": stop_line.split("stopped by ", 1)[-1].split(";")[0]}
+    figures.update(compare_runs(run_folder(straight), folder, exact=deterministic))
+    return figures
+
+
+def compare_runs(straight: Path, resumed: Path, exact: bool) -> dict:
+    """Final weights (last.pt, stripped alike) and results.csv of two runs; StepFailed beyond the tolerance."""
+    from utils.checkpoint import load_checkpoint, model_entry
+
+    weights = [model_entry(load_checkpoint(folder / "weights" / "last.pt"))["state_dict"] for folder in (straight,
+                                                                                                      resumed)]
+    difference = max(float((weights[0][k].double() - weights[1][k].double()).abs().max()) for k in weights[0]
+                     if weights[0][k].is_floating_point() and weights[0][k].numel())
+    same_csv = (straight / "results.csv").read_text() == (resumed / "results.csv").read_text()
+    rows = [results_rows(folder)[-1] for folder in (straight, resumed)]
+    map_gap = abs(rows[0]["metrics/mAP_0.5:0.95"] - rows[1]["metrics/mAP_0.5:0.95"])
+    losses = ("train/box_loss", "train/obj_loss", "train/cls_loss")
+    loss_gap = max(abs(rows[0][k] - rows[1][k]) / max(abs(rows[0][k]), 1e-12) for k in losses)
+    figures = {"max weight difference": f"{difference:.3g}", "results.csv identical": "yes" if same_csv else "no",
+               "mAP50-95 difference": f"{map_gap:.4f}", "final train loss difference": f"{loss_gap:.2%}"}
+    if exact and (difference != 0 or not same_csv):
+        raise StepFailed(f"--deterministic resume is not bit-identical: {figures}")
+    if not exact and (map_gap > RESUME_TOLERANCE["map"] or loss_gap > RESUME_TOLERANCE["loss"]):
+        raise StepFailed(f"resume outside the tolerance {RESUME_TOLERANCE}: {figures}")
+    return figures
+
+
+def trained_checkpoint(context: Context, step: str) -> Path:
+    """best.pt of ``step``'s run: from this invocation, else the newest one under the work folder."""
+    folder = context.artifacts.get(step, {}).get("folder")
+    candidates = [folder / "weights" / "best.pt"] if folder else []
+    candidates += sorted((context.work / "runs").glob(f"{step}*/weights/best.pt"), key=lambda p: p.stat().st_mtime,
+                         reverse=True)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise StepSkipped(f"no best.pt from step {step} (run it first, with the same --work)")
+
+
+def validate(context: Context, name: str, weights: Path, device, *extra) -> dict:
+    command = python_command("val.py", "--data", context.data, "--weights", weights, "--img", 640, "--batch-size", 32,
+                             "--device", device, "--project", context.work / "val", "--name", name, *extra)
+    return val_figures(checked(run_command(context, name, command, context.args.limit_val), f"val.py {name}"))
+
+
+def detect(context: Context, name: str, weights: Path, device, *extra) -> None:
+    from utils.data.dataset_yaml import load_data_config
+
+    source = load_data_config(context.data).val[0]
+    command = python_command("detect.py", "--weights", weights, "--source", source, "--img", 640, "--device", device,
+                             "--project", context.work / "detect", "--name", name, *extra)
+    checked(run_command(context, name, command, context.args.limit_val), f"detect.py {name}")
+
+
+def step_cross_device(context: Context) -> dict:
+    gpu_trained, cpu_trained = trained_checkpoint(context, "train_n_amp"), trained_checkpoint(context, "gloo_cpu")
+    on_cpu = validate(context, "cross_val_gpu_trained_on_cpu", gpu_trained, "cpu", "--amp", "off")
+    on_gpu = validate(context, "cross_val_gpu_trained_on_gpu", gpu_trained, 0)
+    context.artifacts["val_fp32"] = on_gpu
+    detect(context, "cross_detect_gpu_trained_on_cpu", gpu_trained, "cpu")
+    cpu_on_gpu = validate(context, "cross_val_cpu_trained_on_gpu", cpu_trained, 0)
+    cpu_on_cpu = validate(context, "cross_val_cpu_trained_on_cpu", cpu_trained, "cpu", "--amp", "off")
+    detect(context, "cross_detect_cpu_trained_on_gpu", cpu_trained, 0)
+    figures = {"GPU-trained mAP50-95 on CPU / GPU": f"{on_cpu['mAP50-95']} / {on_gpu['mAP50-95']}",
+               "CPU-trained mAP50-95 on CPU / GPU": f"{cpu_on_cpu['mAP50-95']} / {cpu_on_gpu['mAP50-95']}",
+               "detect.py": "GPU-trained on cpu, CPU-trained on cuda: ran"}
+    for a, b in ((on_cpu, on_gpu), (cpu_on_cpu, cpu_on_gpu)):
+        if max(abs(a[k] - b[k]) for k in ("mAP50", "mAP50-95")) > CROSS_TOLERANCE:
+            raise StepFailed(f"the same weights score differently on CPU and GPU beyond {CROSS_TOLERANCE}: {figures}")
+    return figures
+
+
+def step_half(context: Context) -> dict:
+    weights = trained_checkpoint(context, "train_n_amp")
+    fp32 = context.artifacts.get("val_fp32") or validate(context, "half_val_fp32", weights, 0)
+    half = validate(context, "half_val_fp16", weights, 0, "--half")
+    context.artifacts["val_half"] = half
+    detect(context, "half_detect", weights, 0, "--half")
+    figures = {"mAP50 fp32 / --half": f"{fp32['mAP50']} / {half['mAP50']}",
+               "mAP50-95 fp32 / --half": f"{fp32['mAP50-95']} / {half['mAP50-95']}",
+               "speed fp32 / --half": f"{fp32['speed']} / {half['speed']}"}
+    if max(abs(fp32[k] - half[k]) for k in ("mAP50", "mAP50-95")) > HALF_TOLERANCE:
+        raise StepFailed(f"--half differs from fp32 by more than {HALF_TOLERANCE}: {figures}")
+    return figures
+
+
+def step_export(context: Context) -> dict:
+    weights = trained_checkpoint(context, "train_n_amp")
+    command = python_command("export.py", "--weights", weights, "--device", 0, "--half", "--img", 640,
+                             "--include", "torchscript", "onnx")
+    completed = checked(run_command(context, "export", command, context.args.limit_val), "export.py --half")
+    figures = {line.split("parity: ", 1)[0].split()[-1]: line.split("parity: ", 1)[1]
+               for _, line in completed.fragments if "parity: " in line}
+    failures = []
+    for suffix in (".torchscript", ".onnx"):
+        try:
+            scores = validate(context, f"export_val{suffix.replace('.', '_')}", weights.with_suffix(suffix), 0)
+            figures[f"val.py {suffix} mAP50-95 (square 640 batches)"] = scores["mAP50-95"]
+        except StepFailed as error:
+            failures.append(str(error))
+    if failures:
+        raise StepFailed("; ".join(failures))
+    return figures
+
+
+def step_loader(context: Context) -> dict:
+    command = python_command("benchmarks/bench_loader.py", "--data", context.data, "--imgsz", 640, "--workers", 8,
+                             "--epochs", 2)
+    completed = checked(run_command(context, "loader", command, context.args.limit_train), "bench_loader.py")
+    rows = re.findall(r"imgsz\s+640\s+workers\s+8\s+cache\s+(\S+)\s+([\d.]+) images/s", completed.text)
+    figures = {f"loader 640, 8 workers, cache {cache}": f"{float(rate):.0f} img/s" for cache, rate in rows}
+    for cfg in ("yolov5n", "yolov5s"):
+        step = run_command(context, f"loader_step_{cfg}", [sys.executable, __file__, "--child", "step-rate",
+                                                           "--cfg", cfg], 300)
+        result = child_result(checked(step, f"{cfg} step rate"))
+        figures[f"GPU step {cfg} ({result['precision']}, batch 16, data on the GPU)"] = (
+            f"{result['images_per_s']:.0f} img/s ({result['step_ms']:.1f} ms/step)")
+        if rows:
+            cached = float(dict(rows).get("ram", rows[-1][1]))
+            figures[f"GPU starved ({cfg})"] = "yes" if cached < result["images_per_s"] else "no"
+    if not rows:
+        raise StepFailed("bench_loader.py printed no 640 / 8 workers rows")
+    return figures
+
+
+def step_reference(context: Context) -> dict:
+    """YOLOv5 v7 with train_n_amp's settings on a copy of the dataset (it writes label caches beside the labels)."""
+    import shutil
+
+    import yaml
+
+    from utils.safe_yaml import read_yaml
+
+    python = reference_python(context.args.reference_python)
+    if not python:
+        raise StepSkipped("YOLOv5 v7 is not installed here (benchmarks/reference/README.md): our figures alone")
+    folder = context.work / "reference"
+    dataset = folder / "dataset"
+    if not dataset.exists():
+        shutil.copytree(Path(context.data).resolve().parent, dataset)
+    values = read_yaml(context.data)
+    values["path"] = str(dataset.resolve())
+    (folder / "data.yaml").write_text(yaml.safe_dump(values))
+    name = f"n{int(time.time())}"
+    command = [python, "-m", "yolov5.train", "--data", folder / "data.yaml", "--cfg", "yolov5n.yaml", "--weights", "",
+               "--img", 640, "--batch-size", 16, "--epochs", context.args.epochs, "--workers", 8, "--device", 0,
+               "--project", folder / "runs", "--name", name]
+    completed = checked(run_command(context, "reference", command, context.args.limit_reference,
+                                    extra_env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),  # v7 pickles whole models
+                        "YOLOv5 v7 train")
+    last = results_rows(folder / "runs" / name)[-1]
+    ours = context.artifacts.get("train_n_amp", {})
+    return {"YOLOv5 v7 wall": f"{completed.seconds:.1f} s", "YOLOv5 v7 mAP50-95": f"{last['metrics/mAP_0.5:0.95']:.4f}",
+            "ours (train_n_amp) mAP50-95": f"{ours['map']:.4f}" if ours else "not run in this call"}
+
+
+# ---------------------------------------------------------------------- the run and the report
+STEPS = {
+    "environment": step_environment,
+    "cuda": None,  # the gate: every step below needs a CUDA device
+    "tests": step_tests,
+    "scaler": step_scaler,
+    **{name: (lambda context, name=name: step_train(context, name)) for name in TRAIN_STEPS},
+    "amp_accuracy": step_amp_accuracy,
+    "autobatch": step_autobatch,
+    "torchrun_nccl": step_torchrun_nccl,
+    "gloo_cpu": step_gloo_cpu,
+    "resume_deterministic": lambda context: step_resume(context, deterministic=True),
+    "resume_default": lambda context: step_resume(context, deterministic=False),
+    "cross_device": step_cross_device,
+    "half": step_half,
+    "export": step_export,
+    "loader": step_loader,
+    "reference": step_reference,
+}
+
+
+def selected_steps(only: str, skip: str) -> list[str]:
+    """Step names in order; 'train' means the four training steps; environment and the CUDA gate always run."""
+    def expand(text: str) -> set:
+        names = set()
+        for name in filter(None, (n.strip() for n in text.split(","))):
+            if name not in STEPS and name != "train":
+                print(f"gpu_check.py: error: unknown step '{name}' (steps: {', '.join(STEPS)}, train)", file=sys.stderr)
+                raise SystemExit(2)
+            names |= set(TRAIN_STEPS) if name == "train" else {name}
+        return names
+    wanted, unwanted = expand(only) or set(STEPS), expand(skip)
+    return [name for name in STEPS if name in ("environment", "cuda") or (name in wanted and name not in unwanted)]
+
+
+def run_step(context: Context, name: str) -> StepResult:
+    result, start = StepResult(name), time.monotonic()
+    first_command = len(context.commands)
+    try:
+        result.figures = STEPS[name](context) or {}
+    except StepFailed as error:
+        result.status, result.detail = "fail", str(error)
+    except StepSkipped as error:
+        result.status, result.detail = "skip", str(error)
+    except Exception as error:  # a bug in one step must not hide the others' results
+        import traceback
+
+        result.status, result.detail = "fail", f"{type(error).__name__}: {error}"
+        log = context.work / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(traceback.format_exc())
+    result.seconds = time.monotonic() - start
+    result.command = "; ".join(context.commands[first_command:])
+    logs = sorted((context.work / "logs").glob(f"{name}*.log"), key=lambda p: p.stat().st_mtime)
+    result.log = logs[-1] if logs else None
+    context.results[name] = result
+    return result
+
+
+def step_line(result: StepResult) -> str:
+    figures = "; ".join(f"{key} {value}" for key, value in result.figures.items())
+    return f"{result.name:22s} {result.status:4s} {result.seconds:7.1f} s  {result.detail or figures}"
+
+
+def write_report(context: Context, stopped: str = "") -> Path:
+    """gpu_check.md (gpu_check2.md, ... if taken) in --out, else $OUT, else the work folder."""
+    folder = Path(context.args.out or os.environ.get("OUT") or context.work)
+    folder.mkdir(parents=True, exist_ok=True)
+    path, number = folder / "gpu_check.md", 2
+    while path.exists():
+        path, number = folder / f"gpu_check{number}.md", number + 1
+    environment = context.results.get("environment")
+    lines = ["# GPU check", "", f"`{' '.join(sys.argv)}` at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", ""]
+    if environment is not None:
+        lines += [f"- {key}: {value}" for key, value in environment.figures.items()] + [""]
+    if stopped:
+        lines += [f"**{stopped}**", ""]
+    lines += ["| step | result | time | figures |", "|---|---|---|---|"]
+    for result in context.results.values():
+        figures = "; ".join(f"{k}: {v}" for k, v in result.figures.items()) or result.detail
+        lines.append(f"| {result.name} | {result.status} | {result.seconds:.1f} s | {figures.replace('|', '/')} |")
+    lines += ["", f"Tolerances: fp16 vs fp32 training mAP50-95 {AMP_TOLERANCE}; --half vs fp32 validation "
+                  f"{HALF_TOLERANCE}; the same weights on CPU vs GPU {CROSS_TOLERANCE}; resume without "
+                  f"--deterministic {RESUME_TOLERANCE} (mAP50-95 absolute, final losses relative); with "
+                  "--deterministic: identical.", ""]
+    for result in context.results.values():
+        if result.status == "fail":
+            lines += [f"## {result.name}: failed", "", result.detail, "", f"Commands: `{result.command or '-'}`", ""]
+            if result.log is not None and result.log.exists():
+                tail = result.log.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
+                lines += [f"Last lines of {result.log}:", "", "```", *tail, "```", ""]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared/datasets/bccd/data.yaml"))
+    parser.add_argument("--out", default="", help="folder for gpu_check.md (default: $OUT, else --work)")
+    parser.add_argument("--work", default=str(ROOT / "runs/gpu_check"), help="runs, logs, exports")
+    parser.add_argument("--only", default="", help="comma-separated step names (or 'train')")
+    parser.add_argument("--skip", default="", help="comma-separated step names (or 'train')")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs of the train_* and reference steps")
+    parser.add_argument("--commit", default="", help="the commit checked, when there is no .git to read it from")
+    parser.add_argument("--reference-python", default="", help="a Python with YOLOv5 v7 (yolov5 7.0.14) installed")
+    parser.add_argument("--limit-train", type=float, default=480, help="seconds per training command")
+    parser.add_argument("--limit-val", type=float, default=240, help="seconds per val/detect/export command")
+    parser.add_argument("--limit-tests", type=float, default=480, help="seconds for pytest -m cuda")
+    parser.add_argument("--limit-reference", type=float, default=900, help="seconds for YOLOv5 v7's training")
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--cfg", default="yolov5n", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(CHILDREN[args.child](args)), flush=True)
+        return 0
+    steps = selected_steps(args.only, args.skip)
+    context = Context(args, Path(args.work).resolve())
+    context.artifacts["steps"] = steps
+    context.work.mkdir(parents=True, exist_ok=True)
+    print(f"gpu_check: {len(steps)} steps; logs in {context.work / 'logs'}", flush=True)
+    for name in steps:
+        if name == "cuda":
+            reason = no_cuda_reason()
+            if reason:
+                print(reason, flush=True)
+                context.results["cuda"] = StepResult("cuda", "stop", detail=reason)
+                for later in steps[steps.index("cuda") + 1:]:
+                    context.results[later] = StepResult(later, "not run", detail="needs a CUDA device")
+                print(f"report: {write_report(context, reason)}")
+                return EXIT_NO_CUDA
+            context.results["cuda"] = StepResult("cuda", figures={"device": cuda_device_name()})
+            continue
+        print(step_line(run_step(context, name)), flush=True)
+    print(f"report: {write_report(context)}")
+    return EXIT_FAILED if any(r.status == "fail" for r in context.results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

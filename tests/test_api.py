@@ -1,0 +1,280 @@
+"""The Python API: train.run / val.run / detect.run take the flags as keywords, check them with the command line's
+parser, raise its one-line errors, return the results, and leave the process as they found it."""
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from tqdm._monitor import TMonitor  # tqdm's one progress-bar monitor thread per process, started on first use
+
+import detect
+import train as train_script
+import val
+from tests.conftest import TINY_MODEL_YAML, make_tiny_run
+from utils.api import keyword_argv
+from utils.errors import ArgumentError, UserError
+
+NAMES = ["RBC", "WBC", "Platelets"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api")
+    return (root, *make_tiny_run(root))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tiny):
+    """The tiny model (random weights, 2 classes) saved by the project's checkpoint code."""
+    import yaml
+
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+    model.names = ["class0", "class1"]
+    path = tiny[0] / "tiny.pt"
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+def detecting_checkpoint(path: Path) -> Path:
+    """yolov5n at nc=3 with objectness and class biases raised so every image yields detections."""
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(Path(detect.__file__).parent / "models" / "yolov5n.yaml", nc=3)
+    model.names = list(NAMES)
+    head = model.model[-1]
+    with torch.no_grad():
+        for conv in head.m:
+            conv.bias.view(head.na, -1)[:, 4:] += 12.0
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+def make_images(folder: Path, count: int = 2) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        image = np.full((120 + 10 * i, 160, 3), 200, np.uint8)
+        cv2.circle(image, (60, 60), 25, (80, 40, 160), -1)
+        cv2.rectangle(image, (100, 20), (150, 90), (30, 160, 40), -1)
+        paths.append(folder / f"generated_{i}.jpg")
+        cv2.imwrite(str(paths[-1]), image)
+    return paths
+
+
+def process_state() -> dict:
+    """What an API call must leave as it found it."""
+    root = logging.getLogger()
+    return {"handlers": list(root.handlers), "level": root.level, "threads": torch.get_num_threads(),
+            "python threads": sorted(t.name for t in threading.enumerate() if not isinstance(t, TMonitor)),
+            "signals": (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)),
+            "process group": torch.distributed.is_available() and torch.distributed.is_initialized(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "python rng": random.getstate(), "numpy rng": np.random.get_state()[1].tolist(),
+            "torch rng": torch.get_rng_state().tolist()}
+
+
+# --- keywords -> the command line ---------------------------------------------------------------------
+
+def test_keywords_become_the_command_line_they_stand_for(tmp_path):
+    parser = train_script.build_parser()
+    argv = keyword_argv(parser, {"batch_size": 4, "img": 320, "rect": True, "exist_ok": False, "resume": "x/last.pt",
+                                 "freeze": [0, 1], "cache": False, "label_smoothing": 0.1, "project": tmp_path,
+                                 "evolve": None, "seed": 3})
+    assert argv == ["--batch-size=4", "--imgsz=320", "--rect", "--resume=x/last.pt", "--freeze", "0", "1",
+                    "--cache=off", "--label-smoothing=0.1", f"--project={tmp_path}", "--seed=3"]
+    args = train_script.parse_args(argv)
+    assert (args.batch_size, args.imgsz, args.rect, args.exist_ok, args.resume, args.freeze, args.cache) == \
+        (4, 320, True, False, "x/last.pt", [0, 1], "off")
+    assert keyword_argv(parser, {"resume": True, "evolve": True, "cache": True}) == ["--resume", "--evolve", "--cache"]
+    assert keyword_argv(detect.build_parser(), {"imgsz": (320, 480), "classes": 0}) == \
+        ["--imgsz", "320", "480", "--classes", "0"]
+    assert keyword_argv(parser, {}) == [] and train_script.parse_args([]).epochs == 100  # the defaults are the CLI's
+
+
+def test_a_switch_named_by_its_flag_or_by_its_option_means_the_same():
+    parser = train_script.build_parser()
+    assert keyword_argv(parser, {"no_tensorboard": True}) == ["--no-tensorboard"]  # the flag's own name
+    assert keyword_argv(parser, {"tensorboard": False}) == ["--no-tensorboard"]  # the option it sets
+    assert keyword_argv(parser, {"no_tensorboard": False}) == [] == keyword_argv(parser, {"tensorboard": True})
+    assert train_script.parse_args(keyword_argv(parser, {"no_tensorboard": True})).tensorboard is False
+
+
+@pytest.mark.parametrize("script, keywords, expected", [
+    (train_script, {"batchsize": 4}, "unknown keyword argument 'batchsize' (did you mean batch_size?) "
+                                     "(see train.py --help)"),
+    (val, {"weight": "x.pt"}, "unknown keyword argument 'weight' (did you mean weights?) (see val.py --help)"),
+    (detect, {"conf": 0.3}, "unknown keyword argument 'conf'"),
+    (train_script, {"rect": "yes"}, "argument --rect: rect takes True or False, got 'yes'"),
+    (train_script, {"imgsz": 320, "img_size": 640}, "keyword arguments imgsz and img_size set the same option"),
+    (val, {"imgsz": [320, 640]}, "argument --imgsz/--img/--img-size: imgsz takes one value, got [320, 640]"),
+    (val, {"plots": "no"}, "plots takes True or False, got 'no'"),
+])
+def test_unknown_or_misshapen_keywords_are_one_line_argument_errors(script, keywords, expected, tmp_path):
+    with pytest.raises(ArgumentError) as raised:
+        script.run(project=str(tmp_path / "runs"), **keywords)
+    assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script, flag, keyword, value", [
+    (train_script, "--batch-size", "batch_size", 0), (train_script, "--epochs", "epochs", 0),
+    (train_script, "--label-smoothing", "label_smoothing", 1.5), (train_script, "--optimizer", "optimizer", "Lion"),
+    (val, "--conf-thres", "conf_thres", -1), (val, "--imgsz", "imgsz", 100000),
+    (detect, "--max-det", "max_det", 0), (detect, "--imgsz", "imgsz", [64, 64, 64]),
+])
+def test_bad_values_raise_the_command_lines_message(script, flag, keyword, value, tmp_path, capsys):
+    """Same parser, same one-line message: the exception's text is what the command line prints after 'error: '."""
+    with pytest.raises(ArgumentError) as raised:
+        script.run(project=str(tmp_path / "runs"), **{keyword: value})
+    values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    prog = Path(script.__file__).name
+    assert script.main(["--project", str(tmp_path / "runs"), flag, *values]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"{prog}: error: {raised.value}"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_api_call_restores_logging_threads_rng_and_the_plot_backend():
+    """What the calls may change on the way (utils/plots.py selects Agg; training seeds the generators)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from utils.api import api_call
+
+    previous = matplotlib.get_backend()
+    plt.switch_backend("pdf")  # stands for a notebook's own backend
+    try:
+        before = process_state()
+        with api_call():
+            matplotlib.use("Agg")
+            torch.set_num_threads(1)
+            torch.manual_seed(123), np.random.seed(1), random.seed(2)
+            logging.getLogger().handlers[:] = []
+            logging.getLogger().setLevel(logging.DEBUG)
+        assert process_state() == before and matplotlib.get_backend() == "pdf"
+    finally:
+        plt.switch_backend(previous)
+
+
+def test_multi_gpu_without_torchrun_is_refused_like_the_command_line():
+    with pytest.raises(ArgumentError, match="one process per GPU is started by torchrun"):
+        train_script.run(device="0,1", epochs=1)
+
+
+# --- the calls, each twice in one process -----------------------------------------------------------
+
+@pytest.mark.slow
+def test_train_run_twice_returns_the_runs_and_leaves_the_process_as_it_was(tiny):
+    root, data, cfg = tiny
+    options = dict(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
+                   project=root / "train", noautoanchor=True, noplots=True)
+    before = process_state()
+    first = train_script.run(**options)
+    second = train_script.run(**options)
+    assert process_state() == before
+    assert (first.save_dir, second.save_dir) == (root / "train" / "exp", root / "train" / "exp2")
+    for result in (first, second):
+        assert result.best == result.save_dir / "weights" / "best.pt" and result.best.is_file()
+        assert result.last == result.save_dir / "weights" / "last.pt" and result.last.is_file()
+        assert set(result.final_metrics) == {"metrics/precision", "metrics/recall", "metrics/mAP_0.5",
+                                             "metrics/mAP_0.5:0.95"}
+        assert all(0 <= value <= 1 for value in result.final_metrics.values())
+        header, row = [line.split(",") for line in (result.save_dir / "results.csv").read_text().splitlines()]
+        written = {key.strip(): float(value) for key, value in zip(header, row)}
+        assert written["epoch"] == 0 and result.epochs_run == 1
+        assert {key: pytest.approx(written[key], rel=1e-4, abs=1e-5) for key in result.last_row if key != "epoch"} \
+            == {key: value for key, value in result.last_row.items() if key != "epoch"}
+    assert first.last_row == second.last_row  # the same seed, the same run
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_train_run_saves_like_the_command_line_and_resume_finishes_it(tiny, monkeypatch):
+    import os
+
+    from utils.trainer import TrainingInterrupted
+    from utils.trainer.interrupt import SaveControl
+
+    root, data, cfg = tiny
+    install = SaveControl.install
+
+    def install_then_ctrl_c(control):
+        installed = install(control)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C once the trainer listens: stop at the next optimizer step
+        return installed
+
+    before = process_state()
+    monkeypatch.setattr(SaveControl, "install", install_then_ctrl_c)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train_script.run(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=2, workers=0, device="cpu",
+                         project=root / "interrupted", noautoanchor=True, noplots=True)
+    monkeypatch.setattr(SaveControl, "install", install)
+    assert process_state() == before  # the trainer's SIGINT handler is gone again
+    last = root / "interrupted" / "exp" / "weights" / "last.pt"
+    assert stopped.value.exit_status == 130 and "stopped by SIGINT at epoch 1/2" in str(stopped.value)
+    assert f"--resume {last}" in str(stopped.value) and last.is_file()
+    resumed = train_script.run(resume=last)
+    assert resumed.save_dir == last.parents[1] and resumed.epochs_run == 2 and resumed.best.is_file()
+
+
+def test_train_run_raises_a_bad_data_file_as_an_exception(tiny, tmp_path):
+    _, _, cfg = tiny
+    with pytest.raises(UserError, match="nope.yaml"):
+        train_script.run(data=tmp_path / "nope.yaml", cfg=cfg, epochs=1, device="cpu", project=tmp_path / "runs")
+    assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+@pytest.mark.slow
+def test_val_run_twice_returns_overall_and_per_class_metrics(tiny, tiny_checkpoint):
+    root, data, _ = tiny
+    options = dict(data=data, weights=tiny_checkpoint, imgsz=64, batch_size=4, workers=0, device="cpu", amp="off",
+                   project=root / "val", plots=False, conf_thres=0.0001)
+    before = process_state()
+    first, second = val.run(**options), val.run(**options)
+    assert process_state() == before
+    assert (first.save_dir, second.save_dir) == (root / "val" / "exp", root / "val" / "exp2")
+    assert (first.mp, first.mr, first.map50, first.map) == (second.mp, second.mr, second.map50, second.map)
+    assert first.seen == 4 and [c["name"] for c in first.per_class] == ["class0", "class1"]
+    assert sum(c["instances"] for c in first.per_class) == first.instances > 0
+    assert np.mean([c["mAP50-95"] for c in first.per_class]) == pytest.approx(first.map)
+    assert np.mean([c["mAP50"] for c in first.per_class]) == pytest.approx(first.map50)
+    assert np.mean([c["precision"] for c in first.per_class]) == pytest.approx(first.mp)
+    both = val.run(**{**options, "weights": [tiny_checkpoint, tiny_checkpoint]})  # a list in, a list out
+    assert [result.map for result in both] == [first.map, first.map]
+    with pytest.raises(UserError, match="missing.pt"):
+        val.run(**{**options, "weights": root / "missing.pt"})
+
+
+def test_detect_run_twice_returns_each_images_detections(tmp_path):
+    weights = detecting_checkpoint(tmp_path / "weights.pt")
+    images = make_images(tmp_path / "images")
+    options = dict(weights=weights, source=tmp_path / "images", imgsz=96, device="cpu", amp="off", max_det=20,
+                   project=tmp_path / "detect", save_txt=True, save_conf=True)
+    before = process_state()
+    first, second = detect.run(**options), detect.run(**options)
+    assert process_state() == before
+    assert (first.save_dir, second.save_dir) == (tmp_path / "detect" / "exp", tmp_path / "detect" / "exp2")
+    assert first.detections == second.detections
+    assert list(first.detections) == [str(path) for path in images]
+    for path in images:
+        found = first.detections[str(path)]
+        assert 1 <= len(found) <= 20 and all(d.name == NAMES[d.class_id] and d.score > 0.25 for d in found)
+        height, width = cv2.imread(str(path)).shape[:2]
+        expected = sorted(tuple(float(v) for v in line.split())
+                          for line in (first.save_dir / "labels" / f"{path.stem}.txt").read_text().splitlines())
+        rows = sorted((d.class_id, (d.xyxy[0] + d.xyxy[2]) / 2 / width, (d.xyxy[1] + d.xyxy[3]) / 2 / height,
+                       (d.xyxy[2] - d.xyxy[0]) / width, (d.xyxy[3] - d.xyxy[1]) / height, d.score) for d in found)
+        assert np.allclose(rows, expected, atol=1e-5)  # the label files hold the same boxes
+    with pytest.raises(UserError, match="source not found"):
+        detect.run(**{**options, "source": tmp_path / "nothing"})

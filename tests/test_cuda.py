@@ -1,0 +1,447 @@
+"""The CUDA branches: device selection, fp16 autocast with GradScaler (a step, an inf step skipped), a process
+group of one process (NCCL), SyncBatchNorm, the pinned-memory loader, --half validation against fp32, CUDA
+random state across a resume, AutoBatch's real memory probe; and what benchmarks/gpu_check.py does without a GPU.
+
+Each test takes the device as a parameter and runs the same code on both: the ``cpu`` case always runs (with
+CUDA-only calls replaced by fakes where the branch needs them), the ``cuda`` case is marked ``cuda`` and skipped
+without a GPU (``python -m pytest -m cuda`` runs those alone; benchmarks/gpu_check.py runs them on a GPU).
+"""
+from __future__ import annotations
+
+import copy
+import socket
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+import yaml
+from torch import nn
+
+from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset, make_tiny_run
+from utils import dist
+
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
+CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_ONLY)]
+HALF_TOLERANCE = {"confidence": 2e-2, "box_px": 0.5, "map": 0.01}  # fp16 against fp32, see the half test
+
+
+def tiny_model(seed: int = 0):
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(seed)
+    return DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+
+
+def tiny_batch(device, size: int = 64, batch: int = 2):
+    generator = torch.Generator().manual_seed(1)
+    images = torch.rand(batch, 3, size, size, generator=generator)
+    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.4, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.5]])  # image, class, cx, cy, w, h
+    return images.to(device), targets.to(device)
+
+
+def parameters(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# ---------------------------------------------------------------------- device selection
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_device_selection_on_a_gpu():
+    from utils.device import DeviceError, select_device
+
+    assert select_device("0") == torch.device("cuda", 0) == select_device("") == select_device("cuda:0")
+    assert select_device("0", local_rank=0) == torch.device("cuda", 0)
+    assert torch.ones(1, device=select_device("0")).device.type == "cuda"
+    with pytest.raises(DeviceError, match="does not exist"):
+        select_device(str(torch.cuda.device_count()))
+
+
+def test_device_selection_cuda_branches_with_a_fake_gpu_count(monkeypatch):
+    from utils.device import DeviceError, select_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert select_device("1") == torch.device("cuda", 1) == select_device("0,1", local_rank=1)
+    assert select_device("") == torch.device("cuda", 0) and select_device("", local_rank=1) == torch.device("cuda", 1)
+    with pytest.raises(DeviceError, match="GPU 2 does not exist \\(this machine has 2\\)"):
+        select_device("2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="CUDA is not available \\(use --device cpu\\)"):
+        select_device("0")
+    assert select_device("") == torch.device("cpu")
+
+
+# ---------------------------------------------------------------------- mixed precision
+@pytest.mark.parametrize("device", DEVICES)
+def test_scaled_step_then_an_inf_step_skipped_and_a_nan_loss_skipped(device):
+    """fp16 autocast + GradScaler on CUDA (after the self-check), the same scaler logic with bf16 autocast on the
+    CPU: a step changes the weights; an inf gradient (an fp16 overflow) is skipped by the scaler, which halves its
+    scale, and leaves the weights untouched; a NaN loss is skipped before backward; training then goes on."""
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import Precision, choose_precision
+    from utils.trainer.ema import ModelEMA
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.optim import build_optimizer
+
+    device = torch.device(device)
+    model = tiny_model().to(device).train()
+    if device.type == "cuda":
+        precision = choose_precision("auto", device, model)
+        assert precision.name == "fp16" and precision.scaler.is_enabled()
+    else:
+        precision = Precision("cpu", torch.bfloat16, None)
+    # a small starting scale: the first steps of this test must not overflow by themselves
+    precision.scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10)
+    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision,
+                     ModelEMA(model))
+    images, targets = tiny_batch(device)
+    start = parameters(model)
+    assert step.forward_backward(images, targets)[1]
+    step.optimizer_step()
+    after_step = parameters(model)
+    assert any(not torch.equal(a, b) for a, b in zip(start, after_step))
+
+    assert step.forward_backward(images, targets)[1]
+    next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("inf"))
+    scale = precision.scaler.get_scale()
+    step.optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(after_step, parameters(model)))  # skipped: not corrupted
+    assert precision.scaler.get_scale() == scale / 2
+
+    finite = step.forward_backward(torch.full_like(images, float("nan")), targets)[1]
+    assert not finite and step.counters.nonfinite_total == 1
+    assert all(p.grad is None for p in model.parameters())
+    assert step.forward_backward(images, targets)[1]
+    step.optimizer_step()
+    final = parameters(model)
+    assert any(not torch.equal(a, b) for a, b in zip(after_step, final))
+    assert all(torch.isfinite(p).all() for p in final + parameters(step.ema.ema))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_inf_gradient_without_a_scaler_is_skipped(device, caplog):
+    """fp32 (--amp off) and bf16 train without a GradScaler: a non-finite gradient skips the optimizer step and the
+    EMA update instead of clipping it into NaN weights; the next finite step trains."""
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import Precision
+    from utils.trainer.ema import ModelEMA
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.optim import build_optimizer
+
+    device = torch.device(device)
+    model = tiny_model().to(device).train()
+    precision = Precision(device.type, None, torch.amp.GradScaler(device.type, enabled=False))
+    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision,
+                     ModelEMA(model))
+    images, targets = tiny_batch(device)
+    start, ema_start = parameters(model), parameters(step.ema.ema)
+    assert step.forward_backward(images, targets)[1]
+    next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("inf"))
+    step.optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(start, parameters(model)))
+    assert all(torch.equal(a, b) for a, b in zip(ema_start, parameters(step.ema.ema))) and step.ema.updates == 0
+    assert "Non-finite gradient at iteration 0: optimizer step skipped" in caplog.text
+    assert all(p.grad is None for p in model.parameters())
+    assert step.forward_backward(images, targets)[1]
+    step.optimizer_step()
+    assert any(not torch.equal(a, b) for a, b in zip(start, parameters(model)))
+    assert all(torch.isfinite(p).all() for p in parameters(model))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_choice_follows_the_self_check(device, monkeypatch):
+    from utils.trainer import amp
+
+    model = tiny_model()
+    if device == "cuda":
+        assert amp.fp16_self_check(model, torch.device("cuda", 0)) is True
+    else:  # the CUDA branch of the choice, with the self-check's answer given
+        for passed, expected in ((True, torch.float16), (False, None)):
+            monkeypatch.setattr(amp, "fp16_self_check", lambda *args, passed=passed: passed)
+            assert amp.accelerator_training_dtype("auto", torch.device("cuda", 0), model)[0] is expected
+        assert amp.accelerator_training_dtype("off", torch.device("cuda", 0), model) == (None, "--amp off")
+
+
+# ---------------------------------------------------------------------- one process group
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_process_group_of_one_process(device, monkeypatch):
+    """torchrun --nproc_per_node 1: a real process group (NCCL on a GPU, gloo on the CPU) whose broadcasts and
+    reductions go through the backend, as with more processes."""
+    from utils.trainer import setup_process
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    calls = []
+    for name in ("all_reduce", "broadcast", "broadcast_object_list", "all_gather_object"):
+        original = getattr(torch_dist, name)
+        monkeypatch.setattr(torch_dist, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    threads = torch.get_num_threads()
+    try:
+        selected = setup_process("0" if device == "cuda" else "cpu")
+        assert dist.dist_info().distributed and torch_dist.is_initialized()
+        assert torch_dist.get_backend() == ("nccl" if device == "cuda" else "gloo")
+        assert dist.broadcast_object({"batch": 16}) == {"batch": 16}
+        assert dist.all_reduce_sum(torch.tensor([2.0, 3.0], device=selected)).tolist() == [2.0, 3.0]
+        assert dist.all_reduce_max([3, 1]) == [3, 1]
+        assert dist.gather_object(5) == [5]
+        tensors = [torch.arange(3.0, device=selected)]
+        dist.broadcast_tensors(tensors)
+        assert tensors[0].tolist() == [0.0, 1.0, 2.0]
+        dist.barrier("finish the test")
+        assert {"all_reduce", "broadcast", "broadcast_object_list", "all_gather_object"} <= set(calls)
+    finally:
+        dist.cleanup()
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_torchrun_with_one_process_trains_in_a_process_group(device, tmp_path):
+    """torchrun --nproc_per_node 1 train.py --sync-bn: the process group (NCCL on a GPU, gloo on the CPU), DDP and
+    SyncBatchNorm are used as with more processes (YOLOv5 does the same), and the run finishes."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    data, cfg = make_tiny_run(tmp_path)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
+               str(free_port()), str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--imgsz", "64",
+               "--batch-size", "4", "--epochs", "1", "--workers", "0", "--noautoanchor", "--noplots", "--sync-bn",
+               "--device", "0" if device == "cuda" else "cpu", "--project", str(tmp_path / "runs")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert f"backend {'nccl' if device == 'cuda' else 'gloo'}" in output
+    assert "Using SyncBatchNorm" in output and "identical on all 1 processes" in output
+
+
+# ---------------------------------------------------------------------- SyncBatchNorm
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_sync_batchnorm_conversion_keeps_every_value(device, target):
+    """convert_sync_batchnorm for a CUDA run (torch's SyncBatchNorm) and a CPU run (ours): every BatchNorm is
+    converted, with its parameters and running statistics; in eval mode the outputs are unchanged."""
+    from utils.trainer.sync_bn import CPUSyncBatchNorm, convert_sync_batchnorm
+
+    model = tiny_model()
+    batchnorms = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    converted = convert_sync_batchnorm(copy.deepcopy(model), torch.device(target))
+    kind = nn.SyncBatchNorm if target == "cuda" else CPUSyncBatchNorm
+    assert sum(isinstance(m, kind) for m in converted.modules()) == batchnorms > 0
+    assert not any(isinstance(m, nn.BatchNorm2d) and not isinstance(m, kind) for m in converted.modules())
+    reference, synced = model.state_dict(), converted.state_dict()
+    assert reference.keys() == synced.keys() and all(torch.equal(reference[k], synced[k]) for k in reference)
+    if target == "cuda" and device == "cpu":
+        return  # torch's SyncBatchNorm computes on GPUs only
+    images = tiny_batch(device)[0]
+    with torch.no_grad():
+        expected = model.to(device).eval()(images)[0]
+        assert torch.allclose(converted.to(device).eval()(images)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------- loader
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_loader_pins_memory_exactly_when_cuda_is_there(device, tmp_path, monkeypatch):
+    from utils.data.loader import create_dataloader
+
+    make_tiny_dataset(tmp_path, num_train=4, num_val=1)
+    sources = [str(tmp_path / "images" / "train")]
+    if device == "cpu":  # the CUDA decision with a fake answer; pinning itself needs a GPU, so no batch is read
+        for available in (True, False):
+            monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
+            loader, _ = create_dataloader(sources, 64, 2, 32, workers=2, names=["class0", "class1"])
+            assert loader.pin_memory is available and (loader.slots is None) is available  # no buffer reuse
+        return
+    loader, _ = create_dataloader(sources, 64, 2, 32, workers=2, names=["class0", "class1"])
+    images = next(iter(loader))[0]
+    assert loader.pin_memory and images.is_pinned()
+    on_gpu = images.to(device, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu.cpu(), images)
+
+
+# ---------------------------------------------------------------------- --half
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from utils.checkpoint import model_state, save_checkpoint
+
+    root = tmp_path_factory.mktemp("half")
+    data = make_tiny_dataset(root, num_train=2, num_val=4)
+    path = root / "tiny.pt"
+    save_checkpoint({"format": "yolo-trainer/1", "model": model_state(tiny_model()), "ema": None}, path)
+    return data, path
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_validation_agrees_with_fp32(device, tiny_checkpoint):
+    """val.py --half against fp32 on the same weights: confidences within 2e-2, boxes within 0.5 px (64 px inputs),
+    mAP within 0.01 (HALF_TOLERANCE). On the CPU --half is dropped (fp16 is CUDA only): the same numbers."""
+    import val
+    from models.backends import load_backend
+
+    data, path = tiny_checkpoint
+    images = tiny_batch(device)[0]
+    outputs = {}
+    for half in (False, True):
+        backend = load_backend(path, device=torch.device(device), half=half and device == "cuda")
+        with torch.no_grad():
+            outputs[half] = backend(images)[0].float()
+    assert outputs[True].shape == outputs[False].shape
+    if device == "cpu":
+        assert torch.equal(outputs[True], outputs[False])
+    else:
+        assert (outputs[True][..., 4:] - outputs[False][..., 4:]).abs().max() <= HALF_TOLERANCE["confidence"]
+        assert (outputs[True][..., :4] - outputs[False][..., :4]).abs().max() <= HALF_TOLERANCE["box_px"]
+    results = [val.run(data=str(data), weights=str(path), imgsz=64, batch_size=4, workers=0,
+                       device="0" if device == "cuda" else "cpu", half=half,
+                       plots=False, project=str(data.parent / "runs"), amp="off") for half in (False, True)]
+    for key in ("mp", "mr", "map50", "map"):
+        difference = abs(getattr(results[0], key) - getattr(results[1], key))
+        assert difference == 0 if device == "cpu" else difference <= HALF_TOLERANCE["map"]
+
+
+# ---------------------------------------------------------------------- random state and resume
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_state_saved_and_restored(device, tmp_path, monkeypatch):
+    """capture_rng / restore_rng through a checkpoint file (weights_only): the next draws repeat, the CUDA
+    generators' included. On the CPU the CUDA calls are fakes that record what is restored."""
+    from utils.trainer.state import capture_rng, restore_rng
+
+    restored = []
+    if device == "cuda":
+        torch.cuda.init()
+    else:
+        fake = [torch.arange(4, dtype=torch.uint8)]
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: fake)
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    torch.save(capture_rng(), tmp_path / "rng.pt")
+    first = torch.rand(5, device=device)
+    state = torch.load(tmp_path / "rng.pt", weights_only=True)
+    assert "cuda" in state
+    restore_rng(state)
+    assert torch.equal(torch.rand(5, device=device), first)
+    if device == "cpu":
+        assert len(restored) == 1 and torch.equal(restored[0][0], fake[0])
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # another machine: the CUDA state is not forced
+        restore_rng(state)
+        assert len(restored) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_resume_on_the_gpu_is_bit_exact_with_deterministic(tmp_path, monkeypatch):
+    """--device 0 --deterministic: SIGTERM inside epoch 3, then --resume, gives the uninterrupted run's weights,
+    EMA, optimizer state and results.csv exactly (CUDA generators restored with the rest)."""
+    import train as train_script
+    from tests.test_resume import StopAfterEpoch, full_state, max_difference
+    from utils.trainer import stages, trainer
+
+    data, cfg = make_tiny_run(tmp_path, num_train=16)
+    monkeypatch.setattr(stages, "strip_checkpoint", lambda path: None)
+
+    def args(name):
+        return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "2", "--epochs", "4",
+                "--device", "0", "--deterministic", "--workers", "0", "--project", str(tmp_path / "runs"),
+                "--name", name, "--noautoanchor", "--noplots"]
+    assert train_script.main(args("straight")) == 0
+    monkeypatch.setattr(trainer, "Callbacks", lambda: StopAfterEpoch(1, "sigterm"))
+    assert train_script.main(args("stopped")) == 143
+    monkeypatch.undo()
+    monkeypatch.setattr(stages, "strip_checkpoint", lambda path: None)
+    last = tmp_path / "runs" / "stopped" / "weights" / "last.pt"
+    assert train_script.main(["--resume", str(last)]) == 0
+    straight = full_state(tmp_path / "runs" / "straight" / "weights" / "last.pt")[0]
+    assert max_difference(straight, full_state(last)[0]) == 0.0
+    assert ((tmp_path / "runs" / "straight" / "results.csv").read_text()
+            == (tmp_path / "runs" / "stopped" / "results.csv").read_text())
+
+
+# ---------------------------------------------------------------------- smaller CUDA branches
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_column(device, monkeypatch):
+    from utils.loggers import memory_string
+
+    if device == "cpu":  # the CUDA branch with a fake allocator figure
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 1.5e9)
+    text = memory_string(torch.device("cuda", 0))
+    assert text == "1.5G" if device == "cpu" else text.endswith("G")
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(dist.SharedError, match="2 processes on this node but 1 CUDA devices"):
+        dist.check_launch(16, torch.device("cuda", 0), device_ids=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_autobatch_measures_the_real_model_on_the_gpu():
+    """The real probe: memory grows with the batch, the fit is positive, and the chosen batch is at least 1."""
+    from utils.autobatch import autobatch, training_step_probe
+    from utils.device import cuda_memory
+
+    from models.yolo import DetectionModel
+    from tests.conftest import ROOT
+
+    device = torch.device("cuda", 0)  # yolov5n at 320: activations of megabytes per image, above the allocator's blocks
+    probe = training_step_probe(DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=3), 320, device, "auto")
+    free = cuda_memory(device)[0]
+    choice = autobatch(probe, free, limit=256)
+    used = [choice.measured[b] for b in (1, 16)]
+    assert used[1] > used[0] > 0 and choice.per_image > 0 and 1 <= choice.batch <= 256
+
+
+# ---------------------------------------------------------------------- benchmarks/gpu_check.py on this machine
+def test_gpu_check_stops_with_one_line_before_its_first_cuda_step(tmp_path, capsys, monkeypatch):
+    """Without CUDA: the CPU steps before the gate run, then one 'no CUDA device: ...' line, exit status 3, and
+    the report lists every later step as not run."""
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    data = make_tiny_dataset(tmp_path / "data")
+    status = gpu_check.main(["--data", str(data), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+                             "--skip", "reference"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == gpu_check.EXIT_NO_CUDA == 3
+    assert out[1].startswith("environment") and " pass " in out[1] and "8 train, 4 val images" in out[1]
+    assert out[2].startswith("no CUDA device: torch ") and out[2].endswith("(run this on a machine with an NVIDIA GPU)")
+    report = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| cuda | stop |" in report and "| train_n_amp | not run |" in report and "| reference |" not in report
+
+
+def test_gpu_check_reads_the_training_and_validation_logs():
+    """The figures come from the progress bars' own timing (epochs after the first), the Mem column, and the
+    'all' row of val.py (numbers printed as %.3g, 1e-05 included)."""
+    from benchmarks.gpu_check_runner import Completed, run_folder, training_figures, val_figures
+
+    def bar(epoch, done, memory="2.5G"):
+        return (("%11s" * 2 + "%11.4g" * 5) % (f"{epoch}/3", memory, 0.1, 0.05, 0.02, 40, 640)
+                + f": 50%|#####     | {done}/4 [00:01<00:01,  3.00it/s]")
+    fragments = [(0.5, "AMP: fp16 autocast on cuda (--amp auto, self-check passed); validation ..."),
+                 (0.6, "Logging results to /runs/exp7"), (1.0, bar(1, 0)), (3.0, bar(1, 4, "3.1G")),
+                 (4.0, bar(2, 0)), (5.0, bar(2, 4)), (6.0, bar(3, 0)), (7.0, bar(3, 4)),
+                 (8.0, ("%22s" + "%11i" * 2 + "%11.3g" * 4) % ("all", 87, 1234, 0.512, 0.6, 0.25, 1.2e-05)),
+                 (8.1, "Speed: 0.1ms pre-process, 1.5ms inference, 0.9ms NMS per image at shape (32, 3, 640, 640)")]
+    completed = Completed(0, 9.0, fragments)
+    figures = training_figures(completed, 64)
+    assert figures == {"wall": "9.0 s", "GPU memory (reserved)": "3.10 GB", "train img/s": "64",
+                       "precision": "fp16 autocast on cuda"}  # 2 epochs x 64 images in 2 s
+    assert run_folder(completed).as_posix() == "/runs/exp7"
+    assert val_figures(completed) == {"mAP50": 0.25, "mAP50-95": 1.2e-05,
+                                      "speed": "0.1ms pre-process, 1.5ms inference, 0.9ms NMS"}
+

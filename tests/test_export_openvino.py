@@ -1,0 +1,323 @@
+"""export.py --include openvino and the OpenVINO backend (models/backends.py): YOLOv5's folder layout,
+metadata, parity with the PyTorch model (fp32 and --half), dynamic shapes, val.py / detect.py on the
+exported folder, and one-line errors. Skipped by name without the optional openvino package (and onnx,
+which the conversion starts from), except the test of the missing-package message itself."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import export
+from models import for_inference, load_model
+from models.backends import BackendError, OpenVinoBackend, import_openvino, load_backend
+from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+
+NAMES = ["cat", "dog"]
+IMGSZ = 64
+
+
+def needs_openvino():
+    """Skip by name without onnx or openvino; openvino is imported the backend's way (without its telemetry,
+    which a plain ``import openvino`` starts)."""
+    pytest.importorskip("onnx")
+    if importlib.util.find_spec("openvino") is None:
+        pytest.skip("could not import 'openvino': optional (pip install -r requirements-export.txt)")
+    import_openvino("the OpenVINO tests")
+
+
+def save_tiny(path: Path) -> Path:
+    """The tiny model, randomly initialised: its scores vary (raised biases would saturate them, and NMS would
+    then choose among exact ties)."""
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(0)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+    model.names = list(NAMES)
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("openvino") / "best.pt")
+
+
+@pytest.fixture(scope="module")
+def eager(weights):
+    return for_inference(load_model(weights))
+
+
+def copy_weights(weights: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(weights, folder / "best.pt"))
+
+
+def run_export(weights: Path, *flags: str) -> int:
+    return export.main(["--weights", str(weights), "--imgsz", str(IMGSZ), "--include", "openvino", *flags])
+
+
+def eager_output(model, images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(images.contiguous(memory_format=torch.channels_last))[0]
+
+
+def max_differences(exported: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """(boxes in pixels, scores) max |diff|."""
+    assert exported.shape == reference.shape
+    difference = (exported - reference).abs()
+    return float(difference[..., :4].max()), float(difference[..., 4:].max())
+
+
+def parity_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("OpenVINO parity: max |diff| ")]
+
+
+@pytest.fixture(scope="module")
+def static_folder(weights, tmp_path_factory):
+    """best_openvino_model/ exported at 64x64, batch 2 (static shapes)."""
+    needs_openvino()
+    source = copy_weights(weights, tmp_path_factory.mktemp("static"))
+    assert run_export(source, "--batch-size", "2") == 0
+    return source.parent / "best_openvino_model"
+
+
+def test_export_writes_yolov5_layout_with_metadata_summary_and_parity(weights, tmp_path, capsys):
+    needs_openvino()
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "best_openvino_model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "best_openvino_model"]  # no temp left
+    assert sorted(p.name for p in folder.iterdir()) == ["best.bin", "best.xml", "best.yaml"]
+    size = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
+    assert any(line.startswith(f"OpenVINO: saved {folder} ({size:.1f} MB) in ") for line in out.splitlines()), out
+    parity = parity_lines(out)
+    assert len(parity) == 1 and "at 1x3x64x64; tolerance 0.064 px, 0.001" in parity[0]
+    metadata = yaml.safe_load((folder / "best.yaml").read_text())
+    assert metadata == {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32,
+                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "channels_last": True,
+                        "device": "cpu"}
+    for path in (folder, folder / "best.xml"):  # the folder or its .xml, as YOLOv5 takes them
+        backend = load_backend(path)
+        assert type(backend) is OpenVinoBackend and backend.kind == "openvino"
+        assert (backend.names, backend.nc, backend.stride, backend.imgsz, backend.dynamic) == \
+            (NAMES, 2, 32, (IMGSZ, IMGSZ), False)
+
+
+def test_static_export_matches_eager_chunks_other_batches_and_refuses_other_sizes(static_folder, eager):
+    backend = load_backend(static_folder)
+    images = torch.rand(3, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(1))
+    pred, raw = backend(images)  # batch 3 through a batch-2 export: chunks of 2, the last zero-padded
+    assert raw == []
+    boxes, scores = max_differences(pred, eager_output(eager, images))
+    assert boxes <= 1e-3 * IMGSZ and scores <= 1e-3
+    with pytest.raises(BackendError, match=r"exported for 64x64 inputs, got 96x64; export with --dynamic"):
+        backend(torch.rand(2, 3, 96, 64))
+
+
+def test_dynamic_export_checks_two_shapes_and_runs_at_other_sizes(weights, eager, tmp_path, capsys):
+    needs_openvino()
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--dynamic", "--batch-size", "2") == 0
+    parity = parity_lines(capsys.readouterr().out)
+    assert [line.split(" at ")[1].split(";")[0] for line in parity] == ["2x3x64x64", "3x3x32x32"]
+    backend = load_backend(tmp_path / "best_openvino_model")
+    assert backend.dynamic and backend.imgsz is None
+    generator = torch.Generator().manual_seed(2)
+    for shape in ((1, 3, 64, 64), (3, 3, 96, 128), (2, 3, 160, 32)):
+        images = torch.rand(shape, generator=generator)
+        boxes, scores = max_differences(backend(images)[0], eager_output(eager, images))
+        assert boxes <= 1e-3 * max(shape[2:]) and scores <= 1e-3, shape
+
+
+def test_half_stores_fp16_weights_on_the_cpu_within_the_fp16_tolerance(weights, eager, static_folder, tmp_path,
+                                                                         capsys):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--half", "--batch-size", "2") == 0  # --half needs no GPU for OpenVINO
+    parity = parity_lines(capsys.readouterr().out)
+    assert len(parity) == 1 and "tolerance 0.64 px, 0.01" in parity[0]
+    folder = tmp_path / "best_openvino_model"
+    assert yaml.safe_load((folder / "best.yaml").read_text())["half"] is True
+    fp32_bytes = (static_folder / "best.bin").stat().st_size
+    assert (folder / "best.bin").stat().st_size < 0.6 * fp32_bytes  # the weights are stored in 2 bytes, not 4
+    images = torch.rand(2, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(5))
+    boxes, scores = max_differences(load_backend(folder)(images)[0], eager_output(eager, images))
+    assert boxes <= 1e-2 * IMGSZ and scores <= 1e-2
+
+
+def test_half_with_other_formats_on_the_cpu_is_still_refused(weights, capsys):
+    assert export.main(["--weights", str(weights), "--include", "openvino", "torchscript", "--half"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("export.py: error: --half needs a CUDA device (--device 0) for TorchScript and ONNX")
+
+
+def test_reexport_replaces_the_model_files_and_keeps_others(weights, tmp_path):
+    needs_openvino()
+    source = copy_weights(weights, tmp_path)
+    folder = tmp_path / "best_openvino_model"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "best.xml").write_text("old")
+    assert run_export(source) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["best.bin", "best.xml", "best.yaml", "notes.txt"]
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert load_backend(folder).names == NAMES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "best_openvino_model"]
+
+
+def test_output_path_taken_by_a_file_is_one_line(weights, tmp_path, capsys):
+    needs_openvino()
+    source = copy_weights(weights, tmp_path)
+    (tmp_path / "best_openvino_model").write_text("a file, not a folder")
+    assert run_export(source) == 1
+    assert capsys.readouterr().err.strip() == (f"export.py: error: {tmp_path / 'best_openvino_model'}: exists and "
+                                               "is not a folder; move it away to export here")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "best_openvino_model"]
+
+
+def test_missing_openvino_is_named_with_the_install_command(weights, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("onnx")
+    source = copy_weights(weights, tmp_path)
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
+    assert run_export(source) == 1
+    assert capsys.readouterr().err.strip() == ("export.py: error: --include openvino needs the optional package "
+                                               "'openvino': pip install openvino (or pip install -r "
+                                               "requirements-export.txt)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+    folder = tmp_path / "model_openvino_model"
+    folder.mkdir()
+    (folder / "model.xml").write_text("<net/>")
+    with pytest.raises(BackendError, match=r"running model.xml needs the optional package 'openvino': "
+                                           r"pip install openvino"):
+        load_backend(folder)
+
+
+def test_broken_folders_and_files_are_one_line_errors(static_folder, tmp_path):
+    no_metadata = tmp_path / "no_metadata_openvino_model"
+    no_metadata.mkdir()
+    for suffix in (".xml", ".bin"):
+        shutil.copy(static_folder / f"best{suffix}", no_metadata / f"no_metadata{suffix}")
+    with pytest.raises(BackendError, match=r"no_metadata.xml: no metadata file no_metadata.yaml beside it"):
+        load_backend(no_metadata)
+    truncated = tmp_path / "truncated_openvino_model"
+    shutil.copytree(static_folder, truncated)
+    for name in ("best.xml", "best.bin", "best.yaml"):
+        (truncated / name).rename(truncated / name.replace("best", "truncated"))
+    xml = truncated / "truncated.xml"
+    xml.write_text(xml.read_text()[: len(xml.read_text()) // 2])
+    with pytest.raises(BackendError, match=rf"^{re.escape(str(xml))}: not a readable OpenVINO model \("):
+        load_backend(truncated)
+    garbage = tmp_path / "garbage.xml"
+    garbage.write_text("not a model\n" * 50)
+    with pytest.raises(BackendError, match=r"garbage.xml: not a readable OpenVINO model \(not an OpenVINO IR"):
+        load_backend(garbage)
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "a.xml").write_text("<net/>")
+    (two / "b.xml").write_text("<net/>")
+    with pytest.raises(BackendError, match=r"two: a folder with 2 .xml files; pass the OpenVINO model's .xml file"):
+        load_backend(two)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BackendError, match=r"empty: a folder without an OpenVINO model \(.xml file\); pass a model"):
+        load_backend(empty)
+    with pytest.raises(BackendError, match=r"missing_openvino_model: model file not found"):
+        load_backend(tmp_path / "missing_openvino_model")
+
+
+def test_openvino_is_imported_with_its_telemetry_stubbed():
+    needs_openvino()
+    from openvino.tools.ovc import telemetry_utils
+
+    assert telemetry_utils.tm.__name__ == "openvino.tools.ovc.telemetry_stub"  # the converter's no-op stand-in
+    assert sys.modules.get("openvino_telemetry", "absent") == "absent"  # hidden only while importing
+
+
+@pytest.mark.slow
+def test_import_writes_nothing_in_the_home_folder(tmp_path):
+    """openvino's converter starts usage telemetry on import (a client id under the home folder, events over the
+    network); the backend imports it with the telemetry package hidden."""
+    needs_openvino()
+    home = tmp_path / "home"
+    home.mkdir()
+    code = ("import sys; from models.backends import import_openvino; ov = import_openvino('test'); "
+            "print(ov.__name__, 'openvino_telemetry' in sys.modules)")
+    environment = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "OMP_NUM_THREADS": "1"}
+    for variable in ("CI", "TF_BUILD", "JENKINS_URL"):  # the telemetry's own CI opt-out must not be what passes this
+        environment.pop(variable, None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(export.__file__).parent, env=environment,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["openvino", "False"]
+    assert list(home.iterdir()) == []
+
+
+# --- val.py and detect.py on the exported folder ----------------------------------------------------------
+
+def label_rows(save_dir: Path) -> dict:
+    """{file name: sorted rows of class, cx, cy, w, h, conf} from a --save-txt --save-conf run."""
+    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
+            for path in sorted((save_dir / "labels").glob("*.txt"))}
+
+
+@pytest.fixture(scope="module")
+def dataset_and_exports(weights, tmp_path_factory):
+    """A tiny dataset, and the weights beside their --dynamic OpenVINO export (fp32)."""
+    needs_openvino()
+    root = tmp_path_factory.mktemp("openvino-val")
+    data = make_tiny_dataset(root / "data", num_train=1, num_val=6)
+    source = copy_weights(weights, root / "weights")
+    assert export.run(export.ExportConfig(weights=str(source), imgsz=(IMGSZ, IMGSZ), include=("openvino",),
+                                          dynamic=True))
+    return root, data, source
+
+
+def test_val_on_the_openvino_folder_equals_the_checkpoint(dataset_and_exports):
+    import val
+
+    root, data, source = dataset_and_exports
+    # fp32 (--amp off): under bf16 autocast the checkpoint would round differently from OpenVINO's fp32
+    results = [val.run(data=data, weights=str(path), imgsz=IMGSZ, batch_size=4, workers=0, plots=False,
+                       save_txt=True, save_conf=True, project=root / "val", device="cpu", amp="off")
+               for path in (source, source.parent / "best_openvino_model")]
+    reference, exported = results
+    assert reference.seen == 6 and reference.map50 > 0
+    for metric in ("mp", "mr", "map50", "map"):
+        assert getattr(exported, metric) == pytest.approx(getattr(reference, metric), abs=0.001), metric
+    expected, got = label_rows(reference.save_dir), label_rows(exported.save_dir)
+    assert expected and got.keys() == expected.keys()
+    for name, rows in expected.items():
+        assert np.allclose(got[name], rows, atol=1e-3), name
+
+
+def test_detect_on_the_openvino_xml_writes_the_checkpoints_boxes(dataset_and_exports):
+    import detect
+
+    root, data, source = dataset_and_exports
+    images = root / "data" / "images" / "val"
+    runs = []
+    for name, path in (("pt", source), ("openvino", source.parent / "best_openvino_model" / "best.xml")):
+        # the random tiny model's scores are small: a low threshold, and a few boxes per image
+        code = detect.main(["--weights", str(path), "--source", str(images), "--imgsz", str(IMGSZ), "--device", "cpu",
+                            "--amp", "off", "--conf-thres", "0.001", "--max-det", "20", "--save-txt", "--save-conf",
+                            "--nosave", "--project", str(root / "detect"), "--name", name])
+        assert code == 0
+        runs.append(label_rows(root / "detect" / name))
+    expected, got = runs
+    assert expected and got.keys() == expected.keys()
+    for name, rows in expected.items():
+        rows, other = np.array(rows), np.array(got[name])
+        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
+        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= 1.0 / 96 + 1e-6  # whole pixels of 96x112 images: one
+        assert np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3

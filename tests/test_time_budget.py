@@ -1,0 +1,228 @@
+"""--time HOURS: the epoch count that fits (pure functions), the decision after the first epoch and the early
+stop, the LR schedule rebuilt for the chosen count, a tiny run that ends as a normal run, and --resume keeping
+the chosen count. Runs that need a known epoch time use a controlled clock (utils.trainer.budget.clock)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import train as train_script
+from tests.conftest import make_tiny_run
+from tests.test_resume import StopAfterEpoch
+from utils.config import Hyp, TrainConfig
+from utils.plots import read_results_csv
+from utils.trainer import budget, trainer
+from utils.trainer.budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
+from utils.trainer.optim import lr_lambda, retarget_schedule, warmup_iterations
+from utils.trainer.resume import ResumeOptionError, option_changes
+from utils.trainer.state import RunState
+
+DECISION = re.compile(r"--time (\S+) h: 1 epoch took (\S+) s, training (\d+) epochs? \((\S+) s kept for the final "
+                      r"validation[^)]*\)")
+BATCHES_PER_EPOCH = 2  # 8 tiny training images, batch 4
+
+
+# ---------------------------------------------------------------------- pure functions
+
+def test_epochs_that_fit_counts_whole_epochs_after_the_reserve():
+    assert epochs_that_fit(100, 10, 1, 5, most=300) == 9  # 1 done + floor(85 / 10)
+    assert epochs_that_fit(100, 10, 1, 0, most=300) == 10  # exactly fills the budget
+    assert epochs_that_fit(100, 10, 1, 5, most=4) == 4  # --epochs stays the most
+    assert epochs_that_fit(100, 10, 1, 95, most=300) == 1  # nothing left after the reserve: the epoch done
+    assert epochs_that_fit(100, 150, 1, 5, most=300) == 1  # the first epoch alone was over budget: at least 1
+    assert epochs_that_fit(100, 60, 4, 5, most=300) == 6  # later: the mean epoch (15 s) so far, 35 s left
+    assert epochs_that_fit(100, 90, 6, 5, most=300) == 6  # 5 s left: no further epoch fits
+    assert epochs_that_fit(100, 0.0, 1, 0, most=300) == 1  # no time measured: no division by zero
+
+
+def test_end_reserve_and_validation_estimate():
+    assert end_reserve(3.0, noval=False, plots=False) == 6.0  # the final validation, counted twice
+    assert end_reserve(3.0, noval=True, plots=False) == 9.0  # plus the final epoch's own validation
+    assert end_reserve(3.0, noval=False, plots=True) == 6.0 + budget.PLOTS_RESERVE_S  # plus the final plots
+    assert validation_estimate(20.0, train_batches=10, val_batches=5) == 10.0
+
+
+def test_time_budget_counts_the_time_spent_before_a_resume(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(budget, "clock", lambda: now[0])
+    clock = TimeBudget(0.5, spent_before_s=30.0)
+    assert clock.seconds == 1800 and clock.spent() == 30.0
+    clock.start()
+    now[0] = 110.0
+    assert clock.spent() == 40.0
+
+
+def test_retargeted_schedule_equals_one_built_for_the_new_count():
+    def scheduler(epochs):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(epochs, 0.01))
+
+    retargeted, planned = scheduler(100), scheduler(7)
+    for _ in range(3):
+        retargeted.optimizer.step()
+        planned.optimizer.step()
+        retargeted.step()
+        planned.step()
+        if retargeted.last_epoch == 1:
+            retarget_schedule(retargeted, lr_lambda(7, 0.01))  # decided after the first epoch
+    assert retargeted.optimizer.param_groups[0]["lr"] == planned.optimizer.param_groups[0]["lr"]
+    for _ in range(4):
+        retargeted.step()
+    assert retargeted.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.01)  # lrf at epoch 7
+
+
+def budget_stub(hours, spent, epochs_done, planned, epochs, monkeypatch, noval=False):
+    """The attributes Trainer._budget_decision reads, with ``spent`` seconds on the clock."""
+    monkeypatch.setattr(budget, "clock", lambda: spent)
+    clock = TimeBudget(hours)
+    clock.started = 0.0
+    state = RunState(epoch=epochs_done, planned_epochs=planned)
+    data = SimpleNamespace(batches_per_epoch=10, val_loader=[None] * 5)
+    config = SimpleNamespace(noval=noval, epochs=100, noplots=True)
+    return SimpleNamespace(budget=clock, state=state, config=config, data=data, epochs=epochs)
+
+
+def test_decision_after_the_first_epoch_and_the_early_stop(monkeypatch, caplog):
+    caplog.set_level("INFO")
+    stats = SimpleNamespace(validation_time=1.0)
+    decide = trainer.Trainer._budget_decision
+    # first epoch: 10 s of a 36 s budget, 2 s reserved: 1 + floor(24 / 10) = 3 epochs
+    assert decide(budget_stub(0.01, 10.0, 1, 0, 100, monkeypatch), stats) == (3, False)
+    assert "--time 0.01 h: 1 epoch took 10.0 s, training 3 epochs (2.0 s kept for the final validation)" in caplog.text
+    # the first epoch over budget: that epoch is the run
+    assert decide(budget_stub(0.01, 40.0, 1, 0, 100, monkeypatch), stats) == (1, True)
+    # later epochs on plan: go on; slower than planned (40 s after 2 of 3): stop now
+    assert decide(budget_stub(0.01, 20.0, 2, 3, 3, monkeypatch), stats) == (0, False)
+    assert decide(budget_stub(0.01, 40.0, 2, 3, 3, monkeypatch), stats) == (0, True)
+    assert "40.0 s spent after 2 of 3 epochs, another epoch would not fit: stopping now" in caplog.text
+    # --noval: the validation is estimated from the training batches (10 s / 10 batches x 5), reserved 3 times
+    assert decide(budget_stub(0.02, 10.0, 1, 0, 100, monkeypatch, noval=True), stats) == (5, False)
+    # with plots, their time is kept too: 1 + floor((36 - 10 - 2 - 10) / 10) = 2
+    plotting = budget_stub(0.01, 10.0, 1, 0, 100, monkeypatch)
+    plotting.config.noplots = False
+    assert decide(plotting, stats) == (2, False)
+    # a budget with room for more than --epochs: --epochs, said so
+    assert decide(budget_stub(1.0, 10.0, 1, 0, 100, monkeypatch), stats) == (100, False)
+    assert "training 100 epochs (2.0 s kept for the final validation; --epochs is the most)" in caplog.text
+
+
+def test_time_flag_bounds_resume_and_state_compatibility(capsys):
+    assert train_script.parse_args(["--time", "0.05"]).time == 0.05
+    assert train_script.parse_args([]).time is None
+    # --time alone lets the budget decide the epoch count (ultralytics' time= overrides epochs); a given --epochs
+    # stays its upper bound; without --time the default is YOLOv5's 100
+    assert train_script.parse_args(["--time", "2"]).epochs == train_script.TIME_MAX_EPOCHS
+    assert train_script.parse_args(["--time", "2", "--epochs", "50"]).epochs == 50
+    assert train_script.parse_args([]).epochs == 100
+    for bad in ("0", "-1", "nan", "soon"):
+        assert train_script.main(["--time", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--time" in err[0], err
+    with pytest.raises(ResumeOptionError, match="time budget"):
+        option_changes({"time": 0.5}, TrainConfig(time=0.05))
+    assert option_changes({"time": 0.05}, TrainConfig(time=0.05)) == {}
+    assert option_changes({"tensorboard": False}, TrainConfig()) == {"tensorboard": (True, False)}
+    older = RunState().to_dict()
+    del older["planned_epochs"], older["train_seconds"]  # a checkpoint from before --time
+    assert (RunState.from_dict(older).planned_epochs, RunState.from_dict(older).train_seconds) == (0, 0.0)
+    with pytest.raises(ValueError):
+        RunState.from_dict({**RunState().to_dict(), "train_seconds": float("nan")})
+
+
+# ---------------------------------------------------------------------- tiny runs
+
+def tiny_args(root, data, cfg, name, *extra):
+    return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "4", "--epochs", "50",
+            "--workers", "0", "--cache", "off", "--device", "cpu", "--project", str(root / "runs"), "--name", name,
+            "--noautoanchor", *extra]
+
+
+def train_capturing_stdout(args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = train_script.main(args)
+    return status, out.getvalue()
+
+
+def expected_lrs(epochs: int, rows: int) -> list[float]:
+    """x/lr1 of each results.csv row for a run of ``epochs`` epochs with the default hyp: the last lr of the
+    epoch, still inside warmup (at least 100 iterations), so lr0 x lr_lambda(epoch) x global step / warmup."""
+    hyp = Hyp.load("hyp.scratch-low.yaml")
+    warmup = warmup_iterations(hyp.warmup_epochs, BATCHES_PER_EPOCH)
+    lf = lr_lambda(epochs, hyp.lrf)
+    return [hyp.lr0 * lf(epoch) * ((epoch + 1) * BATCHES_PER_EPOCH - 1) / warmup for epoch in range(rows)]
+
+
+@pytest.mark.slow
+def test_a_time_budget_run_ends_early_as_a_normal_run(tmp_path):
+    data, cfg = make_tiny_run(tmp_path)
+    status, out = train_capturing_stdout(tiny_args(tmp_path, data, cfg, "budget", "--time", "0.001"))
+    assert status == 0
+    # 3.6 s, less than the time kept for the final plots: the first epoch is the run
+    assert [d[2] for d in DECISION.findall(out)] == ["1"]
+    run = tmp_path / "runs" / "budget"
+    table = read_results_csv(run / "results.csv")
+    assert len(table["epoch"]) == 1
+    assert table["x/lr1"].tolist() == pytest.approx(expected_lrs(1, 1), rel=1e-4)
+    checkpoint = torch.load(run / "weights" / "last.pt", weights_only=True)
+    assert "training" not in checkpoint and (run / "weights" / "best.pt").exists()  # stripped, as any run
+    assert (run / "results.png").exists() and (run / "confusion_matrix.png").exists()
+    assert "Validating" in out and "of training time" in out
+
+
+class EpochClock:
+    """A clock that moves only when an epoch's training ends, by ``epoch_seconds``."""
+
+    def __init__(self, epoch_seconds: float):
+        self.now, self.epoch_seconds = 1000.0, epoch_seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def epoch_clock(monkeypatch):
+    clock = EpochClock(10.0)
+    monkeypatch.setattr(budget, "clock", clock)
+    real = trainer.train_one_epoch
+
+    def timed(*args, **kwargs):
+        stats = real(*args, **kwargs)
+        clock.now += clock.epoch_seconds
+        return stats
+
+    monkeypatch.setattr(trainer, "train_one_epoch", timed)
+    return clock
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_chosen_epoch_count_and_is_exact(tmp_path, epoch_clock, monkeypatch, capsys):
+    data, cfg = make_tiny_run(tmp_path)
+    extra = ("--time", "0.01", "--noplots")  # 36 s: epochs of 10 s and a reserve under 6 s give 3 epochs
+    status, out = train_capturing_stdout(tiny_args(tmp_path, data, cfg, "straight", *extra))
+    assert status == 0 and [d[2] for d in DECISION.findall(out)] == ["3"]
+    straight = (tmp_path / "runs" / "straight" / "results.csv").read_text()
+    assert read_results_csv(tmp_path / "runs" / "straight" / "results.csv")["x/lr1"].tolist() == pytest.approx(
+        expected_lrs(3, 3), rel=1e-4)
+
+    with monkeypatch.context() as crash:
+        crash.setattr(trainer, "Callbacks", lambda: StopAfterEpoch(1, "crash"))
+        assert train_capturing_stdout(tiny_args(tmp_path, data, cfg, "crashed", *extra))[0] == 130
+    last = tmp_path / "runs" / "crashed" / "weights" / "last.pt"
+    run_state = torch.load(last, weights_only=True)["training"]["run"]
+    assert (run_state["epoch"], run_state["planned_epochs"], run_state["train_seconds"]) == (2, 3, 20.0)
+
+    assert train_script.main(["--resume", str(last), "--time", "0.5"]) == 2  # the budget is the run's
+    assert "time budget" in capsys.readouterr().err
+    epoch_clock.epoch_seconds = 1.0  # choosing again would now give 30 epochs: the resumed run keeps 3
+    status, out = train_capturing_stdout(["--resume", str(last)])
+    assert status == 0 and not DECISION.findall(out)
+    assert "continuing the 3 epochs chosen after the first epoch (20.0 s spent)" in out
+    assert (tmp_path / "runs" / "crashed" / "results.csv").read_text() == straight
+    assert math.isclose(float(re.search(r"took \S+ h \((\S+) s\) of training time", out)[1]), 21.0)
