@@ -101,6 +101,12 @@ def test_decision_after_the_first_epoch_and_the_early_stop(monkeypatch, caplog):
     assert decide(budget_stub(0.01, 20.0, 2, 3, 3, monkeypatch), stats) == (0, False)
     assert decide(budget_stub(0.01, 40.0, 2, 3, 3, monkeypatch), stats) == (0, True)
     assert "40.0 s spent after 2 of 3 epochs, another epoch would not fit: stopping now" in caplog.text
+    # later epochs re-plan: 0.02 h = 72 s, 2 s reserved; 20 s after 2 epochs: 2 + floor(50 / 10) = 7 fit
+    assert decide(budget_stub(0.02, 20.0, 2, 6, 6, monkeypatch), stats) == (0, False)  # one more: within the margin
+    assert decide(budget_stub(0.02, 20.0, 2, 5, 5, monkeypatch), stats) == (7, False)  # two more: the plan grows
+    assert "20.0 s spent after 2 epochs, 7 epochs in all now fit instead of 5: the LR schedule spans 7" in caplog.text
+    assert decide(budget_stub(0.02, 40.0, 2, 5, 5, monkeypatch), stats) == (3, False)  # slower: fewer, at once
+    assert decide(budget_stub(0.02, 20.0, 2, 2, 2, monkeypatch), stats) == (0, False)  # the last epoch: nothing to plan
     # --noval: the validation is estimated from the training batches (10 s / 10 batches x 5), reserved 3 times
     assert decide(budget_stub(0.02, 10.0, 1, 0, 100, monkeypatch, noval=True), stats) == (5, False)
     # with plots, their time is kept too: 1 + floor((36 - 10 - 2 - 10) / 10) = 2

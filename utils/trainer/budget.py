@@ -8,8 +8,9 @@ epoch time so far, in the budget less a reserve for the end of the run (``epochs
 its options stay the ones it was started with; train.py gives --time without --epochs an --epochs of
 TIME_MAX_EPOCHS, so the budget alone decides, as ultralytics' time= overrides epochs); the
 learning-rate schedule is then rebuilt to span that count (the trainer does that). After every later
-epoch the same estimate is made again and the run stops early when not even one more epoch fits (the
-epochs became slower than the first). The count and the time spent are part of the run state
+epoch the same estimate is made again: the count and the schedule follow it (down whenever fewer epochs
+fit, up when at least two more do, as the first epoch's one-off costs are averaged away), and the run stops
+early when not even one more epoch fits. The count and the time spent are part of the run state
 (utils.trainer.state), so a resumed run keeps them.
 """
 from __future__ import annotations

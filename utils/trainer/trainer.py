@@ -80,6 +80,11 @@ def train(config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingS
         release_run_folder(config.save_dir)  # the run folder's lock ends with the run, however it ends
 
 
+# --time: a later epoch re-plans upwards only when this many more epochs fit (the mean epoch time moves a little
+# every epoch; the schedule should not); downwards whenever fewer fit, so the budget holds
+REPLAN_MARGIN_EPOCHS = 2
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingState | None,
                  callbacks: Callbacks):
@@ -210,10 +215,16 @@ class Trainer:
             LOGGER.info("--time %g h: 1 epoch took %.1f s, training %d epoch%s (%.1f s kept for the final %s%s)",
                         self.budget.hours, spent, fit, "s" * (fit != 1), reserve, kept, capped)
             return fit, fit <= done
-        if fit <= done < self.epochs:
+        if done >= self.epochs:
+            return 0, False
+        if fit <= done:
             LOGGER.info("--time %g h: %.1f s spent after %d of %d epochs, another epoch would not fit: stopping now",
                         self.budget.hours, spent, done, self.epochs)
             return 0, True
+        if fit < self.epochs or fit >= self.epochs + REPLAN_MARGIN_EPOCHS:
+            LOGGER.info("--time %g h: %.1f s spent after %d epochs, %d epochs in all now fit instead of %d: the LR "
+                        "schedule spans %d", self.budget.hours, spent, done, fit, self.epochs, fit)
+            return fit, False
         return 0, False
 
     # ------------------------------------------------------------------ the run
