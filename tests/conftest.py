@@ -86,6 +86,30 @@ def make_tiny_run(root: Path, num_train: int = 8, num_val: int = 4) -> tuple[Pat
     return data, cfg
 
 
+def save_random_checkpoint(path: Path, names, cfg: Path | None = None, seed: int = 0,
+                           confident: bool = False) -> Path:
+    """A randomly initialised model saved by the project's checkpoint code (model only, no EMA) at ``path``: the
+    tiny model (``cfg`` None; its YAML has nc 2) or ``cfg`` with one class per name. ``confident`` raises the
+    objectness and class biases so every image yields detections (scores then saturate: NMS chooses among ties)."""
+    import torch
+    import yaml
+
+    from models.yolo import DetectionModel
+    from utils.checkpoint import model_state, save_checkpoint
+
+    torch.manual_seed(seed)
+    model = (DetectionModel(yaml.safe_load(TINY_MODEL_YAML)) if cfg is None
+             else DetectionModel(cfg, nc=len(names)))
+    model.names = list(names)
+    if confident:
+        head = model.model[-1]
+        with torch.no_grad():
+            for conv in head.m:
+                conv.bias.view(head.na, -1)[:, 4:] += 12.0
+    save_checkpoint({"model": model_state(model), "ema": None}, path)
+    return path
+
+
 TINY_MODEL_YAML = """
 nc: 2
 depth_multiple: 0.33

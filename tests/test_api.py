@@ -17,7 +17,7 @@ from tqdm._monitor import TMonitor  # tqdm's one progress-bar monitor thread per
 import detect
 import train as train_script
 import val
-from tests.conftest import TINY_MODEL_YAML, make_tiny_run
+from tests.conftest import ROOT, make_tiny_run, save_random_checkpoint
 from utils.api import keyword_argv
 from utils.errors import ArgumentError, UserError
 
@@ -33,33 +33,12 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tiny):
     """The tiny model (random weights, 2 classes) saved by the project's checkpoint code."""
-    import yaml
-
-    from models.yolo import DetectionModel
-    from utils.checkpoint import model_state, save_checkpoint
-
-    torch.manual_seed(0)
-    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
-    model.names = ["class0", "class1"]
-    path = tiny[0] / "tiny.pt"
-    save_checkpoint({"model": model_state(model), "ema": None}, path)
-    return path
+    return save_random_checkpoint(tiny[0] / "tiny.pt", ["class0", "class1"])
 
 
 def detecting_checkpoint(path: Path) -> Path:
     """yolov5n at nc=3 with objectness and class biases raised so every image yields detections."""
-    from models.yolo import DetectionModel
-    from utils.checkpoint import model_state, save_checkpoint
-
-    torch.manual_seed(0)
-    model = DetectionModel(Path(detect.__file__).parent / "models" / "yolov5n.yaml", nc=3)
-    model.names = list(NAMES)
-    head = model.model[-1]
-    with torch.no_grad():
-        for conv in head.m:
-            conv.bias.view(head.na, -1)[:, 4:] += 12.0
-    save_checkpoint({"model": model_state(model), "ema": None}, path)
-    return path
+    return save_random_checkpoint(path, NAMES, cfg=ROOT / "models" / "yolov5n.yaml", confident=True)
 
 
 def make_images(folder: Path, count: int = 2) -> list[Path]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import detect
-from tests.conftest import SHARED
+from tests.conftest import ROOT, SHARED, save_random_checkpoint
 from utils.drawing import colors, draw_box_label, output_to_target, plot_images, save_one_box
 from utils.sources import SourceError, Sources
 
@@ -21,19 +21,8 @@ IMGSZ = (96, 96)
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     """yolov5n at nc=3 with objectness and class biases raised so every image yields detections."""
-    from models.yolo import DetectionModel
-    from utils.checkpoint import model_state, save_checkpoint
-
-    torch.manual_seed(0)
-    model = DetectionModel(Path(detect.__file__).parent / "models" / "yolov5n.yaml", nc=3)
-    model.names = list(NAMES)
-    detect_layer = model.model[-1]
-    with torch.no_grad():
-        for conv in detect_layer.m:
-            conv.bias.view(detect_layer.na, -1)[:, 4:] += 12.0
-    path = tmp_path_factory.mktemp("weights") / "tiny.pt"
-    save_checkpoint({"model": model_state(model), "ema": None}, path)
-    return path
+    return save_random_checkpoint(tmp_path_factory.mktemp("weights") / "tiny.pt", NAMES,
+                                  cfg=ROOT / "models" / "yolov5n.yaml", confident=True)
 
 
 def make_images(folder: Path, count: int = 3) -> list[Path]:

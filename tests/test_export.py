@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import export
 from models import for_inference, load_model
 from models.backends import (METADATA_KEYS, TORCHSCRIPT_METADATA, BackendError, OnnxBackend, PyTorchBackend,
                              TorchScriptBackend, load_backend)
-from tests.conftest import TINY_MODEL_YAML
+from tests.conftest import save_random_checkpoint
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -39,14 +38,7 @@ SUFFIXES = tuple(export.SUFFIXES[fmt] for fmt in FORMATS)
 
 
 def save_tiny(path: Path, seed: int = 0) -> Path:
-    from models.yolo import DetectionModel
-    from utils.checkpoint import model_state, save_checkpoint
-
-    torch.manual_seed(seed)
-    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
-    model.names = list(NAMES)
-    save_checkpoint({"model": model_state(model), "ema": None}, path)
-    return path
+    return save_random_checkpoint(path, NAMES, seed=seed)
 
 
 @pytest.fixture(scope="module")

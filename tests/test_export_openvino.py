@@ -20,7 +20,7 @@ import yaml
 import export
 from models import for_inference, load_model
 from models.backends import BackendError, OpenVinoBackend, import_openvino, load_backend
-from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+from tests.conftest import make_tiny_dataset, save_random_checkpoint
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -38,14 +38,7 @@ def needs_openvino():
 def save_tiny(path: Path) -> Path:
     """The tiny model, randomly initialised: its scores vary (raised biases would saturate them, and NMS would
     then choose among exact ties)."""
-    from models.yolo import DetectionModel
-    from utils.checkpoint import model_state, save_checkpoint
-
-    torch.manual_seed(0)
-    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
-    model.names = list(NAMES)
-    save_checkpoint({"model": model_state(model), "ema": None}, path)
-    return path
+    return save_random_checkpoint(path, NAMES)
 
 
 @pytest.fixture(scope="module")
