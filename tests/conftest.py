@@ -166,3 +166,11 @@ def _restore_sigchld_handler():
         from torch.utils.data._utils import signal_handling
 
         signal_handling._SIGCHLD_handler_set = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that load OpenVINO into the test process run last, in their collected order. Run before other
+    tests (loader workers, training runs, child processes), a process that had loaded OpenVINO crashed with
+    SIGSEGV in some orders (e.g. test_export, test_export_openvino, then test_api), which no test asserts
+    anything about; the cause was not found."""
+    items.sort(key=lambda item: "openvino" in item.nodeid.lower())
