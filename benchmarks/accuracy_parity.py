@@ -12,6 +12,13 @@ prints each side per seed and as mean +- standard deviation.
         --yolov5-data /tmp/bccd.yaml            # a copy of data.yaml with an absolute path: (YOLOv5 needs it)
     python benchmarks/accuracy_parity.py --sides ours --seeds 0 --amp off   # fp32 on a CPU with AMX too
     python benchmarks/accuracy_parity.py --report   # only print the table from the CSV
+    python benchmarks/accuracy_parity.py --preset quickstart --seeds 0 1 2 3 4 5 --amp off   # README quick start
+    python benchmarks/accuracy_parity.py --preset embedded25 --seeds 0 1 2 3 4 5 --amp bf16
+
+Presets (ours only; each has its own CSV under benchmarks/results/ unless --csv is given):
+  bccd        the README's BCCD command above (the default)
+  quickstart  the README's quick start: the embedded dataset, 256, 20 epochs, hyp.no-augmentation.yaml
+  embedded25  the embedded dataset, 256, 25 epochs, the default hyp.scratch-low.yaml
 
 "best" is the epoch with the best fitness (0.1 mAP50 + 0.9 mAP50-95), read from each run's results.csv (both
 programs write YOLOv5's columns), i.e. the epoch best.pt holds.
@@ -33,6 +40,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "accuracy_bccd.csv"
+# preset -> (our train.py's arguments besides seed/project/name/amp, CSV)
+PRESETS = {
+    "quickstart": (["--imgsz", "256", "--epochs", "20", "--hyp", "hyp.no-augmentation.yaml"], "accuracy_quickstart.csv"),
+    "embedded25": (["--imgsz", "256", "--epochs", "25"], "accuracy_embedded25.csv"),
+}
 COLUMNS = ("side", "seed", "commit", "cpu", "epochs", "best_epoch", "map50", "map50_95", "first_epoch_map50_over_0.5",
            "wall_s", "date")
 
@@ -45,7 +57,10 @@ def parse_args():
     parser.add_argument("--data", default=str(ROOT.parent / "shared/datasets/bccd/data.yaml"))
     parser.add_argument("--yolov5-python", default=str(Path.home() / ".cache/yolov5-ref-venv/bin/python"))
     parser.add_argument("--yolov5-data", default="", help="data YAML for YOLOv5 (absolute 'path:')")
-    parser.add_argument("--csv", default=str(DEFAULT_CSV))
+    parser.add_argument("--preset", default="bccd", choices=("bccd", *PRESETS),
+                        help="which command: the BCCD parity run or a run on the embedded dataset (ours only)")
+    parser.add_argument("--extra", nargs="*", default=[], help="more arguments for our train.py (label them: --commit)")
+    parser.add_argument("--csv", default="")
     parser.add_argument("--commit", default="", help="label for our code's version (e.g. a commit hash)")
     parser.add_argument("--amp", default="", choices=("", "auto", "bf16", "off"),
                         help="our train.py's --amp (default: its own default, auto: bf16 only on CPUs with AMX); "
@@ -69,12 +84,15 @@ def cpu_name() -> str:
 
 
 def command(side: str, seed: int, args, project: Path) -> list[str]:
+    amp = ["--amp", args.amp] if args.amp else []
+    if args.preset in PRESETS:
+        return [sys.executable, str(ROOT / "train.py"), *PRESETS[args.preset][0], "--seed", str(seed),
+                "--project", str(project), "--name", "exp", *amp, *args.extra]
     common = ["--imgsz", "320", "--batch-size", "16", "--epochs", str(args.epochs), "--workers", "2",
               "--device", "cpu", "--seed", str(seed), "--project", str(project), "--name", "exp"]
     if side == "ours":
-        amp = ["--amp", args.amp] if args.amp else []
         return [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--cfg", str(ROOT / "models/yolov5n.yaml"),
-                "--weights", "", *common, *amp]
+                "--weights", "", *common, *amp, *args.extra]
     return [args.yolov5_python, "-m", "yolov5.train", "--data", args.yolov5_data or args.data, "--cfg", "yolov5n.yaml",
             "--weights", "", *common]
 
@@ -150,7 +168,10 @@ def report(rows: list[dict]) -> None:
 
 def main():
     args = parse_args()
-    path = Path(args.csv)
+    if args.preset in PRESETS and args.sides != ["ours"]:
+        raise SystemExit(f"--preset {args.preset} runs our train.py only (--sides ours)")
+    path = Path(args.csv or (ROOT / "benchmarks" / "results" / PRESETS[args.preset][1] if args.preset in PRESETS
+                             else DEFAULT_CSV))
     if not args.report:
         commit, cpu = args.commit or "working-tree", cpu_name()
         for side in args.sides:
