@@ -86,30 +86,6 @@ def _flag_words(action: argparse.Action, value, key: str) -> list[str]:
     return [f"{flag}={_text(value)}"]
 
 
-def _capture_rng() -> tuple:
-    import random
-
-    import numpy as np
-    import torch
-
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def _restore_rng(state: tuple) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    python, numpy_state, torch_state, cuda = state
-    random.setstate(python)
-    np.random.set_state(numpy_state)
-    torch.set_rng_state(torch_state)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
 def _matplotlib_backend() -> tuple | None:
     """(backend as set, not resolved; backend_fallback) when matplotlib is imported, else None."""
     matplotlib = sys.modules.get("matplotlib")
@@ -147,6 +123,7 @@ def api_call():
 
     from utils.loggers import setup_logging
     from utils.memory import keep_freed_memory
+    from utils.rng import rng_kept
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -155,13 +132,13 @@ def api_call():
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.deterministic)
     environment = {name: os.environ.get(name) for name in TRAINING_ENVIRONMENT}
-    rng = _capture_rng()
     backend = _matplotlib_backend()
     if not handlers:
         setup_logging()
     keep_freed_memory()  # whole-process choice: see utils/memory.py
     try:
-        yield
+        with rng_kept():
+            yield
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
@@ -175,6 +152,5 @@ def api_call():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = text
-        _restore_rng(rng)
         _restore_matplotlib_backend(backend)
         gc.collect()  # loader worker processes of the finished run end now, not at some later collection

@@ -11,11 +11,10 @@ run resumed from it continues exactly as if it had not stopped.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import asdict, dataclass, field, fields
 
-import numpy as np
-import torch
+# The generator states a checkpoint holds are made and restored by utils.rng; the trainer takes them from here.
+from utils.rng import capture_rng, restore_rng  # noqa: F401
 
 
 @dataclass
@@ -85,33 +84,3 @@ class RunState:
         if len(state.loss_sums) != 3 or not isinstance(state.results, list):
             raise ValueError("malformed run state")
         return state
-
-
-# ---------------------------------------------------------------------- random number generators
-
-def capture_rng() -> dict:
-    """Python, numpy, torch (and CUDA when initialised) global generator states, as plain data."""
-    numpy_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"bit_generator": numpy_state["bit_generator"], "key": numpy_state["state"]["key"].tolist(),
-                  "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
-                  "gauss": float(numpy_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    """Set the global generators to a ``capture_rng`` result (CUDA only when both sides have it)."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    numpy_state = state["numpy"]
-    np.random.set_state({"bit_generator": numpy_state["bit_generator"],
-                         "state": {"key": np.asarray(numpy_state["key"], dtype=np.uint32), "pos": numpy_state["pos"]},
-                         "has_gauss": numpy_state["has_gauss"], "gauss": numpy_state["gauss"]})
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
