@@ -34,11 +34,11 @@ def training_parts(cfg: str, nc: int, imgsz: int):
     from utils.config import Hyp
     from utils.loss import ComputeLoss
     from utils.trainer.ema import ModelEMA
-    from utils.trainer.optim import build_optimizer, lr_lambda
+    from utils.trainer.optim import EpochSchedule, build_optimizer, lr_lambda
 
     model = DetectionModel(cfg, nc=nc).to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(100, 0.01))
+    scheduler = EpochSchedule(optimizer, lr_lambda(100, 0.01))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     images = torch.rand(2, 3, imgsz, imgsz).contiguous(memory_format=torch.channels_last)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.2, 0.2], [1, 1, 0.3, 0.3, 0.1, 0.2]])

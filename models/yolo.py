@@ -7,7 +7,7 @@ and calls of allow-listed constructors with literal arguments, such as ``nn.Leak
 Every value is bounded before anything is built (``models.bounds``: nc, depth/width multiples, rows,
 repeats, channels, other numeric arguments such as kernel sizes, anchors positive and finite), a
 shape-only build on the meta device counts parameters and modules first, and the stride probe runs
-under ``models.budget.ActivationBudget``, so a YAML (or the YAML dict inside a checkpoint) cannot make
+under ``models.activation_budget.ActivationBudget``, so a YAML (or the YAML dict inside a checkpoint) cannot make
 the build run for minutes or exhaust memory.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 from models.bounds import (REQUIRED_KEYS, check_anchors, check_arguments, check_config, check_nc, is_count,
                            scaled_repeats)
-from models.budget import MAX_PROBE_VALUES, ActivationBudget
+from models.activation_budget import MAX_PROBE_VALUES, ActivationBudget
 from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck, BottleneckCSP, C3Ghost, C3x,
                            Concat, Contract, Conv, CrossConv, DWConv, Expand, Focus, GhostBottleneck, GhostConv,
                            RowInputs, SameChannels, ScaledChannels, default_activation, fuse_conv_and_bn)

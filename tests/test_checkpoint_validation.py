@@ -24,7 +24,8 @@ from utils.checkpoint import (CheckpointError, class_names, load_checkpoint, loa
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.errors import one_line, shorten
 from utils.trainer.ema import ModelEMA
-from utils.trainer.optim import build_optimizer, lr_lambda, restore_optimizer, restore_scaler, restore_schedule
+from utils.trainer.optim import (EpochSchedule, build_optimizer, lr_lambda, restore_optimizer, restore_scaler,
+                                 restore_schedule)
 from utils.trainer.recorder import epoch_values
 from utils.trainer.run_checks import check_against_run
 from utils.trainer.state import RunState, capture_rng
@@ -55,7 +56,7 @@ def make_resumable(data: str = "data.yaml", optimizer_name: str = "SGD", **optio
     hyp = Hyp()
     config = TrainConfig(data=data, epochs=EPOCHS, batch_size=2, imgsz=64, optimizer=optimizer_name, **options)
     optimizer = build_optimizer(model, optimizer_name, hyp.lr0, hyp.momentum, 1e-5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(EPOCHS, hyp.lrf))
+    scheduler = EpochSchedule(optimizer, lr_lambda(EPOCHS, hyp.lrf))
     ema = ModelEMA(model)
     for _ in range(2):
         outputs = model(torch.rand(1, 3, 64, 64))
@@ -258,10 +259,10 @@ def test_settings_come_from_the_hyp_and_position_not_the_file(resumable):
     saved = mutate(resumable, lambda c: [group.update(lr=123.0, momentum=0.1, maximize=True, weight_decay=0.5,
                                                       nesterov=False, initial_lr=7.0)
                                          for group in c["training"]["optimizer"]["param_groups"]])
-    saved["training"]["scheduler"].update(base_lrs=[99.0] * 3, last_epoch=77)
+    saved["training"]["scheduler"].update(base_lrs=[99.0] * 3, last_epoch=77, epoch=77)
     model = tiny_model()
     optimizer = build_optimizer(model, "SGD", hyp.lr0, hyp.momentum, 1e-5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(EPOCHS, hyp.lrf))
+    scheduler = EpochSchedule(optimizer, lr_lambda(EPOCHS, hyp.lrf))
     state = training_state(saved, Path("last.pt"))
     restore_optimizer(optimizer, state.optimizer)
     restore_schedule(scheduler, state.run["epoch"])
@@ -270,8 +271,7 @@ def test_settings_come_from_the_hyp_and_position_not_the_file(resumable):
         assert group["lr"] == hyp.lr0 * factor and group["initial_lr"] == hyp.lr0
         assert group["momentum"] == hyp.momentum and group["maximize"] is False and group["nesterov"] is True
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 1e-5, 0.0]
-    assert scheduler.last_epoch == 1 and scheduler.base_lrs == [hyp.lr0] * 3
-    assert scheduler.get_last_lr() == [hyp.lr0 * factor] * 3
+    assert scheduler.epoch == 1 and scheduler.rates() == [hyp.lr0 * factor] * 3
     for index, entry in resumable["training"]["optimizer"]["state"].items():  # the state itself is loaded
         parameter = [p for g in optimizer.param_groups for p in g["params"]][index]
         assert torch.equal(optimizer.state[parameter]["momentum_buffer"], entry["momentum_buffer"])

@@ -9,7 +9,7 @@ from torch import nn
 
 from utils.config import ConfigError, Hyp
 from utils.trainer.ema import ModelEMA
-from utils.trainer.optim import (accumulate_steps, apply_warmup, build_optimizer, lr_lambda,
+from utils.trainer.optim import (EpochSchedule, accumulate_steps, apply_warmup, build_optimizer, lr_lambda,
                                  scaled_weight_decay, warmup_iterations)
 
 
@@ -76,7 +76,7 @@ def warmup_setup(name="SGD", epochs=10):
     hyp = Hyp()  # lr0 0.01, lrf 0.01, momentum 0.937, warmup_momentum 0.8, warmup_bias_lr 0.1
     optimizer = build_optimizer(tiny_model(), name, hyp.lr0, hyp.momentum, 0.0005)
     lf = lr_lambda(epochs, hyp.lrf)
-    torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)  # sets initial_lr per group
+    EpochSchedule(optimizer, lf)  # sets initial_lr per group
     return hyp, optimizer, lf
 
 

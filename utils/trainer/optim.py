@@ -11,7 +11,7 @@ Gradients are accumulated to a nominal batch of 64 images, and the hyp weight de
 
 Resuming (``restore_optimizer``, ``restore_schedule``, ``restore_scaler``) takes only state from the
 checkpoint (momentum buffers, Adam moments and step counts, the fp16 loss scale); every setting (lr,
-momentum, betas, weight decay, nesterov, maximize, the scheduler's attributes) is rebuilt from the
+momentum, betas, weight decay, nesterov, maximize, the learning rate) is rebuilt from the
 validated hyp, config and position, so a file cannot override them.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momen
 
 
 def lr_lambda(epochs: int, lrf: float, cos: bool = False) -> Callable[[float], float]:
-    """Per-epoch lr multiplier for LambdaLR: 1 at epoch 0, ``lrf`` at ``epochs``.
+    """Per-epoch lr multiplier: 1 at epoch 0, ``lrf`` at ``epochs``.
 
     Linear by default, one-cycle cosine with ``cos``."""
     if cos:
@@ -98,12 +98,40 @@ def lr_lambda(epochs: int, lrf: float, cos: bool = False) -> Callable[[float], f
     return factor
 
 
-def retarget_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, lf: Callable[[float], float]) -> None:
-    """Make a LambdaLR follow ``lf`` (e.g. ``lr_lambda`` for a new epoch count, --time) from where it stands:
-    every group's lr becomes ``initial_lr * lf(last_epoch)``, as if the schedule had used ``lf`` from the start."""
-    scheduler.lr_lambdas = [lf] * len(scheduler.optimizer.param_groups)
-    scheduler.last_epoch -= 1
-    scheduler.step()  # recomputes the lrs for last_epoch with the new multiplier
+class EpochSchedule:
+    """The learning rate as a function of the epoch: every group's lr is ``initial_lr * factor(epoch)``.
+
+    ``initial_lr`` is each group's lr when the schedule is made (the hyp's lr0), kept in the group as
+    torch's schedulers keep it (warmup ramps towards ``initial_lr * factor(epoch)``). The schedule holds no
+    other state: ``set_epoch`` puts the rates where any epoch's start has them (resume), ``retarget`` swaps
+    the factor (--time: a new epoch count) from where the run stands. ``state_dict`` is the epoch, for the
+    checkpoint's record; resuming never reads it (the position comes from the run state)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[float], float]):
+        self.optimizer, self.factor, self.epoch = optimizer, factor, 0
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.factor(self.epoch)
+
+    def step(self) -> None:
+        """The end of an epoch: the next epoch's rates."""
+        self.set_epoch(self.epoch + 1)
+
+    def retarget(self, factor: Callable[[float], float]) -> None:
+        """Follow ``factor`` from the current epoch on, as if the schedule had used it from the start."""
+        self.factor = factor
+        self.set_epoch(self.epoch)
+
+    def rates(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
 
 
 def warmup_iterations(warmup_epochs: float, batches_per_epoch: int) -> int:
@@ -121,7 +149,7 @@ def apply_warmup(optimizer: torch.optim.Optimizer, global_step: int, warmup_iter
 
     While ``global_step <= warmup_iters`` each quantity is interpolated linearly over
     [0, warmup_iters]: lr from ``warmup_bias_lr`` (group 0, biases) or 0 (other groups) to
-    ``initial_lr * lf(epoch)`` (``initial_lr`` is set by the LambdaLR scheduler, create it first);
+    ``initial_lr * lf(epoch)`` (``initial_lr`` is set by ``EpochSchedule``, create it first);
     momentum from ``warmup_momentum`` to ``hyp.momentum`` in groups that have a ``momentum`` key
     (SGD; Adam/AdamW betas are left alone, as in YOLOv5); accumulation from 1 to
     ``nominal_batch / batch_size``, rounded half to even as numpy does, at least 1.
@@ -146,17 +174,11 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     optimizer.load_state_dict({"state": saved["state"], "param_groups": own_groups})
 
 
-def restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, epoch: int) -> None:
-    """Put the scheduler and its optimizer's learning rates where ``epoch`` scheduler steps leave them: each
-    group's lr is ``initial_lr * lr_lambda(epoch)``, the value an uninterrupted run has from that epoch's
-    start (or from the end of warmup, which sets its own values before each of its steps). ``base_lrs`` are
-the groups' ``initial_lr``, the hyp's lr0."""
-    optimizer = scheduler.optimizer
-    rates = [base * factor(epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]  # as its step()
-    for group, rate in zip(optimizer.param_groups, rates):
-        group["lr"] = rate
-    scheduler.load_state_dict({**scheduler.state_dict(), "last_epoch": epoch, "_step_count": epoch + 1,
-                               "_last_lr": rates})
+def restore_schedule(schedule: EpochSchedule, epoch: int) -> None:
+    """Put the learning rates where ``epoch`` finished epochs leave them: ``initial_lr * factor(epoch)``, the
+    value an uninterrupted run has from that epoch's start (or from the end of warmup, which sets its own
+    values before each of its steps); ``initial_lr`` is the hyp's lr0, never a value from the file."""
+    schedule.set_epoch(epoch)
 
 
 def restore_scaler(scaler, saved: dict) -> None:
