@@ -1,6 +1,6 @@
 """--time HOURS: the epoch count that fits (pure functions), the decision after the first epoch and the early
 stop, the LR schedule rebuilt for the chosen count, a tiny run that ends as a normal run, and --resume keeping
-the chosen count. Runs that need a known epoch time use a controlled clock (utils.trainer.budget.clock)."""
+the chosen count. Runs that need a known epoch time use a controlled clock (utils.trainer.time_budget.clock)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +17,9 @@ from tests.conftest import make_tiny_run
 from tests.test_resume import StopAfterEpoch
 from utils.config import Hyp, TrainConfig
 from utils.plots import read_results_csv
-from utils.trainer import budget, trainer
-from utils.trainer.budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
-from utils.trainer.optim import lr_lambda, retarget_schedule, warmup_iterations
+from utils.trainer import time_budget as budget, trainer
+from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
+from utils.trainer.optim import EpochSchedule, lr_lambda, warmup_iterations
 from utils.trainer.resume import ResumeOptionError, option_changes
 from utils.trainer.state import RunState
 
@@ -59,22 +59,43 @@ def test_time_budget_counts_the_time_spent_before_a_resume(monkeypatch):
 
 
 def test_retargeted_schedule_equals_one_built_for_the_new_count():
-    def scheduler(epochs):
+    def schedule(epochs):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(epochs, 0.01))
+        return EpochSchedule(optimizer, lr_lambda(epochs, 0.01))
 
-    retargeted, planned = scheduler(100), scheduler(7)
+    retargeted, planned = schedule(100), schedule(7)
     for _ in range(3):
         retargeted.optimizer.step()
         planned.optimizer.step()
         retargeted.step()
         planned.step()
-        if retargeted.last_epoch == 1:
-            retarget_schedule(retargeted, lr_lambda(7, 0.01))  # decided after the first epoch
+        if retargeted.epoch == 1:
+            retargeted.retarget(lr_lambda(7, 0.01))  # decided after the first epoch
     assert retargeted.optimizer.param_groups[0]["lr"] == planned.optimizer.param_groups[0]["lr"]
     for _ in range(4):
         retargeted.step()
     assert retargeted.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.01)  # lrf at epoch 7
+
+
+def test_epoch_schedule_is_a_function_of_the_epoch_and_matches_lambda_lr():
+    """The schedule's rates equal torch's LambdaLR's bit for bit (the runs before it used LambdaLR), at any epoch
+    set directly (resume) as after stepping there, and it keeps no state but the epoch."""
+    def optimizer():
+        weights = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+        return torch.optim.SGD([{"params": [w], "lr": lr} for w, lr in zip(weights, (0.1, 0.01, 0.02))], lr=0.01)
+
+    factor = lr_lambda(30, 0.01, cos=True)
+    ours, reference = EpochSchedule(optimizer(), factor), torch.optim.lr_scheduler.LambdaLR(optimizer(), factor)
+    for epoch in range(1, 31):
+        ours.optimizer.step()
+        reference.optimizer.step()
+        ours.step()
+        reference.step()
+        assert ours.rates() == reference.get_last_lr(), epoch
+        jumped = EpochSchedule(optimizer(), factor)
+        jumped.set_epoch(epoch)
+        assert jumped.rates() == ours.rates()
+    assert ours.state_dict() == {"epoch": 30}
 
 
 def budget_stub(hours, spent, epochs_done, planned, epochs, monkeypatch, noval=False):
@@ -91,7 +112,10 @@ def budget_stub(hours, spent, epochs_done, planned, epochs, monkeypatch, noval=F
 def test_decision_after_the_first_epoch_and_the_early_stop(monkeypatch, caplog):
     caplog.set_level("INFO")
     stats = SimpleNamespace(validation_time=1.0)
-    decide = trainer.Trainer._budget_decision
+
+    def decide(stub, stats):
+        return trainer.Trainer._budget_decision(stub, stats, stub.state.epoch)
+
     # first epoch: 10 s of a 36 s budget, 2 s reserved: 1 + floor(24 / 10) = 3 epochs
     assert decide(budget_stub(0.01, 10.0, 1, 0, 100, monkeypatch), stats) == (3, False)
     assert "--time 0.01 h: 1 epoch took 10.0 s, training 3 epochs (2.0 s kept for the final validation)" in caplog.text
@@ -232,3 +256,58 @@ def test_resume_keeps_the_chosen_epoch_count_and_is_exact(tmp_path, epoch_clock,
     assert "continuing the 3 epochs chosen after the first epoch (20.0 s spent)" in out
     assert (tmp_path / "runs" / "crashed" / "results.csv").read_text() == straight
     assert math.isclose(float(re.search(r"took \S+ h \((\S+) s\) of training time", out)[1]), 21.0)
+
+
+@pytest.mark.slow
+def test_the_epoch_that_runs_out_of_time_is_validated_and_recorded(tmp_path, epoch_clock, monkeypatch, capsys):
+    """--noval: only the final epoch is validated. When the budget ends the run earlier than planned, the epoch
+    it ends on is validated too (its results row, best.pt and the final metrics are the run's, not zeros), and
+    last.pt records the stop, so a resume after a crash before the end trains no further epoch."""
+    data, cfg = make_tiny_run(tmp_path)
+    # 72 s: after a first epoch of 10 s, 5 epochs fit (15 s kept for 3 estimated validations); a second epoch of
+    # 40 s leaves no room for a third: the run ends on epoch 2 of the 5 planned
+    seconds = iter([10.0, 40.0, 40.0])
+
+    real = trainer.train_one_epoch
+
+    def uneven(*args, **kwargs):
+        epoch_clock.epoch_seconds = next(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", uneven)  # runs inside the fixture's timed wrapper
+    real_final = trainer.final_validation
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies after last.pt, before the end of the run
+
+    monkeypatch.setattr(trainer, "final_validation", crash)
+    args = tiny_args(tmp_path, data, cfg, "noval", "--time", "0.02", "--noplots", "--noval")
+    assert train_capturing_stdout(args)[0] == 130  # "train.py: interrupted"
+    run = tmp_path / "runs" / "noval"
+    table = read_results_csv(run / "results.csv")
+    assert len(table["epoch"]) == 2  # stopped after 2 of the 5 planned epochs
+    assert table["val/box_loss"][0] == 0 and table["val/box_loss"][1] > 0  # --noval, but the last one validated
+    assert table["val/obj_loss"][1] > 0
+    run_state = torch.load(run / "weights" / "last.pt", weights_only=True)["training"]["run"]
+    assert (run_state["epoch"], run_state["planned_epochs"]) == (2, 2)  # the stop is part of the run state
+
+    monkeypatch.setattr(trainer, "final_validation", real_final)
+    status, out = train_capturing_stdout(["--resume", str(run / "weights" / "last.pt")])
+    assert status == 0
+    assert len(read_results_csv(run / "results.csv")["epoch"]) == 2  # no third epoch
+    assert "Validating" in out and "2 epochs completed" in out
+
+
+@pytest.mark.slow
+def test_time_without_epochs_never_shows_the_internal_cap(tmp_path, capfd):
+    data, cfg = make_tiny_run(tmp_path)
+    args = [a for a in tiny_args(tmp_path, data, cfg, "uncapped", "--time", "0.001", "--noplots", "--noval")]
+    at = args.index("--epochs")
+    del args[at:at + 2]
+    assert train_script.main(args) == 0
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    assert str(train_script.TIME_MAX_EPOCHS) not in text
+    assert "1/?" in text  # the first epoch's progress bar, before the budget sets the count
+    table = read_results_csv(tmp_path / "runs" / "uncapped" / "results.csv")
+    assert table["val/box_loss"][-1] > 0 and all(table["val/box_loss"][:-1] == 0)  # --noval: the last one only

@@ -119,10 +119,11 @@ def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tens
     return F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
 
 
-def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, device: torch.device, warmup,
+def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None, device: torch.device, warmup,
                     at_step_boundary=None, multi_scale_size=None, batch_hook=None) -> EpochStats:
     """Train over the rest of ``loader``'s epoch (``state.epoch`` from batch ``state.batch``; the loader
-    must already skip the batches done). ``warmup`` is a callable(global_step, epoch) -> accumulate count;
+    must already skip the batches done; ``epochs`` is the run's epoch count for the progress bar, None when
+    not known yet). ``warmup`` is a callable(global_step, epoch) -> accumulate count;
     ``at_step_boundary()`` runs after each optimizer step and returns True to end the epoch there;
     ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics);
     ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch."""
@@ -166,7 +167,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int, devic
         state.loss_sums = totals.tolist()
         mean = totals / max(state.loss_batches, 1)
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
-            f"{epoch + 1}/{epochs}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
+            f"{epoch + 1}/{epochs or '?'}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
         if stepping and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
             stats.stopped = True
             break

@@ -33,9 +33,9 @@ from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
-from utils.trainer.optim import (accumulate_steps, build_optimizer, lr_lambda, restore_optimizer, restore_scaler,
-                                 restore_schedule, retarget_schedule, scaled_weight_decay, warmup_iterations)
-from utils.trainer.budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
+from utils.trainer.optim import (EpochSchedule, accumulate_steps, build_optimizer, lr_lambda, restore_optimizer,
+                                 restore_scaler, restore_schedule, scaled_weight_decay, warmup_iterations)
+from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
 from utils.trainer.run_checks import check_against_run
@@ -148,8 +148,9 @@ class Trainer:
             step.ema.ema.load_state_dict(ema_entry["state_dict"])
             step.ema.updates = int(resume.ema_updates)
         self.state = RunState.from_dict(resume.run)
-        LOGGER.info("Resuming %s from epoch %d/%d, batch %d/%d", resume.path, self.state.epoch + 1, self.config.epochs,
-                    self.state.batch, self.data.batches_per_epoch)
+        planned = self.state.planned_epochs or (None if self.config.time else self.config.epochs)
+        LOGGER.info("Resuming %s from epoch %d/%s, batch %d/%d", resume.path, self.state.epoch + 1,
+                    planned or "?", self.state.batch, self.data.batches_per_epoch)
 
     def _restore_rng(self, saved: list) -> None:
         """Each process's generators as saved; with another number of processes, a warning instead."""
@@ -181,7 +182,7 @@ class Trainer:
         they would for ``--epochs epochs``; warmup keeps its length."""
         self.epochs = self.state.planned_epochs = int(epochs)
         lf = lr_lambda(self.epochs, self.hyp.lrf, cos=self.config.cos_lr)
-        retarget_schedule(self.scheduler, lf)
+        self.scheduler.retarget(lf)
         warmup_iters = warmup_iterations(self.hyp.warmup_epochs, self.data.batches_per_epoch)
         self.warmup = make_warmup(self.step.optimizer, warmup_iters, lf, self.hyp, self.config.batch_size)
 
@@ -190,22 +191,22 @@ class Trainer:
             return f"--time {self.budget.hours:g} h (the epoch count is set after the first epoch)"
         return f"{self.epochs} epochs"
 
-    def _check_budget(self, stats) -> bool:
-        """--time, after an epoch (decided by the main process, the same on every process): after the first,
-        set the epoch count to what fits; after a later one, True when not even one more epoch fits."""
+    def _check_budget(self, stats, done: int) -> bool:
+        """--time, after ``done`` epochs (decided by the main process, the same on every process): after the
+        first, set the epoch count to what fits; after a later one, True when not even one more epoch fits."""
         if self.budget is None:
             return False
-        decision = self._budget_decision(stats) if self.main else None
+        decision = self._budget_decision(stats, done) if self.main else None
         planned, stop = dist.broadcast_object(decision, phase="decide the --time epoch count")
         if planned:
             self._set_epoch_count(planned)
         return stop
 
-    def _budget_decision(self, stats) -> tuple[int, bool]:
+    def _budget_decision(self, stats, done: int) -> tuple[int, bool]:
         """(epoch count to set or 0, stop now) from the time spent and a reserve for the final validation."""
-        spent, done, config = self.budget.spent(), self.state.epoch, self.config
+        spent, config = self.budget.spent(), self.config
         validation_s = stats.validation_time
-        if config.noval:  # not measured: estimated from the training batches' time
+        if config.noval and done < self.epochs:  # not measured: estimated from the training batches' time
             validation_s = validation_estimate(spent / done, self.data.batches_per_epoch, len(self.data.val_loader))
         reserve = end_reserve(validation_s, config.noval, plots=not config.noplots)
         fit = epochs_that_fit(self.budget.seconds, spent, done, reserve, most=config.epochs)
@@ -259,21 +260,25 @@ class Trainer:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
         batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
-        stats = train_one_epoch(step, self.data.train_loader, state, self.epochs, self.device, self.warmup,
+        stats = train_one_epoch(step, self.data.train_loader, state, self._epochs_shown(), self.device, self.warmup,
                                 self._at_step_boundary, multi_scale, batch_hook)
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
         self.scheduler.step()
-        final_epoch = epoch + 1 == self.epochs
         self._agree_on_weights()
-        values, fitness, maps = self._validate(stats, learning_rates, final_epoch)
+        validated = not config.noval or epoch + 1 >= self.epochs  # --noval: only the final epoch
+        values, fitness, maps = self._validate(stats, learning_rates, validated, epoch + 1 >= self.epochs)
+        out_of_time = self._check_budget(stats, epoch + 1)  # --time: may set self.epochs, or end the run here
+        if out_of_time:
+            self.epochs = state.planned_epochs = epoch + 1  # recorded: a resume trains no further epoch
+        if epoch + 1 >= self.epochs and not validated:  # the budget made this the final epoch: it is validated too
+            values, fitness, maps = self._validate(stats, learning_rates, True, True)
         # the main process's row (its training losses); the metrics agree already
         values = dist.broadcast_object(values, phase="share the epoch's results row")
         improved = state.end_epoch(values, fitness)
         state.maps = maps if maps is not None else state.maps
-        out_of_time = self._check_budget(stats)  # --time: may set self.epochs, or end the run here
-        final_epoch = state.epoch >= self.epochs or out_of_time
+        final_epoch = state.epoch >= self.epochs
         if self.main:
             self.recorder.log(epoch, values)
             if epoch == 0 and not config.noplots:
@@ -288,6 +293,12 @@ class Trainer:
             return True
         return out_of_time
 
+    def _epochs_shown(self) -> int | None:
+        """The run's epoch count for messages; None while --time has not chosen it yet (shown as '?')."""
+        if self.budget is not None and not self.state.planned_epochs:
+            return None
+        return self.epochs
+
     def _agree_on_weights(self) -> None:
         """DDP: the main process's BatchNorm running statistics (each process updated its own from its own
         batches unless --sync-bn) and EMA become every process's, before validating and saving."""
@@ -297,14 +308,14 @@ class Trainer:
         ema = [v for v in self.step.ema.ema.state_dict().values() if v.dtype.is_floating_point]
         dist.broadcast_tensors(buffers + ema, phase="send BatchNorm statistics and EMA")
 
-    def _validate(self, stats, learning_rates, final_epoch: bool):
-        """Validate the EMA model through its fused copy, every process its share of the val set;
-        (results row, fitness, per-class mAPs), the same on every process."""
+    def _validate(self, stats, learning_rates, validate: bool, plots: bool):
+        """Validate the EMA model through its fused copy, every process its share of the val set (when
+        ``validate``); (results row, fitness, per-class mAPs), the same on every process."""
         val_start = time.perf_counter()
         metrics = None
-        if not self.config.noval or final_epoch:
+        if validate:
             metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
-                                     self.val_loss, self.save_dir, plots=final_epoch and not self.config.noplots,
+                                     self.val_loss, self.save_dir, plots=plots and not self.config.noplots,
                                      precision=self.step.precision, distributed=self.info.distributed)
         stats.validation_time = time.perf_counter() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
@@ -336,7 +347,7 @@ class Trainer:
     def _interrupted_message(self) -> str:
         last = self.save_dir / "weights" / "last.pt"
         return (f"stopped by {_signal_name(self.control.signal_number)} at epoch {self.state.epoch + 1}/"
-                f"{self.epochs}, batch {self.state.batch}/{self.data.batches_per_epoch}; {last} holds this "
+                f"{self._epochs_shown() or '?'}, batch {self.state.batch}/{self.data.batches_per_epoch}; {last} holds this "
                 f"position. Resume with: python train.py --resume {last}")
 
     def _finish(self, start: float) -> TrainResult:
@@ -390,7 +401,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
     weight_decay = scaled_weight_decay(hyp.weight_decay, config.batch_size, accumulate)
     optimizer = build_optimizer(model, config.optimizer, hyp.lr0, hyp.momentum, weight_decay)
     lf = lr_lambda(config.epochs, hyp.lrf, cos=config.cos_lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
+    scheduler = EpochSchedule(optimizer, lf)
     ema = ModelEMA(model)  # on every process: each validates its share of the val set
     precision = choose_precision(config.amp, device, model)
     compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
