@@ -251,6 +251,7 @@ def run_evolution(config, space_path: str) -> int:
         if not config.cfg and not config.weights:
             config.cfg = str(ROOT / "models/yolov5n.yaml")
         device = setup_process(config.device)
+        config = check_evolution_command(config, base, device)  # a mistake in the command: before any generation
 
         def run_generation(hyp, number: int) -> dict:
             scratch = make_scratch_folder(folder, number)  # this generation's own folder (a random name)
@@ -271,6 +272,29 @@ def run_evolution(config, space_path: str) -> int:
         LOGGER.info("Evolution results in %s (evolve.csv, hyp_evolve.yaml, evolve.png). Train with the best: "
                     "python train.py --hyp %s", folder, folder / "hyp_evolve.yaml")
     return 0
+
+
+def check_evolution_command(config, base_hyp, device):
+    """What every generation of an evolution shares, checked once before the first: the dataset YAML (--data),
+    the model (--cfg / --weights) and the batch (--batch-size -1: AutoBatch measured once, in the precision the
+    runs train in, for the whole evolution). A mistake is one UserError line and no evolve.csv row; returns
+    ``config`` with the batch resolved."""
+    import dataclasses
+
+    from utils.autobatch import auto_batch_size, check_request
+    from utils.trainer.amp import choose_precision
+    from utils.trainer.setup import build_training_model
+    from utils.trainer.stages import load_data
+
+    check_request(config.batch_size, device)
+    data_cfg, names = load_data(config)
+    model = build_training_model(config.cfg, config.weights, len(names), names, anchors=base_hyp.anchors)
+    if config.batch_size == -1:
+        precision = choose_precision(config.amp, device, model)
+        config = dataclasses.replace(config, batch_size=auto_batch_size(config, model, device, data_cfg,
+                                                                        precision.dtype))
+        LOGGER.info("Evolve: every generation trains with batch %d (AutoBatch)", config.batch_size)
+    return config
 
 
 def _shared(decide):

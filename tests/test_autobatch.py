@@ -97,7 +97,7 @@ def test_memory_that_does_not_grow_uses_the_largest_measured_batch():
 
 def test_refused_on_the_cpu_with_one_line(tmp_path, capsys):
     with pytest.raises(AutoBatchError, match="memory is not the limit: give --batch-size") as error:
-        autobatch.resolve_batch_size(-1, None, 640, torch.device("cpu"), "auto", lambda: 100)
+        autobatch.resolve_batch_size(-1, None, 640, torch.device("cpu"), None, lambda: 100)
     assert error.value.exit_code == 2
     project = tmp_path / "runs"
     assert train_script.main(["--batch-size", "-1", "--device", "cpu", "--epochs", "1", "--project", str(project)]) == 2
@@ -110,7 +110,7 @@ def test_refused_on_the_cpu_with_one_line(tmp_path, capsys):
 def test_a_given_batch_is_kept_without_measuring():
     def never(*args):
         raise AssertionError("measured a given batch")
-    assert autobatch.resolve_batch_size(24, None, 640, torch.device("cpu"), "auto", never, never, never) == 24
+    assert autobatch.resolve_batch_size(24, None, 640, torch.device("cpu"), None, never, never, never) == 24
 
 
 def test_resolved_on_the_main_process_with_the_smallest_free_memory_and_shared(monkeypatch):
@@ -120,10 +120,10 @@ def test_resolved_on_the_main_process_with_the_smallest_free_memory_and_shared(m
     monkeypatch.setattr(autobatch.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(autobatch.dist, "gather_object", lambda value, phase: [value, 6 * GIB])
     monkeypatch.setattr(autobatch.dist, "broadcast_object", lambda value, phase: shared.append(value) or value)
-    factory = lambda model, imgsz, device, amp: linear_probe(0.25 * GIB, 1.5 * GIB)  # noqa: E731
-    total = autobatch.resolve_batch_size(-1, None, 640, CUDA, "auto", lambda: 1000, factory, lambda d: 10 * GIB)
+    factory = lambda model, imgsz, device, dtype: linear_probe(0.25 * GIB, 1.5 * GIB)  # noqa: E731
+    total = autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 1000, factory, lambda d: 10 * GIB)
     assert shared == [("ok", 13)] and total == 26  # (0.8 * 6 - 1.5) / 0.25 = 13.2 per process
-    total = autobatch.resolve_batch_size(-1, None, 640, CUDA, "auto", lambda: 20, factory, lambda d: 10 * GIB)
+    total = autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 20, factory, lambda d: 10 * GIB)
     assert total == 20  # 20 images: at most 10 per process
 
 
@@ -141,22 +141,44 @@ def test_minus_one_on_resume_keeps_the_runs_batch():
     assert option_changes({"batch_size": -1}, TrainConfig(batch_size=24)) == {}
 
 
-def test_the_chosen_batch_is_saved_with_the_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("multi_scale", [False, True])
+def test_the_chosen_batch_is_saved_with_the_run(tmp_path, monkeypatch, multi_scale):
     """The trainer resolves -1 before writing opt.yaml and checkpoints: the run (and its resume) keeps the
-    chosen batch. The CUDA parts (device check, free memory, the probe) are replaced by fakes."""
+    chosen batch. It is measured in the precision the run trains in (chosen first: on CUDA after the fp16
+    self-check) and at the largest size --multi-scale draws. The CUDA parts (device check, free memory, the
+    probe) are replaced by fakes."""
+    from utils.trainer import trainer
+    from utils.trainer.amp import Precision
+
     data, cfg = make_tiny_run(tmp_path)
     probed = []
 
-    def fake_factory(model, imgsz, device, amp):
-        probed.append((imgsz, amp))
+    def fake_factory(model, imgsz, device, dtype):
+        probed.append((imgsz, dtype))
         return linear_probe(GIB, 0.5 * GIB)
+
+    def fp32_after_a_failed_self_check(amp, device, model):
+        return Precision(device.type, None, torch.amp.GradScaler(device.type, enabled=False))
     monkeypatch.setattr(autobatch, "refuse_on", lambda device: None)
     monkeypatch.setattr(autobatch, "training_step_probe", fake_factory)
+    monkeypatch.setattr(trainer, "choose_precision", fp32_after_a_failed_self_check)
     monkeypatch.setattr("utils.device.cuda_memory", lambda device: (int(5 / 0.8 * GIB), 80 * GIB))
     args = ["--data", str(data), "--cfg", str(cfg), "--imgsz", "60", "--batch-size", "-1", "--epochs", "1",
             "--device", "cpu", "--project", str(tmp_path / "runs"), "--noautoanchor", "--noplots", "--workers", "0"]
-    assert train_script.main(args) == 0
-    assert probed == [(64, "auto")]  # the run's image size, rounded up to the stride
+    assert train_script.main(args + (["--multi-scale"] if multi_scale else [])) == 0
+    # the run's image size rounded up to the stride (64); --multi-scale draws up to 1.5 x 64 = 96
+    assert probed == [(96 if multi_scale else 64, None)]
     run = tmp_path / "runs" / "exp"
     assert yaml.safe_load((run / "opt.yaml").read_text())["batch_size"] == 4  # (5 - 0.5) / 1 = 4.5
     assert torch.load(run / "weights" / "last.pt", weights_only=True)["config"]["batch_size"] == 4
+
+
+def test_multi_scale_bounds_are_the_sizes_it_draws():
+    import numpy as np
+
+    from utils.data.transforms import multi_scale_bounds, multi_scale_size
+
+    for imgsz, stride in ((64, 32), (640, 32), (320, 64), (100, 32)):
+        rng = np.random.default_rng(0)
+        drawn = {multi_scale_size(imgsz, stride, rng) for _ in range(5000)}
+        assert (min(drawn), max(drawn)) == multi_scale_bounds(imgsz, stride)

@@ -304,3 +304,78 @@ def test_run_evolution_records_a_diverged_generation_and_cleans_its_folders(tmp_
     rows, count = read_rows(tmp_path / "e" / CSV_NAME)
     assert count == 3 and [row.fitness == 0 for row in rows] == [False, True, False]
     assert not [p for p in (tmp_path / "e").iterdir() if p.name.startswith(SCRATCH_PREFIX)]
+
+
+# ----------------------------------------------------------------------------- a mistake in the command
+def evolve_args(root, *extra):
+    return ["--evolve", "3", "--epochs", "1", "--imgsz", "64", "--batch-size", "4", "--workers", "0",
+            "--device", "cpu", "--project", str(root / "runs"), "--name", "evolve", "--noautoanchor", *extra]
+
+
+@pytest.mark.parametrize("mistake, status, expected", [
+    ("data", 1, "missing.yaml"),
+    ("cfg", 1, "bad.yaml"),
+    ("autobatch", 2, "--batch-size -1 (AutoBatch)"),
+])
+def test_a_mistake_in_the_command_stops_before_any_generation(tmp_path, capsys, mistake, status, expected):
+    """--evolve with a missing --data, a bad --cfg or AutoBatch refused: one line before the first generation,
+    no evolve folder and no evolve.csv row (YOLOv5 records three fitness-0 generations and exits 0)."""
+    import train as train_script
+    from tests.conftest import make_tiny_run
+
+    data, cfg = make_tiny_run(tmp_path)
+    bad_cfg = tmp_path / "bad.yaml"
+    bad_cfg.write_text("nc: 2\nbackbone: [[-1, 1, NoSuchBlock, [16]]]\nhead: []\n")
+    options = {"data": ["--data", str(tmp_path / "missing.yaml"), "--cfg", str(cfg)],
+               "cfg": ["--data", str(data), "--cfg", str(bad_cfg)],
+               "autobatch": ["--data", str(data), "--cfg", str(cfg), "--batch-size", "-1"]}[mistake]
+    assert train_script.main(evolve_args(tmp_path, *options)) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error: ") and expected in err[0], err
+    assert not (tmp_path / "runs" / "evolve").exists()
+
+
+def test_only_failures_of_the_hyperparameters_are_recorded(tmp_path):
+    """A generation that fails for another reason (a file, the data: the same for every generation) gives its
+    number back and stops the evolution with that reason: no fitness-0 row."""
+    from utils.errors import UserError
+
+    with pytest.raises(UserError, match="labels folder vanished"):
+        evolve(diverging_at(2, error=UserError("data/labels: labels folder vanished")), 3, tmp_path, SPACE, BASE,
+               plots=False)
+    rows, count = read_rows(tmp_path / CSV_NAME)
+    assert count == 1 and rows[0].fitness > 0  # generation 1 only
+    with FolderLock(tmp_path) as lock:
+        assert lock.claim(count) == 2
+
+
+@pytest.mark.slow
+def test_autobatch_is_decided_once_for_the_whole_evolution(tmp_path, monkeypatch):
+    """--evolve 2 --batch-size -1: AutoBatch measures once, before the first generation, and every generation
+    trains with that batch (the CUDA parts are fakes: free memory, the probe)."""
+    import train as train_script
+    from tests.conftest import make_tiny_run
+    from tests.test_autobatch import GIB, linear_probe
+    from utils import autobatch
+    from utils.trainer import trainer
+
+    data, cfg = make_tiny_run(tmp_path)
+    probed, batches = [], []
+
+    def fake_factory(model, imgsz, device, dtype):
+        probed.append(imgsz)
+        return linear_probe(GIB, 0.5 * GIB)
+    real_build_data = trainer.build_data
+
+    def recording_build_data(config, *args, **kwargs):
+        batches.append(config.batch_size)
+        return real_build_data(config, *args, **kwargs)
+    monkeypatch.setattr(autobatch, "refuse_on", lambda device: None)
+    monkeypatch.setattr(autobatch, "training_step_probe", fake_factory)
+    monkeypatch.setattr("utils.device.cuda_memory", lambda device: (int(5 / 0.8 * GIB), 80 * GIB))
+    monkeypatch.setattr(trainer, "build_data", recording_build_data)
+    args = evolve_args(tmp_path, "--data", str(data), "--cfg", str(cfg), "--batch-size", "-1", "--noplots")
+    args[1] = "2"
+    assert train_script.main(args) == 0
+    assert probed == [64] and batches == [4, 4]  # (5 - 0.5) / 1 GiB per image = 4.5
+    assert read_rows(tmp_path / "runs" / "evolve" / CSV_NAME)[1] == 2

@@ -142,11 +142,13 @@ def refuse_on(device: torch.device) -> None:
                              f"{torch.device(device).type} memory is not the limit: give --batch-size (e.g. 16)")
 
 
-def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, device: torch.device, amp: str,
-                       train_images: Callable[[], int], probe_factory=None, free_memory=None) -> int:
+def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, device: torch.device,
+                       dtype: torch.dtype | None, train_images: Callable[[], int], probe_factory=None,
+                       free_memory=None) -> int:
     """``batch_size`` itself, or for -1 the total batch AutoBatch chooses (decided on the main process, the same
-    on every process). ``train_images()`` counts the training images (called on the main process only);
-    ``probe_factory(model, imgsz, device, amp)`` and ``free_memory(device)`` default to the CUDA ones."""
+    on every process) for training steps at ``imgsz`` under ``dtype`` autocast (None: fp32). ``train_images()``
+    counts the training images (called on the main process only); ``probe_factory(model, imgsz, device, dtype)``
+    and ``free_memory(device)`` default to the CUDA ones."""
     if batch_size != AUTO:
         return batch_size
     refuse_on(device)
@@ -160,7 +162,7 @@ def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, devi
     if dist.is_main_process():
         try:
             limit = max(1, min(MAX_BATCH_SIZE, train_images() // processes))
-            choice = autobatch(probe_factory(model, imgsz, device, amp), free, limit)
+            choice = autobatch(probe_factory(model, imgsz, device, dtype), free, limit)
             LOGGER.info("%s", choice.summary(device, imgsz, processes))
             outcome = ("ok", choice.batch)
         except AutoBatchError as error:
@@ -171,12 +173,12 @@ def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, devi
     return value * processes
 
 
-def training_step_probe(model: torch.nn.Module, imgsz: int, device: torch.device, amp: str) -> Callable[[int], int]:
+def training_step_probe(model: torch.nn.Module, imgsz: int, device: torch.device, dtype: torch.dtype | None
+                        ) -> Callable[[int], int]:
     """probe(batch) -> peak bytes the caching allocator reserved beyond its starting point for one forward
-    (under the training autocast: fp16 unless --amp off or bf16) and backward of a copy of ``model`` in
-    channels_last, on random images of ``imgsz``."""
+    (under the run's autocast ``dtype``, the one its precision choice made: fp16 after the self-check, bf16, or
+    None for fp32) and backward of a copy of ``model`` in channels_last, on random images of ``imgsz``."""
     probe_model = copy.deepcopy(model).to(device, memory_format=torch.channels_last).train()
-    dtype = {"off": None, "bf16": torch.bfloat16}.get(amp, torch.float16)
 
     def probe(batch: int) -> int:
         torch.cuda.empty_cache()
@@ -203,13 +205,18 @@ def check_request(batch_size: int, device: torch.device) -> None:
         refuse_on(device)
 
 
-def auto_batch_size(config, model: torch.nn.Module, device: torch.device, data_cfg) -> int:
-    """The run's total batch: ``config.batch_size``, or AutoBatch's choice for -1 with the run's model, image
-    size (rounded up to the model's stride), precision and training images (``data_cfg.train``)."""
+def auto_batch_size(config, model: torch.nn.Module, device: torch.device, data_cfg, dtype: torch.dtype | None) -> int:
+    """The run's total batch: ``config.batch_size``, or AutoBatch's choice for -1 with the run's model, its
+    precision (``dtype``: the autocast the run trains under, decided before), its largest training image size
+    (the image size rounded up to the model's stride; with --multi-scale the largest size it draws) and its
+    training images (``data_cfg.train``)."""
     if config.batch_size != AUTO:
         return config.batch_size
+    from utils.data.transforms import multi_scale_bounds
     from utils.data.verify import list_image_files
 
     stride = max(int(model.stride.max()), 32)
     imgsz = math.ceil(config.imgsz / stride) * stride
-    return resolve_batch_size(AUTO, model, imgsz, device, config.amp, lambda: len(list_image_files(data_cfg.train)))
+    if config.multi_scale:
+        imgsz = multi_scale_bounds(imgsz, stride)[1]
+    return resolve_batch_size(AUTO, model, imgsz, device, dtype, lambda: len(list_image_files(data_cfg.train)))

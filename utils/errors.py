@@ -78,6 +78,11 @@ class CheckpointError(UserError):
     """A weights file that cannot be used; the one-line message names the file and the reason."""
 
 
+class TrainingDiverged(UserError):
+    """Training stopped because of the values it trained with: the loss, or the gradients, stayed NaN/inf.
+    ``--evolve`` records such a generation with fitness 0 (its hyperparameters failed) and goes on."""
+
+
 class _BoundedRepr(reprlib.Repr):
     """reprlib with small limits, and no path through which a value can expand before it is cut.
 

@@ -17,12 +17,15 @@ Files in the evolve folder (shared safely by several processes, e.g. one per GPU
   interruption continues the count. When read, precision, recall and mAPs must lie in [0, 1] and the hyp
   values in ``utils.config.HYP_RANGES`` (a line that does not is skipped with a warning); the file may
   hold at most 64 MB (``utils.evolve_folder.MAX_CSV_BYTES``).
-- A generation whose training fails for a reason of its own (a ``UserError`` such as a loss that stayed
-  NaN, or an ``ArithmeticError``) is recorded like YOLOv5 records it: precision, recall and mAPs 0
-  (fitness 0), losses ``nan``; the reason is logged and the evolution goes on (the new row also changes
-  what the next proposal draws from). When the first ``MAX_FIRST_FAILURES`` generations of a process
-  all fail, the cause is probably not the hyp: the evolution stops with the last reason. Any other
-  exception (an interruption, a full disk, a bug) gives the proposal number back and propagates.
+- A generation whose training fails because of its hyperparameters (``TrainingDiverged``: the loss or the
+  gradients stayed NaN/inf; or an ``ArithmeticError``) is recorded like YOLOv5 records it: precision,
+  recall and mAPs 0 (fitness 0), losses ``nan``; the reason is logged and the evolution goes on (the new
+  row also changes what the next proposal draws from). When the first ``MAX_FIRST_FAILURES`` generations
+  of a process all fail, the cause is probably not the hyp: the evolution stops with the last reason. Any
+  other exception (a mistake in the command or a file, an interruption, a full disk, a bug) gives the
+  proposal number back and propagates: no row. train.py checks the command once before the first
+  generation (``check_evolution_command``: data, model, AutoBatch), so such a mistake is one line and no
+  evolve.csv at all.
 - ``evolve.csv.lock``: the lock file; it also holds the next proposal number. Each proposal claims
   one under the lock (at least row count + 1), so concurrent processes never propose the same hyp; a
   proposal that fails gives its number back when no later one was claimed. ``run_generation`` gets
@@ -56,7 +59,7 @@ import numpy as np
 import yaml
 
 from utils.config import HYP_DIR, HYP_RANGES, Hyp
-from utils.errors import UserError, WriteError, one_line, shorten
+from utils.errors import TrainingDiverged, WriteError, one_line, shorten
 from utils.evolve_folder import CSV_NAME, EvolveError, FolderLock, read_folder_file, replace_file
 from utils.metrics import fitness
 from utils.safe_yaml import read_yaml, yaml_reason
@@ -77,7 +80,9 @@ SIGNIFICANT_DIGITS = 5
 MAX_DRAWS = 100  # mutation draws before giving up on changing anything (e.g. every evolvable value is 0)
 MAX_LOSS = 1e6  # a validation loss above this (or negative, or not finite) is read and written as nan
 MAX_FIRST_FAILURES = 3  # failed generations at a process's start after which the evolution stops
-RECORDED_FAILURES = (UserError, ArithmeticError)  # a generation's own failure: recorded with fitness 0
+# a generation's own failure, caused by its hyperparameters (the loss or the gradients stayed NaN/inf, an overflow):
+# recorded with fitness 0; any other error (a file, the command) is the same for every generation and propagates
+RECORDED_FAILURES = (TrainingDiverged, ArithmeticError)
 FAILED_METRICS = dict(zip(METRIC_COLUMNS, (0.0, 0.0, 0.0, 0.0, math.nan, math.nan, math.nan)))
 
 

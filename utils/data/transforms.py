@@ -295,6 +295,12 @@ def multi_scale_size(imgsz: int, stride: int, rng) -> int:
     return max(int(rng.integers(low, high)) // stride * stride, stride)
 
 
+def multi_scale_bounds(imgsz: int, stride: int) -> tuple[int, int]:
+    """(smallest, largest) size ``multi_scale_size`` can draw."""
+    low, high = int(imgsz * 0.5), int(imgsz * 1.5) + stride
+    return max(low // stride * stride, stride), max((high - 1) // stride * stride, stride)
+
+
 def mosaic_placement(position: int, centre, size, s: int):
     """Where an image of ``size`` (h, w) goes on a 2s x 2s canvas around ``centre`` (xc, yc).
 

@@ -99,13 +99,16 @@ class Trainer:
         else:
             model = build_training_model(config.cfg, config.weights, len(names), names, anchors=hyp.anchors)
         grid_stride = max(int(model.stride.max()), 32)
-        config.batch_size = auto_batch_size(config, model, device, data_cfg)  # --batch-size -1: before any save
+        precision = choose_precision(config.amp, device, model)  # CUDA: after the fp16 self-check
+        # --batch-size -1: measured in the run's precision, before any save
+        config.batch_size = auto_batch_size(config, model, device, data_cfg, precision.dtype)
         self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info, self.device)
         if resume is None:
             fit_anchors(model, config, hyp, self.data)
         LOGGER.info("%s", format_anchors(model))
         self.model = model.to(device)
-        self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info)
+        self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info,
+                                                            precision)
         self.model = unwrap_model(self.step.model)  # --sync-bn may have replaced its BatchNorm layers
         self.val_loss = ComputeLoss(self.model, hyp, imgsz=self.data.imgsz, label_smoothing=config.label_smoothing)
         self.state = RunState(world_size=self.info.world_size)
@@ -389,9 +392,9 @@ class Trainer:
             LOGGER.warning("WARNING: DDP processes ended with different weights (checksums per rank: %s)", gathered)
 
 
-def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
-    """Memory format, SyncBatchNorm, frozen layers, optimizer, LR schedule, EMA, precision, loss and the
-    DDP wrapper."""
+def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precision):
+    """Memory format, SyncBatchNorm, frozen layers, optimizer, LR schedule, EMA, loss and the DDP wrapper, for
+    training in ``precision`` (utils.trainer.amp.choose_precision)."""
     channels_last = use_channels_last(config.channels_last, device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -403,7 +406,6 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info):
     lf = lr_lambda(config.epochs, hyp.lrf, cos=config.cos_lr)
     scheduler = EpochSchedule(optimizer, lf)
     ema = ModelEMA(model)  # on every process: each validates its share of the val set
-    precision = choose_precision(config.amp, device, model)
     compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
                                world_size=info.world_size,
                                reduce_counts=_count_reducer() if info.distributed else None)
