@@ -134,6 +134,9 @@ BAD_FIELDS = {
                                  "training.run.counters.global_step"),
     "huge int": (lambda c: run_of(c)["counters"].update(global_step=10 ** 5000), "global_step"),
     "nonfinite_in_row": (lambda c: run_of(c)["counters"].update(nonfinite_in_row=3), "nonfinite_in_row"),
+    "skipped_steps_in_row": (lambda c: run_of(c)["counters"].update(skipped_steps_in_row=3), "skipped_steps_in_row"),
+    "skipped_steps_total": (lambda c: run_of(c)["counters"].update(skipped_steps_total=10 ** 9),
+                            "training.run.counters.skipped_steps_total"),
     "loss_sums nan": (lambda c: run_of(c).update(loss_sums=[0.0, math.nan, 0.0]), "training.run.loss_sums[1]"),
     "best_fitness inf": (lambda c: run_of(c).update(best_fitness=math.inf), "training.run.best_fitness"),
     "world_size": (lambda c: run_of(c).update(world_size=0), "training.run.world_size"),
@@ -159,6 +162,13 @@ BAD_FIELDS = {
     "scaler": (lambda c: c["training"].update(scaler={"scale": math.nan, "_growth_tracker": 0}),
                "training.scaler.scale"),
 }
+
+
+def test_a_checkpoint_from_before_skipped_steps_were_counted_resumes(resumable):
+    older = mutate(resumable, lambda c: [run_of(c)["counters"].pop(key)
+                                         for key in ("skipped_steps_in_row", "skipped_steps_total")])
+    state = training_state(older, Path("last.pt"))
+    assert state.run["counters"]["global_step"] == run_of(resumable)["counters"]["global_step"]
 
 
 @pytest.mark.parametrize("case", BAD_FIELDS)

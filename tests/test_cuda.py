@@ -152,6 +152,49 @@ def test_an_inf_gradient_without_a_scaler_is_skipped(device, caplog):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_steps_skipped_for_nonfinite_gradients_are_counted_and_stop_the_run(device, scaled, caplog):
+    """A NaN/inf gradient skips the optimizer step (by the GradScaler under fp16, by the clip norm's check
+    without one); the skips are counted, a finite step resets the count in a row, and MAX_NONFINITE_IN_ROW
+    skips in a row stop the run with one line (as a loss that stays NaN does)."""
+    from utils.config import Hyp
+    from utils.errors import TrainingDiverged
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import Precision
+    from utils.trainer.loop import MAX_NONFINITE_IN_ROW, NonFiniteGradientError, TrainStep
+    from utils.trainer.optim import build_optimizer
+
+    device = torch.device(device)
+    model = tiny_model().to(device).train()
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10, enabled=scaled)
+    precision = Precision(device.type, torch.float16 if scaled and device.type == "cuda" else None, scaler)
+    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision, None)
+    images, targets = tiny_batch(device)
+
+    def overflowing_step():
+        assert step.forward_backward(images, targets)[1]
+        next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+        step.optimizer_step()
+        step.counters.global_step += 1
+
+    for _ in range(3):
+        overflowing_step()
+    assert (step.counters.skipped_steps_in_row, step.counters.skipped_steps_total) == (3, 3)
+    assert "optimizer step skipped" in caplog.text and "(3 in a row, 3 in total)" in caplog.text
+    assert step.forward_backward(images, targets)[1]
+    step.optimizer_step()  # a finite step trains and resets the count in a row
+    assert (step.counters.skipped_steps_in_row, step.counters.skipped_steps_total) == (0, 3)
+    for _ in range(MAX_NONFINITE_IN_ROW - 1):
+        overflowing_step()
+    with pytest.raises(NonFiniteGradientError) as stopped:
+        overflowing_step()
+    assert isinstance(stopped.value, TrainingDiverged)  # --evolve records it as the hyperparameters' failure
+    message = str(stopped.value)
+    assert "\n" not in message and f"NaN/inf at {MAX_NONFINITE_IN_ROW} optimizer steps in a row" in message
+    assert step.counters.skipped_steps_total == 3 + MAX_NONFINITE_IN_ROW
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fp16_choice_follows_the_self_check(device, monkeypatch):
     from utils.trainer import amp
 
@@ -290,13 +333,18 @@ def test_half_validation_agrees_with_fp32(device, tiny_checkpoint):
     import val
     from models.backends import load_backend
 
+    from models import is_channels_last
+    from utils.validation import model_dtype, model_input
+
     data, path = tiny_checkpoint
-    images = tiny_batch(device)[0]
+    images = (tiny_batch("cpu")[0] * 255).round().to(torch.uint8)  # a loader batch
     outputs = {}
     for half in (False, True):
         backend = load_backend(path, device=torch.device(device), half=half and device == "cuda")
-        with torch.no_grad():
-            outputs[half] = backend(images)[0].float()
+        assert model_dtype(backend) == (torch.float16 if half and device == "cuda" else torch.float32)
+        with torch.no_grad():  # fed as val.py feeds it: fp16 images to fp16 weights
+            batch = model_input(images, torch.device(device), model_dtype(backend), is_channels_last(backend))
+            outputs[half] = backend(batch)[0].float()
     assert outputs[True].shape == outputs[False].shape
     if device == "cpu":
         assert torch.equal(outputs[True], outputs[False])
@@ -399,7 +447,8 @@ def test_autobatch_measures_the_real_model_on_the_gpu():
     from tests.conftest import ROOT
 
     device = torch.device("cuda", 0)  # yolov5n at 320: activations of megabytes per image, above the allocator's blocks
-    probe = training_step_probe(DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=3), 320, device, "auto")
+    probe = training_step_probe(DetectionModel(str(ROOT / "models" / "yolov5n.yaml"), nc=3), 320, device,
+                                torch.float16)
     free = cuda_memory(device)[0]
     choice = autobatch(probe, free, limit=256)
     used = [choice.measured[b] for b in (1, 16)]

@@ -115,10 +115,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
             with timers[0]:
-                images = images.to(device, non_blocking=True)
-                layout = torch.channels_last if channels_last else torch.contiguous_format
-                images = images.contiguous(memory_format=layout)
-                images = images.to(input_dtype).div_(255)
+                images = model_input(images, device, input_dtype, channels_last)
                 targets = targets.to(device)
             with timers[1]:
                 pred, raw = model(images)
@@ -187,6 +184,14 @@ def _name_list(names) -> list[str]:
     if isinstance(names, dict):
         return [str(names[i]) for i in sorted(names)]
     return [str(n) for n in names]
+
+
+def model_input(images: torch.Tensor, device, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """A loader batch (uint8, 0-255) as the model takes it: on ``device``, in its memory layout, in ``dtype``
+    (fp16 under --half on CUDA), scaled to [0, 1]."""
+    images = images.to(device, non_blocking=True)
+    images = images.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return images.to(dtype).div_(255)
 
 
 def model_dtype(model) -> torch.dtype:

@@ -20,17 +20,22 @@ from tqdm import tqdm
 
 from utils import dist
 from utils.loggers import memory_string
-from utils.errors import UserError
+from utils.errors import TrainingDiverged
 from utils.trainer.optim import apply_warmup
 from utils.trainer.state import RunState, StepCounters
 
 LOGGER = logging.getLogger(__name__)
 
-MAX_NONFINITE_IN_ROW = 20
+MAX_NONFINITE_IN_ROW = 20  # iterations with a NaN/inf loss, or optimizer steps with NaN/inf gradients, in a row
 
 
-class NonFiniteLossError(UserError):
+class NonFiniteLossError(TrainingDiverged):
     """Raised when the loss is NaN/inf for too many consecutive iterations."""
+
+
+class NonFiniteGradientError(TrainingDiverged):
+    """Raised when the gradients are NaN/inf at too many consecutive optimizer steps (a finite loss whose
+    backward overflows: fp32/bf16 without a GradScaler, or a GradScaler whose scale can fall no further)."""
 
 
 @dataclass
@@ -93,21 +98,42 @@ class TrainStep:
         """Unscale, clip, step, EMA. A gradient that is not finite (a finite loss whose backward overflowed) is
         skipped: by the GradScaler under fp16 (which also lowers its scale), here without one (fp32, bf16), where
         clipping would otherwise turn it into NaN weights. Under DDP the gradients are already averaged, so every
-        process skips alike."""
+        process skips alike. Skipped steps are counted (``counters.skipped_steps_*``); after
+        ``MAX_NONFINITE_IN_ROW`` in a row the run stops with NonFiniteGradientError."""
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
-        if scaler.is_enabled() or bool(torch.isfinite(norm)):
-            scaler.step(self.optimizer)
+        finite = bool(torch.isfinite(norm))
+        if scaler.is_enabled():
+            scale = scaler.get_scale()
+            scaler.step(self.optimizer)  # skips the step itself when the gradients are not finite
             scaler.update()
-            updated = True
+            updated = finite
         else:
-            LOGGER.warning("Non-finite gradient at iteration %d: optimizer step skipped", self.counters.global_step)
-            updated = False
+            if finite:
+                self.optimizer.step()
+            updated = finite
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None and updated:
             self.ema.update(self.model)
         self.counters.last_optimizer_step = self.counters.global_step
+        self._count_step(updated, scaler.get_scale() if scaler.is_enabled() else None,
+                         scale if scaler.is_enabled() else None)
+
+    def _count_step(self, updated: bool, scale_after, scale_before) -> None:
+        counters = self.counters
+        if updated:
+            counters.skipped_steps_in_row = 0
+            return
+        counters.skipped_steps_in_row += 1
+        counters.skipped_steps_total += 1
+        scale = f" (loss scale {scale_before:g} -> {scale_after:g})" if scale_before is not None else ""
+        LOGGER.warning("Non-finite gradient at iteration %d: optimizer step skipped%s (%d in a row, %d in total)",
+                       counters.global_step, scale, counters.skipped_steps_in_row, counters.skipped_steps_total)
+        if counters.skipped_steps_in_row >= MAX_NONFINITE_IN_ROW:
+            raise NonFiniteGradientError(
+                f"gradients were NaN/inf at {MAX_NONFINITE_IN_ROW} optimizer steps in a row: lower lr0 (--hyp), "
+                "try --amp off, or check the labels; stopping")
 
 
 def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tensor:

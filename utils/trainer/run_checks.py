@@ -141,13 +141,19 @@ def check_run(run: dict, epochs: int, where: Fields) -> dict:
 def check_counters(counters, where: Fields) -> dict:
     name = "training.run.counters"
     where.kind(counters, name, dict, "a dict")
-    where.keys(counters, name, [f.name for f in fields(StepCounters)])
+    where.keys(counters, name, [f.name for f in fields(StepCounters) if f.name not in LATER_COUNTERS])
     global_step = where.integer(counters["global_step"], f"{name}.global_step", 0, MAX_GLOBAL_STEP)
     where.integer(counters["last_optimizer_step"], f"{name}.last_optimizer_step", -1, global_step - 1,
                   " (-1 or a batch already trained)")
-    total = where.integer(counters["nonfinite_total"], f"{name}.nonfinite_total", 0, global_step)
-    where.integer(counters["nonfinite_in_row"], f"{name}.nonfinite_in_row", 0, min(total, MAX_NONFINITE_IN_ROW - 1))
+    for kind in ("nonfinite", "skipped_steps"):  # NaN/inf losses; optimizer steps skipped for NaN/inf gradients
+        if f"{kind}_total" not in counters and kind == "skipped_steps":
+            continue  # a checkpoint from before steps were counted
+        total = where.integer(counters[f"{kind}_total"], f"{name}.{kind}_total", 0, global_step)
+        where.integer(counters.get(f"{kind}_in_row"), f"{name}.{kind}_in_row", 0, min(total, MAX_NONFINITE_IN_ROW - 1))
     return counters
+
+
+LATER_COUNTERS = ("skipped_steps_in_row", "skipped_steps_total")  # absent from checkpoints written before them
 
 
 def check_results(rows, epoch: int, where: Fields) -> None:

@@ -21,8 +21,10 @@ from utils.rng import capture_rng, restore_rng  # noqa: F401
 class StepCounters:
     global_step: int = 0               # batches trained since the start of training
     last_optimizer_step: int = -1      # global_step of the batch that last stepped the optimizer
-    nonfinite_in_row: int = 0
+    nonfinite_in_row: int = 0          # iterations with a NaN/inf loss
     nonfinite_total: int = 0
+    skipped_steps_in_row: int = 0      # optimizer steps skipped for NaN/inf gradients
+    skipped_steps_total: int = 0
 
 
 @dataclass
