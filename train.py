@@ -168,7 +168,7 @@ def run(**options):
     problem = launch_problem(args, argv)
     if problem:
         raise ArgumentError(problem)
-    with api_call():
+    with api_call(trains=True):  # freed memory kept while it trains, not after (utils/memory.py)
         if args.evolve:
             return _evolve_result(config_from_args(args), args.evolve_space)
         return _train(config_from_args(args), explicit_options(argv))

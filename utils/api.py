@@ -11,9 +11,12 @@ takes a list or one value.
 
 ``api_call()`` wraps one call so the process is left as it was found: the root logger's handlers and level
 (a console handler is added for the call when the root logger has none, as the command line has), torch's
-compute threads, the global random generators, the deterministic-algorithm switches, the environment
-variables training sets and matplotlib's backend (plots are drawn with Agg; a notebook keeps its own). Signal handlers are restored by the trainer itself, the process group is left by
-train.py. The glibc heap policy (``utils.memory.keep_freed_memory``) is applied, as the command line does.
+compute threads, the global random generators (CUDA's too, also when the call initialised CUDA: utils/rng.py),
+the deterministic-algorithm switches and the environment variables training sets. Elsewhere: plots are drawn
+on their own Agg canvases, never through pyplot (a notebook's backend and open figures are untouched); signal
+handlers are restored by the trainer itself; only a process group the call created is destroyed
+(utils.dist.cleanup); the glibc heap policy (utils/memory.py) is kept for train.run's duration only and not
+applied by val.run or detect.run.
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ import difflib
 import gc
 import logging
 import os
-import sys
 
 from utils.errors import ArgumentError, shorten
 
@@ -86,43 +88,18 @@ def _flag_words(action: argparse.Action, value, key: str) -> list[str]:
     return [f"{flag}={_text(value)}"]
 
 
-def _matplotlib_backend() -> tuple | None:
-    """(backend as set, not resolved; backend_fallback) when matplotlib is imported, else None."""
-    matplotlib = sys.modules.get("matplotlib")
-    if matplotlib is None:
-        return None
-    return dict.__getitem__(matplotlib.rcParams, "backend"), dict.__getitem__(matplotlib.rcParams, "backend_fallback")
-
-
-def _restore_matplotlib_backend(saved: tuple | None) -> None:
-    """Undo a ``matplotlib.use("Agg")`` made during the call (utils/plots.py draws with Agg)."""
-    matplotlib = sys.modules.get("matplotlib")
-    if matplotlib is None:
-        return
-    if saved is None:  # imported during the call: what the import itself chose
-        saved = (os.environ.get("MPLBACKEND") or dict.__getitem__(matplotlib.rcParamsOrig, "backend"),
-                 dict.__getitem__(matplotlib.rcParamsOrig, "backend_fallback"))
-    backend, fallback = saved
-    if dict.__getitem__(matplotlib.rcParams, "backend") != backend:
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if pyplot is not None and isinstance(backend, str):
-            pyplot.switch_backend(backend)  # e.g. a notebook's inline backend
-        else:
-            dict.__setitem__(matplotlib.rcParams, "backend", backend)  # as set, unresolved
-    dict.__setitem__(matplotlib.rcParams, "backend_fallback", fallback)
-
-
 def _text(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
 @contextlib.contextmanager
-def api_call():
-    """Run one API call with console logging when none is set up, and leave the process as it was found."""
+def api_call(trains: bool = False):
+    """Run one API call with console logging when none is set up, and leave the process as it was found.
+    ``trains``: the call trains (train.run), so it keeps freed memory for its duration (utils/memory.py)."""
     import torch
 
     from utils.loggers import setup_logging
-    from utils.memory import keep_freed_memory
+    from utils.memory import kept_during_call
     from utils.rng import rng_kept
 
     root = logging.getLogger()
@@ -132,25 +109,23 @@ def api_call():
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.deterministic)
     environment = {name: os.environ.get(name) for name in TRAINING_ENVIRONMENT}
-    backend = _matplotlib_backend()
     if not handlers:
         setup_logging()
-    keep_freed_memory()  # whole-process choice: see utils/memory.py
-    try:
-        with rng_kept():
-            yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        for name, quiet_level in quiet.items():
-            logging.getLogger(name).setLevel(quiet_level)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
-        torch.backends.cudnn.deterministic = deterministic[2]
-        for name, text in environment.items():
-            if text is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = text
-        _restore_matplotlib_backend(backend)
-        gc.collect()  # loader worker processes of the finished run end now, not at some later collection
+    with kept_during_call() if trains else contextlib.nullcontext():
+        try:
+            with rng_kept():
+                yield
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+            for name, quiet_level in quiet.items():
+                logging.getLogger(name).setLevel(quiet_level)
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+            torch.backends.cudnn.deterministic = deterministic[2]
+            for name, text in environment.items():
+                if text is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = text
+            gc.collect()  # the run's tensors and loader workers go now (before the heap is trimmed)

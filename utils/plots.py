@@ -1,8 +1,10 @@
 """Metric plots: PR / F1 / P / R curves, the confusion matrix and results.png from results.csv; the names of
 the plot files a run shows in TensorBoard.
 
-Matplotlib is imported inside each function with the Agg backend so importing this module (and
-plotting in a headless process or a worker thread) never touches a display.
+Each plot is a ``matplotlib.figure.Figure`` on its own Agg canvas, never pyplot: no global backend is
+switched and no figure joins pyplot's list, so a caller's backend (a notebook's) and open figures stay as
+they were, and plotting in a headless process or a worker thread never touches a display. Matplotlib is
+imported inside the functions, so importing this module does not import it.
 """
 from __future__ import annotations
 
@@ -31,25 +33,26 @@ def existing_plots(save_dir, names) -> list[Path]:
     return [Path(save_dir) / name for name in names if (Path(save_dir) / name).is_file()]
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def new_figure(rows: int, columns: int, figsize: tuple[float, float]):
+    """(figure, axes) on a private Agg canvas: ``axes`` one Axes for 1 x 1, else an array of them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, tight_layout=True)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, columns)
 
 
 def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=200)
-    _pyplot().close(fig)
     return path
 
 
 def plot_pr_curve(px, py, ap, save_path, names=()) -> Path:
     """Precision-recall curve per class (legend with AP@0.5 when < 21 classes) and their mean."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    fig, ax = new_figure(1, 1, figsize=(9, 6))
     py, ap = np.asarray(py), np.asarray(ap)
     if 0 < len(names) < 21:
         for i, curve in enumerate(py):
@@ -69,8 +72,7 @@ def plot_pr_curve(px, py, ap, save_path, names=()) -> Path:
 
 def plot_mc_curve(px, py, save_path, names=(), xlabel: str = "Confidence", ylabel: str = "Metric") -> Path:
     """A metric against confidence per class, plus the smoothed class mean with its best point."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    fig, ax = new_figure(1, 1, figsize=(9, 6))
     py = np.asarray(py)
     if 0 < len(names) < 21:
         for i, curve in enumerate(py):
@@ -96,14 +98,13 @@ def plot_confusion_matrix(matrix, save_path, names=(), normalize: bool = True) -
     Columns are normalised to sum to 1 (fractions of each true class); cells below 0.005 are left blank.
     Class names label the axes when there are fewer than 30 classes.
     """
-    plt = _pyplot()
     matrix = np.asarray(matrix, dtype=float)
     size = matrix.shape[0]
     values = matrix / (matrix.sum(0, keepdims=True) + 1e-9) if normalize else matrix.copy()
     values[values < 0.005] = np.nan
     labelled = 0 < len(names) == size - 1 and size < 31
     ticks = list(names) + ["background"] if labelled else None
-    fig, ax = plt.subplots(1, 1, figsize=(12, 9), tight_layout=True)
+    fig, ax = new_figure(1, 1, figsize=(12, 9))
     image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
     fig.colorbar(image, ax=ax)
     if size < 31:
@@ -152,11 +153,10 @@ def read_results_csv(path) -> dict[str, np.ndarray]:
 
 def plot_results(file="results.csv", save_path=None) -> Path:
     """results.png beside ``file``: 2 x 5 panels (train losses, P, R, val losses, mAPs), points + smoothed line."""
-    plt = _pyplot()
     file = Path(file)
     data = read_results_csv(file)
     epochs = data.get("epoch")
-    fig, axes = plt.subplots(2, 5, figsize=(12, 6), tight_layout=True)
+    fig, axes = new_figure(2, 5, figsize=(12, 6))
     for ax, column in zip(axes.ravel(), RESULTS_COLUMNS):
         values = data.get(column)
         if values is not None and len(values):
