@@ -125,26 +125,91 @@ def test_bad_values_raise_the_command_lines_message(script, flag, keyword, value
     assert not (tmp_path / "runs").exists()
 
 
-def test_api_call_restores_logging_threads_rng_and_the_plot_backend():
-    """What the calls may change on the way (utils/plots.py selects Agg; training seeds the generators)."""
+def test_api_call_restores_logging_threads_rng_and_switches():
+    """What the calls may change on the way (training seeds the generators, sets threads and switches)."""
+    from utils.api import api_call
+
+    before = process_state()
+    with api_call():
+        torch.set_num_threads(1)
+        torch.manual_seed(123), np.random.seed(1), random.seed(2)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        logging.getLogger().handlers[:] = []
+        logging.getLogger().setLevel(logging.DEBUG)
+    assert process_state() == before
+
+
+@pytest.fixture
+def callers_pyplot():
+    """A caller's pyplot: its own backend (a notebook's stands here as pdf) and an open figure."""
     import matplotlib
     import matplotlib.pyplot as plt
 
-    from utils.api import api_call
-
     previous = matplotlib.get_backend()
-    plt.switch_backend("pdf")  # stands for a notebook's own backend
+    plt.switch_backend("pdf")
+    figure = plt.figure()
+    state = lambda: (matplotlib.get_backend(), plt.get_fignums(), plt.gcf() is figure)  # noqa: E731
     try:
-        before = process_state()
-        with api_call():
-            matplotlib.use("Agg")
-            torch.set_num_threads(1)
-            torch.manual_seed(123), np.random.seed(1), random.seed(2)
-            logging.getLogger().handlers[:] = []
-            logging.getLogger().setLevel(logging.DEBUG)
-        assert process_state() == before and matplotlib.get_backend() == "pdf"
+        yield state
     finally:
+        plt.close(figure)
         plt.switch_backend(previous)
+
+
+def test_val_run_plots_leave_the_callers_pyplot_alone(tiny, tiny_checkpoint, callers_pyplot):
+    root, data, _ = tiny
+    before = callers_pyplot()
+    result = val.run(data=data, weights=tiny_checkpoint, imgsz=64, batch_size=4, workers=0, device="cpu", amp="off",
+                     project=root / "val-plots", plots=True, conf_thres=0.0001)
+    assert callers_pyplot() == before == ("pdf", before[1], True) and len(before[1]) == 1
+    for name in ("PR_curve.png", "F1_curve.png", "confusion_matrix.png"):
+        assert cv2.imread(str(result.save_dir / name)) is not None, name  # drawn all the same
+
+
+def test_plot_functions_draw_without_pyplot(tmp_path, callers_pyplot):
+    from utils.plots import plot_confusion_matrix, plot_results
+
+    before = callers_pyplot()
+    (tmp_path / "results.csv").write_text("epoch,train/box_loss,train/obj_loss\n0,0.5,0.1\n1,0.4,0.2\n")
+    paths = [plot_results(tmp_path / "results.csv"), plot_confusion_matrix(np.eye(3), tmp_path / "cm.png", ["a", "b"])]
+    assert callers_pyplot() == before
+    assert all(cv2.imread(str(path)) is not None for path in paths)
+
+
+@pytest.fixture
+def callers_process_group(tmp_path):
+    """A one-process gloo group the caller made before calling the API (its own launcher, its own store)."""
+    import torch.distributed as torch_dist
+
+    store = torch_dist.FileStore(str(tmp_path / "store"), 1)
+    torch_dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield torch_dist.group.WORLD
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_train_run_leaves_the_callers_process_group_and_pyplot(tiny, callers_process_group, callers_pyplot):
+    """train.run (plots on) in a process that has its own process group: the run uses it and leaves it joined."""
+    import torch.distributed as torch_dist
+
+    root, data, cfg = tiny
+    pyplot = callers_pyplot()
+    result = train_script.run(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
+                              project=root / "in-group", noautoanchor=True, no_tensorboard=True)
+    assert torch_dist.is_initialized() and torch_dist.group.WORLD is callers_process_group
+    assert callers_pyplot() == pyplot
+    assert result.best.is_file() and (result.save_dir / "results.png").is_file()
+    torch_dist.barrier()  # still usable
+
+
+def test_cleanup_destroys_only_the_group_it_created(callers_process_group):
+    from utils import dist
+
+    dist.cleanup()
+    assert torch.distributed.is_initialized() and torch.distributed.group.WORLD is callers_process_group
 
 
 def test_multi_gpu_without_torchrun_is_refused_like_the_command_line():

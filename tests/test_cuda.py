@@ -430,7 +430,7 @@ def test_memory_column(device, monkeypatch):
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):
-    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+    for key, value in {"TORCHELASTIC_RUN_ID": "test", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(dist.SharedError, match="2 processes on this node but 1 CUDA devices"):
         dist.check_launch(16, torch.device("cuda", 0), device_ids=1)

@@ -85,6 +85,7 @@ def test_bad_flag_values_are_refused_before_any_work(tmp_path, capsys, flag, val
 
 
 def test_evolve_is_refused_under_torchrun(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # torchrun's mark: without it RANK/WORLD_SIZE mean one process
     monkeypatch.setenv("WORLD_SIZE", "2")
     problem = train_script.launch_problem(train_script.parse_args(["--evolve", "3"]))
     assert "--evolve" in problem and "per GPU" in problem
@@ -154,6 +155,7 @@ def test_project_that_is_a_file_and_multi_gpu_without_torchrun_are_one_line(tmp_
 def test_a_batch_the_processes_cannot_split_is_refused_with_the_nearest_sizes(monkeypatch):
     from utils import dist
 
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(dist.SharedError, match="--batch-size 18 is not divisible by the 4 processes.*use 16 or 20") as error:

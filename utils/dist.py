@@ -2,7 +2,10 @@
 other variables.
 
 ``torchrun --nproc_per_node N train.py`` (or ``python -m torch.distributed.run``, one or many nodes) sets
-those variables; a plain ``python train.py`` has none and runs as rank 0 of a world of 1. Writers
+those variables; a plain ``python train.py`` has none and runs as rank 0 of a world of 1. RANK and
+WORLD_SIZE count only when a launcher that sets up a process group says so (torchrun's
+TORCHELASTIC_RUN_ID, or LOCAL_RANK with MASTER_ADDR): some schedulers export ``RANK=0 WORLD_SIZE=1`` for
+every job, and such a job trains as one process. Writers
 (checkpoints, loggers, plots) ask ``is_main_process()``. The process group uses NCCL when every process
 has its own CUDA device and gloo otherwise; every wait that can be long is named (``barrier(phase)``), so
 a timeout says what the processes were waiting for.
@@ -25,6 +28,7 @@ from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 TIMEOUT_MINUTES = 30
+_OWN_GROUP = {"group": None}  # the default process group init_distributed created (None: none, or the caller's)
 
 
 class DistributedError(UserError):
@@ -58,13 +62,44 @@ class DistInfo:
         return self.rank in (-1, 0)
 
 
+def launched() -> bool:
+    """A launcher that sets up a process group started this process: torchrun (TORCHELASTIC_RUN_ID), or the
+    rendezvous address and local rank that torch.distributed.launch and hand-written multi-node scripts give."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID")) or ("LOCAL_RANK" in os.environ and "MASTER_ADDR" in os.environ)
+
+
 def dist_info() -> DistInfo:
-    """Rank information from torchrun's environment (-1/-1/1 when launched without torchrun)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    return DistInfo(rank=int(os.environ.get("RANK", -1)),
-                    local_rank=int(os.environ.get("LOCAL_RANK", -1)),
+    """Rank information from the launcher's environment (-1/-1/1 when no launcher started this process)."""
+    if not launched():
+        return DistInfo()
+    world_size = _environment_int("WORLD_SIZE", 1)
+    return DistInfo(rank=_environment_int("RANK", -1),
+                    local_rank=_environment_int("LOCAL_RANK", -1),
                     world_size=world_size,
-                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+                    local_world_size=_environment_int("LOCAL_WORLD_SIZE", world_size))
+
+
+def _environment_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise DistributedError(f"environment variable {name}={text[:40]!r} is not an integer") from None
+
+
+def unlaunched_world() -> str | None:
+    """The one-line reason when the environment asks for several processes but no launcher joined them (WORLD_SIZE
+    above 1 without a rendezvous): each would train alone. None otherwise."""
+    if launched() or "WORLD_SIZE" not in os.environ:
+        return None
+    world_size = _environment_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return None
+    return (f"WORLD_SIZE={world_size} is set but no launcher started this process (no TORCHELASTIC_RUN_ID, nor "
+            "LOCAL_RANK with MASTER_ADDR): start the processes with torchrun --nproc_per_node N train.py ..., or "
+            "unset WORLD_SIZE to train as one process")
 
 
 def is_main_process() -> bool:
@@ -112,9 +147,12 @@ def init_distributed(device: torch.device) -> None:
     """Join the process group when launched by torchrun: NCCL on CUDA (this process's own device), gloo
     otherwise. Sets this process's compute threads to its share of the node's CPUs, and logs one start
     line on every rank (host, rank, local rank, world size, device, backend)."""
+    problem = unlaunched_world()
+    if problem:
+        raise DistributedError(problem)
     info = dist_info()
     if not info.distributed or torch_dist.is_initialized():
-        return
+        return  # alone, or in a group its caller made (which stays the caller's: see cleanup)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -122,6 +160,7 @@ def init_distributed(device: torch.device) -> None:
     timeout = datetime.timedelta(minutes=TIMEOUT_MINUTES)
     torch_dist.init_process_group(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
                                   **_restart_store(info, timeout))
+    _OWN_GROUP["group"] = torch_dist.group.WORLD
     LOGGER.info("DDP: host %s, rank %d/%d, local rank %d, device %s, backend %s, %d compute threads",
                 socket.gethostname(), info.rank, info.world_size, info.local_rank, device, backend,
                 torch.get_num_threads(), extra={"all_ranks": True})
@@ -154,7 +193,10 @@ def share_cpu_threads(info: DistInfo) -> None:
 
 
 def cleanup() -> None:
-    if torch_dist.is_available() and torch_dist.is_initialized():
+    """Leave the process group that ``init_distributed`` created; a group the caller made before (a script that
+    calls train.run under its own launcher) stays as it is."""
+    own, _OWN_GROUP["group"] = _OWN_GROUP["group"], None
+    if own is not None and in_process_group() and torch_dist.group.WORLD is own:
         torch_dist.destroy_process_group()
 
 
