@@ -10,7 +10,8 @@ crops/<class>/<stem>.jpg with --save-crop (the class name made one safe folder n
 the class index when nothing of it is usable: a model's names never place files outside the run folder).
 
 From Python, ``detect.run(weights="best.pt", source="data/images", conf_thres=0.4)`` takes the same flags as
-keywords and returns a ``DetectResult``: the run folder and each image's detections.
+keywords and returns a ``DetectResult``: the run folder and each image's detections; ``detect.run(...,
+stream=True)`` yields them one image or video frame at a time instead, keeping none.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator, NamedTuple
 
 import cv2
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from utils.api import StreamedCall
 from utils.boxes import xyxy2xywh
 from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
                        int_in_range, max_detections, positive_int, probability)
@@ -238,58 +241,105 @@ def _log_line(item: SourceItem, det, shape, seconds: float, names) -> str:
     return f"{head}{shape[0]}x{shape[1]} {found}{seconds * 1e3:.1f}ms"
 
 
-def run(**options) -> DetectResult:
+def run(stream: bool = False, **options):
     """Python API: ``detect.run(weights="best.pt", source="images/", conf_thres=0.4, save_txt=True)``.
 
     Keywords are detect.py's flags with underscores for dashes, with the same defaults and checks (a bad value
     or an unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError).
-    Returns the run folder and the detections per image (``DetectResult``).
+    Returns the run folder and the detections per image (``DetectResult``). With ``stream=True`` it returns a
+    ``DetectStream`` instead: the model is loaded and the run folder made at once, then iterating yields one
+    ``DetectedImage(path, frame, detections)`` per image or video frame as it is processed, keeping none (for long
+    videos); each step runs under the API's guard, so the caller's code between items runs as it would alone.
     """
     from utils.api import api_call, keyword_argv
 
     config = config_from_args(parse_args(keyword_argv(build_parser(), options)))
+    if stream:
+        return DetectStream(config)
     with api_call():
         return run_config(config, collect=True)
+
+
+class DetectedImage(NamedTuple):
+    """One processed image or video frame: its file, its 1-based frame number (0 for an image) and its detections
+    as ``Detection(xyxy, score, class_id, name)`` tuples in the original image's pixels."""
+    path: str
+    frame: int
+    detections: list[Detection]
+
+    @property
+    def key(self) -> str:
+        """Its key in ``DetectResult.detections``: the path, ``path:frame`` for a video frame."""
+        return f"{self.path}:{self.frame}" if self.frame else self.path
 
 
 def run_config(config: DetectConfig, collect: bool = False) -> DetectResult:
     """Detect on ``config.source``: drawn images/videos and labels in the run folder (runs/detect/expN);
     ``collect``: also keep every image's detections in the result (the command line does not)."""
-    _check_settings(config)
-    _warn_unsupported(config)
-    sources = Sources(config.source, config.vid_stride)
-    device = select_device(config.device)
-    model, half = _load_model(config, device)
-    stride = model.stride
-    imgsz, auto = input_size(model, config.imgsz)
-    save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
-    if config.save_txt:
-        (save_dir / "labels").mkdir(parents=True, exist_ok=True)
-    from utils.precision import inference_autocast
-
-    exported = "" if getattr(model, "kind", "pytorch") == "pytorch" else model.kind
-    context = {"device": device, "half": half, "stride": stride, "imgsz": imgsz, "auto": auto, "save_dir": save_dir,
-               "names": list(model.names), "timings": Timings(), "video": VideoSink(),
-               "autocast": inference_autocast(device, half, config.amp, exported)}
-    result = DetectResult(save_dir)
-    _warmup(model, imgsz, device, half)
-    show_bar = bool(sources.videos) or sources.num_images > PROGRESS_MIN_IMAGES
-    bar = tqdm(total=sources.total_items() if show_bar else 0, disable=not show_bar, unit="img",
-               bar_format="{l_bar}{bar:10}{r_bar}")
-    try:
-        for item in sources:
-            det, shape, seconds = _predict(model, item, config, context)
-            _save_outputs(item, det, config, context)
-            if collect:
-                key = f"{item.path}:{item.frame}" if item.is_video else item.path
-                result.detections[key] = as_detections(det, context["names"])
-            LOGGER.info(_log_line(item, det, shape, seconds, context["names"]))
-            bar.update(1)
-    finally:
-        bar.close()
-        context["video"].close()
-    _log_summary(context, imgsz, config)
+    detect_run = DetectRun(config)
+    result = DetectResult(detect_run.save_dir)
+    for found in detect_run.images():
+        if collect:
+            result.detections[found.key] = found.detections
     return result
+
+
+class DetectRun:
+    """One detect run. Built: settings checked, sources resolved, model loaded and warmed up, run folder made.
+    ``images()`` then processes the sources one image or video frame at a time (outputs written as it goes) and
+    yields a DetectedImage for each, keeping nothing; its end logs the speed line, and however it ends the progress
+    bar and the video being written are closed."""
+
+    def __init__(self, config: DetectConfig):
+        from utils.precision import inference_autocast
+
+        _check_settings(config)
+        _warn_unsupported(config)
+        self.config = config
+        self.sources = Sources(config.source, config.vid_stride)
+        device = select_device(config.device)
+        self.model, half = _load_model(config, device)
+        imgsz, auto = input_size(self.model, config.imgsz)
+        self.save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
+        if config.save_txt:
+            (self.save_dir / "labels").mkdir(parents=True, exist_ok=True)
+        exported = "" if getattr(self.model, "kind", "pytorch") == "pytorch" else self.model.kind
+        self.context = {"device": device, "half": half, "stride": self.model.stride, "imgsz": imgsz, "auto": auto,
+                        "save_dir": self.save_dir, "names": list(self.model.names), "timings": Timings(),
+                        "video": VideoSink(), "autocast": inference_autocast(device, half, config.amp, exported)}
+        _warmup(self.model, imgsz, device, half)
+
+    def images(self) -> Iterator[DetectedImage]:
+        config, context, sources = self.config, self.context, self.sources
+        show_bar = bool(sources.videos) or sources.num_images > PROGRESS_MIN_IMAGES
+        bar = tqdm(total=sources.total_items() if show_bar else 0, disable=not show_bar, unit="img",
+                   bar_format="{l_bar}{bar:10}{r_bar}")
+        try:
+            for item in sources:
+                det, shape, seconds = _predict(self.model, item, config, context)
+                _save_outputs(item, det, config, context)
+                LOGGER.info(_log_line(item, det, shape, seconds, context["names"]))
+                bar.update(1)
+                yield DetectedImage(item.path, item.frame if item.is_video else 0,
+                                    as_detections(det, context["names"]))
+        finally:
+            bar.close()
+            context["video"].close()
+        _log_summary(context, context["imgsz"], config)
+
+
+class DetectStream(StreamedCall):
+    """What ``detect.run(stream=True)`` returns: an iterator of DetectedImage (see DetectRun.images) whose every
+    step runs under the API's guard; ``save_dir`` is the run folder. ``close()`` (or a ``with`` block) ends it
+    early; a video being written is then finished."""
+
+    def __init__(self, config: DetectConfig):
+        from utils.api import api_call
+
+        with api_call():
+            detect_run = DetectRun(config)  # a bad setting, source or weights file raises here, not at the first item
+        self.save_dir = detect_run.save_dir
+        super().__init__(detect_run.images())
 
 
 def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:

@@ -322,3 +322,81 @@ def test_detect_run_twice_returns_each_images_detections(tmp_path):
         assert np.allclose(rows, expected, atol=1e-5)  # the label files hold the same boxes
     with pytest.raises(UserError, match="source not found"):
         detect.run(**{**options, "source": tmp_path / "nothing"})
+
+
+# --- detect.run(stream=True) ----------------------------------------------------------------------------
+
+def make_video(path: Path, frames: int) -> Path:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (128, 96))
+    for i in range(frames):
+        frame = np.full((96, 128, 3), 30 * i, np.uint8)
+        cv2.rectangle(frame, (20 + 5 * i, 20), (70 + 5 * i, 70), (0, 200, 255), -1)
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+@pytest.fixture(scope="module")
+def streaming(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    return root, detecting_checkpoint(root / "weights.pt"), make_video(root / "clip.mp4", 6)
+
+
+def test_detect_stream_yields_each_frame_as_it_is_processed_and_keeps_none(streaming, monkeypatch):
+    import gc
+    import weakref
+
+    root, weights, video = streaming
+    options = dict(weights=weights, source=video, imgsz=96, device="cpu", amp="off", max_det=20, save_txt=True)
+    collected = detect.run(project=root / "collected", **options)
+
+    class Tracked(list):  # the detections of one frame, with weak references allowed
+        pass
+
+    as_detections = detect.as_detections
+    monkeypatch.setattr(detect, "as_detections", lambda det, names: Tracked(as_detections(det, names)))
+    stream = detect.run(stream=True, project=root / "streamed", **options)
+    labels = stream.save_dir / "labels"
+    assert isinstance(stream, detect.DetectStream) and stream.save_dir == root / "streamed" / "exp"
+    received, alive = {}, []
+    for found in stream:
+        assert sorted(p.name for p in labels.iterdir()) == [f"clip_{i}.txt" for i in range(1, found.frame + 1)]
+        received[found.key] = list(found.detections)  # one frame at a time: the next one is not read yet
+        alive.append(weakref.ref(found.detections))
+        assert (found.path, found.key) == (str(video), f"{video}:{found.frame}")
+    del found
+    gc.collect()
+    assert [ref() for ref in alive] == [None] * 6  # the stream kept no frame's detections
+    assert received == collected.detections and len(received) == 6
+
+
+def test_detect_stream_steps_leave_the_caller_alone_between_items(streaming, monkeypatch):
+    """Between two items the caller's own logging and random generators are in force: the call's guard covers
+    only its steps (one around the whole iteration would log through its console handler in the caller's code and
+    undo the caller's draws at its end)."""
+    root, weights, video = streaming
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a caller without logging: the call adds a console
+    random.seed(5)
+    expected = [random.random() for _ in range(7)]
+    random.seed(5)
+    draws = []
+    for _ in detect.run(stream=True, weights=weights, source=video, imgsz=96, device="cpu", amp="off",
+                        project=root / "between", nosave=True):
+        assert logging.getLogger().handlers == []
+        draws.append(random.random())
+    draws.append(random.random())
+    assert draws == expected
+
+
+def test_detect_stream_closed_early_finishes_its_video_and_bad_input_raises_at_once(streaming):
+    root, weights, video = streaming
+    with detect.run(stream=True, weights=weights, source=video, imgsz=96, device="cpu", amp="off",
+                    project=root / "early") as stream:
+        first = next(stream)
+    assert first.frame == 1
+    capture = cv2.VideoCapture(str(stream.save_dir / "clip.mp4"))
+    assert capture.read()[0] and not capture.read()[0]  # a playable file holding the one frame drawn
+    capture.release()
+    with pytest.raises(UserError, match="source not found"):
+        detect.run(stream=True, weights=weights, source=root / "nothing", project=root / "bad")
+    assert not (root / "bad").exists()

@@ -17,6 +17,9 @@ on their own Agg canvases, never through pyplot (a notebook's backend and open f
 handlers are restored by the trainer itself; only a process group the call created is destroyed
 (utils.dist.cleanup); the glibc heap policy (utils/memory.py) is kept for train.run's duration only and not
 applied by val.run or detect.run.
+
+``StreamedCall(items)`` is an API call that returns an iterator (``detect.run(stream=True)``): each step runs under
+``api_call``, the caller's code between two items in the caller's own state.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import difflib
 import gc
 import logging
 import os
+from typing import Iterator
 
 from utils.errors import ArgumentError, shorten
 
@@ -93,9 +97,10 @@ def _text(value) -> str:
 
 
 @contextlib.contextmanager
-def api_call(trains: bool = False):
+def api_call(trains: bool = False, step: bool = False):
     """Run one API call with console logging when none is set up, and leave the process as it was found.
-    ``trains``: the call trains (train.run), so it keeps freed memory for its duration (utils/memory.py)."""
+    ``trains``: the call trains (train.run), so it keeps freed memory for its duration (utils/memory.py).
+    ``step``: one step of a streamed call (StreamedCall), which leaves garbage collection to its last step."""
     import torch
 
     from utils.loggers import setup_logging
@@ -128,4 +133,39 @@ def api_call(trains: bool = False):
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = text
-            gc.collect()  # the run's tensors and loader workers go now (before the heap is trimmed)
+            if not step:
+                gc.collect()  # the run's tensors and loader workers go now (before the heap is trimmed)
+
+
+class StreamedCall:
+    """An API call that returns an iterator (``detect.run(stream=True)``): each ``next()`` and the closing run under
+    ``api_call``, so the caller's own code between two items runs in its own process state (its logging, its random
+    generators), never in the call's. ``items``: a generator that has not started. Also a context manager that
+    closes it."""
+
+    def __init__(self, items: Iterator):
+        self._items = items
+
+    def __iter__(self) -> "StreamedCall":
+        return self
+
+    def __next__(self):
+        with api_call(step=True):
+            item = next(self._items, _END)  # StopIteration is raised outside the guard
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """End the call early: the generator's cleanup runs (under the guard)."""
+        with api_call():
+            self._items.close()
+
+    def __enter__(self) -> "StreamedCall":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+_END = object()
