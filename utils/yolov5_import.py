@@ -287,18 +287,39 @@ def _read_storage(archive: zipfile.ZipFile, prefix: str, record: StorageRecord) 
     return torch.frombuffer(buffer, dtype=record.dtype)
 
 
+def pickle_member(archive: zipfile.ZipFile, source: str) -> str:
+    """The name of the pickle torch.load reads from a zip archive: ``<folder>/data.pkl`` in the folder of the
+    archive's FIRST entry (torch's reader takes its record folder from that name, whatever other folders hold).
+    CheckpointError when the first entry is in no folder."""
+    infos = archive.infolist()
+    folder, slash, _ = infos[0].filename.partition("/") if infos else ("", "", "")
+    if not (folder and slash):
+        raise CheckpointError(f"{source}: zip archive whose first entry is in no folder, not a torch checkpoint")
+    return f"{folder}/data.pkl"
+
+
 def find_pickle(archive: zipfile.ZipFile, source: str) -> zipfile.ZipInfo:
-    """The ``<prefix>/data.pkl`` member of a torch zip archive, refused (CheckpointError) when missing or
-    when its declared size exceeds MAX_PICKLE_BYTES. zipfile never returns more than the declared size,
-    so reading the member after this check is bounded too."""
-    pickles = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")
-               and info.filename.count("/") == 1]
-    if not pickles:
-        raise CheckpointError(f"{source}: zip archive without data.pkl, not a torch checkpoint")
-    if pickles[0].file_size > MAX_PICKLE_BYTES:
-        raise CheckpointError(f"{source}: data.pkl is {pickles[0].file_size / 1e6:.0f} MB uncompressed, more than "
+    """The member ``pickle_member`` names, refused (CheckpointError, one line) when the archive has entries
+    outside that folder or twice under one name (torch refuses the first; with either, a check could read
+    another pickle than the loader), when it is missing, or when its declared size exceeds MAX_PICKLE_BYTES.
+    zipfile never returns more than the declared size, so reading the member after this check is bounded too."""
+    member = pickle_member(archive, source)
+    folder = member[: -len("data.pkl")]
+    names = archive.namelist()
+    outside = next((name for name in names if not name.startswith(folder)), None)
+    if outside is not None:
+        raise CheckpointError(f"{source}: zip archive with entries outside its record folder {shorten(folder, 60)} "
+                              f"(e.g. {shorten(outside, 60)}); torch refuses such archives, not a checkpoint")
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"{source}: zip archive with two entries under one name, not a checkpoint")
+    try:
+        info = archive.getinfo(member)
+    except KeyError:
+        raise CheckpointError(f"{source}: zip archive without {shorten(member, 60)}, not a torch checkpoint") from None
+    if info.file_size > MAX_PICKLE_BYTES:
+        raise CheckpointError(f"{source}: data.pkl is {info.file_size / 1e6:.0f} MB uncompressed, more than "
                               f"the {MAX_PICKLE_BYTES / 1e6:.0f} MB a checkpoint's pickle may have")
-    return pickles[0]
+    return info
 
 
 def read_checkpoint_pickle(path) -> bytes:
