@@ -44,6 +44,7 @@ from models.backends import (BACKENDS, OPENVINO_FOLDER, TORCHSCRIPT_METADATA, Ex
                              import_openvino, openvino_reason, require)
 from utils.cli import add_device_flag  # noqa: E402
 from utils.errors import ArgumentError, UserError  # noqa: E402
+from utils.files import AtomicFile  # noqa: E402
 from utils.limits import MAX_BATCH_SIZE, MAX_IMAGE_SIZE  # noqa: E402
 
 LOGGER = logging.getLogger("export")
@@ -228,17 +229,19 @@ class Exporter:
         start = time.perf_counter()
         if fmt == "openvino":
             temp = self.openvino(path)
-        else:
-            temp = write_temp(self.torchscript() if fmt == "torchscript" else self.onnx(), path)
-        seconds = time.perf_counter() - start
-        try:
-            parity = self.check(fmt, temp, path)
-            if fmt == "openvino":
+            seconds = time.perf_counter() - start
+            try:
+                parity = self.check(fmt, temp, path)
                 place_folder(temp, path)
-            else:
-                os.replace(temp, path)
-        finally:
-            remove(temp)
+            finally:
+                remove(temp)
+        else:
+            data = self.torchscript() if fmt == "torchscript" else self.onnx()
+            with AtomicFile(path) as out:  # utils.files: takes the name only once checked (a failure removes it)
+                out.write(data)
+                out.file.flush()
+                seconds = time.perf_counter() - start
+                parity = self.check(fmt, out.temp, path)
         result = ExportResult(fmt, path, size_bytes(path) / 1e6, seconds, parity)
         LOGGER.info("%s: saved %s (%.1f MB) in %.1f s", TITLES[fmt], path, result.megabytes, seconds)
         for figure in parity:
@@ -398,20 +401,6 @@ def size_bytes(path: Path) -> int:
     if path.is_dir():
         return sum(item.stat().st_size for item in path.iterdir() if item.is_file())
     return path.stat().st_size
-
-
-def write_temp(data: bytes, path: Path) -> Path:
-    """``data`` in a hidden temp file beside ``path`` (same suffix), fsynced, with the permissions a new
-    file gets (mkstemp's are owner-only); replaced into place once checked."""
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    with os.fdopen(handle, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)
-    return Path(name)
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Checkpoints as untrusted data: one validation of a resumable checkpoint (utils.trainer.run_checks) and
+"""Checkpoints as untrusted data: one validation of a resumable checkpoint (utils.checkpoint.checks) and
 bounded formatting of everything read from a file (utils.errors.shorten / one_line, class names, the
 pickle budget of the legacy torch format). Each case is a small file or dict crafted here."""
 from __future__ import annotations
@@ -21,13 +21,13 @@ from utils import checkpoint as checkpoint_module
 from utils import pickle_scan
 from utils.checkpoint import (CheckpointError, class_names, load_checkpoint, load_resumable, model_state,
                               save_checkpoint, training_checkpoint, training_state)
+from utils.checkpoint.checks import check_against_run
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.errors import one_line, shorten
 from utils.trainer.ema import ModelEMA
 from utils.trainer.optim import (EpochSchedule, build_optimizer, lr_lambda, restore_optimizer, restore_scaler,
                                  restore_schedule)
 from utils.trainer.recorder import epoch_values
-from utils.trainer.run_checks import check_against_run
 from utils.trainer.state import RunState, capture_rng
 
 EPOCHS = 4

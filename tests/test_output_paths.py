@@ -15,9 +15,9 @@ import torch
 import detect
 from tests.conftest import TINY_MODEL_YAML
 from utils.errors import WriteError
+from utils.files import NotRegularFile, read_regular
 from utils.loggers import RESULTS_KEYS, CSVLogger
-from utils.paths import (FolderLock, OutsideFolderError, crop_folder, inside, read_small, replace_text,
-                         safe_component, symlinks_in)
+from utils.paths import OutsideFolderError, crop_folder, inside, safe_component, symlinks_in
 
 
 def files_under(folder: Path) -> set[Path]:
@@ -116,15 +116,6 @@ def test_results_csv_is_never_written_through_a_link(tmp_path):
     assert outside.read_text() == "precious\n"
 
 
-def test_replace_text_is_atomic_and_leaves_no_temp_file(tmp_path):
-    target = tmp_path / "file.txt"
-    target.write_text("old")
-    replace_text(target, "new")
-    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
-    with pytest.raises(WriteError, match="could not write"):
-        replace_text(tmp_path / "missing-folder" / "file.txt", "x")
-
-
 def test_launch_marker_is_written_and_read_without_following_links(tmp_path):
     from utils.trainer.resume import LAUNCH_MARKER, mark_folder, marked_folder
 
@@ -147,17 +138,21 @@ def test_launch_marker_is_written_and_read_without_following_links(tmp_path):
     (project / "zero" / LAUNCH_MARKER).symlink_to("/dev/zero")
     os.mkfifo(fifo / LAUNCH_MARKER)
     assert marked_folder(project, "launch-2") is None  # returns at once: nothing followed, nothing blocks
-    assert read_small(fifo / LAUNCH_MARKER) is None and read_small(tmp_path / "id.txt") == "launch-2\n"
+    with pytest.raises(NotRegularFile, match="not a regular file"):
+        read_regular(fifo / LAUNCH_MARKER, 512)
+    assert read_regular(tmp_path / "id.txt", 512) == b"launch-2\n"
 
 
 def test_lock_file_link_is_refused(tmp_path):
+    from utils.trainer.resume import LOCK_NAME, lock_run_folder
+
     outside = tmp_path / "outside.txt"
     outside.write_text("precious\n")
     run = tmp_path / "run"
     run.mkdir()
-    (run / ".run.lock").symlink_to(outside)
-    with pytest.raises(WriteError, match="symbolic link"):
-        FolderLock(run).acquire()
+    (run / LOCK_NAME).symlink_to(outside)
+    with pytest.raises(WriteError, match=f"could not write {run / LOCK_NAME}: it is a symbolic link"):
+        lock_run_folder(run)
     assert outside.read_text() == "precious\n"
 
 

@@ -24,10 +24,11 @@ import train as train_script
 from tests.conftest import ROOT, make_tiny_run
 from utils.checkpoint import load_resumable, previous_path
 from utils.config import TrainConfig
-from utils.paths import LOCK_NAME, FolderBusy, FolderLock
+from utils.files import FolderBusy, FolderLock
 from utils.trainer import trainer
 from utils.trainer.callbacks import Callbacks
-from utils.trainer.resume import ResumeError, checkpoint_to_resume, newest_of_run, resolve_run, with_absolute_paths
+from utils.trainer.resume import (LOCK_NAME, ResumeError, checkpoint_to_resume, newest_of_run, resolve_run,
+                                  with_absolute_paths)
 
 EPOCHS = 3
 
@@ -135,7 +136,7 @@ def test_a_checkpoint_that_is_last_pt_itself_resumes_as_last_pt(run):
     assert newest_of_run(alone / "epoch0.pt") == alone / "epoch0.pt"
 
 
-HOLDER = ("import sys; from utils.paths import FolderLock; FolderLock(sys.argv[1]).acquire('holder'); "
+HOLDER = ("import sys; from utils.trainer.resume import lock_run_folder; lock_run_folder(sys.argv[1], 'holder'); "
           "print('locked', flush=True); sys.stdin.read()")
 
 
@@ -150,15 +151,15 @@ def test_a_second_process_cannot_take_a_run_folder_in_use(run, capsys):
         assert "in use by another process" in line and f"pid {holder.pid}" in line and str(run) in line
         assert snapshot(run) == before
         with pytest.raises(FolderBusy):
-            FolderLock(run).acquire()
+            FolderLock(run, LOCK_NAME).acquire()
     finally:
         holder.kill()
         holder.wait()
     assert (run / LOCK_NAME).exists()  # SIGKILL: the file stays, the kernel dropped the lock
-    lock = FolderLock(run)
+    lock = FolderLock(run, LOCK_NAME)
     previous = lock.acquire()
-    assert previous is not None and f"pid {holder.pid}" in previous  # a dead owner's lock is taken over
-    lock.release()
+    assert f"pid {holder.pid}" in previous  # a dead owner's lock is taken over
+    lock.release(remove=True)
     assert not (run / LOCK_NAME).exists()
 
 
@@ -233,3 +234,4 @@ def test_bare_resume_never_jumps_past_an_unreadable_newest_run(run, caplog):
     assert str(newer / "last.pt") in str(refused.value)
     shutil.copy(run / "weights" / "last.pt", newer / "last.prev.pt")  # a valid previous file: that run it is
     assert checkpoint_to_resume(True, project) == newer / "last.pt"
+

@@ -1,105 +1,88 @@
 """The files of an evolve folder that several processes share (one per GPU, or containers on one volume):
 never read or written through a symbolic link, never a half-written file, never a name two processes draw.
+Reading, writing and locking go through utils.files; this module adds what is particular to the folder:
 
-- ``open_folder_file`` opens with ``O_NOFOLLOW`` and refuses anything but a regular file (a planted link is
-  an EvolveError naming it; a FIFO planted under the name cannot block the reader).
-- ``read_folder_file`` reads at most ``MAX_CSV_BYTES``.
-- ``FolderLock``: exclusive ``flock`` of ``evolve.csv.lock``, which also holds the next proposal number.
-- ``replace_file`` writes a new file under a random name (``O_EXCL``) and renames it into place, which replaces
-  a link planted under the final name instead of writing through it.
+- ``read_folder_file``: evolve.csv's text, at most ``MAX_CSV_BYTES``; a planted link or special file (a FIFO
+  cannot block the reader) is an EvolveError naming it.
+- ``ProposalLock`` (``FolderLock`` here): the folder's lock (``evolve.csv.lock``, utils.files.FolderLock), whose
+  file also holds the next proposal number.
+- ``replace_file``: utils.files.atomic_write of a file of the folder (a link planted under the name is
+  replaced, not written through).
 - ``make_scratch_folder``: ``.generation-<number>-<random>`` made by ``mkdir`` (process ids repeat across
   containers); ``remove_scratch_folder`` removes a link put in its place without following it.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
-import os
 import secrets
 import shutil
-import stat
 from pathlib import Path
 
+from utils import files
 from utils.errors import UserError
 
 CSV_NAME, LOCK_NAME = "evolve.csv", "evolve.csv.lock"
 MAX_CSV_BYTES = 64 << 20  # evolve.csv: a row takes 756 bytes, so room for about 88,000 generations
 SCRATCH_PREFIX = ".generation-"
-LINK_ERRNOS = {errno.ELOOP, errno.EMLINK}  # what open(O_NOFOLLOW) reports for a symbolic link
 
 
 class EvolveError(UserError):
     """A search-space file or evolve.csv that cannot be used; one line naming the file and the reason."""
 
 
-def open_folder_file(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` of a regular file in the evolve folder, never through a symbolic link (``O_NOFOLLOW``) and
-    never blocking on a FIFO planted under the name; EvolveError naming the file otherwise."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
-    except OSError as error:
-        if error.errno in LINK_ERRNOS:
-            raise EvolveError(f"{path}: is a symbolic link; files in an evolve folder are never used through "
-                              "links (remove it)") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise EvolveError(f"{path}: not a regular file (remove it)")
-    return fd
+def _refused(path: Path, error: files.NotRegularFile) -> EvolveError:
+    if error.errno == errno.ELOOP:
+        return EvolveError(f"{path}: is a symbolic link; files in an evolve folder are never used through links "
+                           "(remove it)")
+    return EvolveError(f"{path}: not a regular file (remove it)")
 
 
 def read_folder_file(path: Path, limit: int = MAX_CSV_BYTES) -> str:
     """The text of a file of the evolve folder ("" when missing), at most ``limit`` bytes."""
     try:
-        fd = open_folder_file(path, os.O_RDONLY)
+        data = files.read_regular(path, limit)
     except FileNotFoundError:
         return ""
+    except files.NotRegularFile as error:
+        raise _refused(path, error) from None
+    except files.FileTooLarge:
+        raise EvolveError(f"{path}: larger than {limit >> 20} MB, more than an evolve.csv holds "
+                          f"(about {limit // 756:,} generations); start a new evolve folder (--name)") from None
     except OSError as error:
         raise EvolveError(f"{path}: cannot read ({error.strerror or type(error).__name__})") from None
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise EvolveError(f"{path}: larger than {limit >> 20} MB, more than an evolve.csv holds "
-                          f"(about {limit // 756:,} generations); start a new evolve folder (--name)")
     return data.decode("utf-8", errors="replace")
 
 
-class FolderLock:
-    """Exclusive flock of ``evolve.csv.lock`` (a context manager); the file holds the next proposal number."""
+class ProposalLock(files.FolderLock):
+    """The evolve folder's lock (a context manager that waits for it); its file holds the next proposal number."""
 
     def __init__(self, folder):
-        self.path = Path(folder) / LOCK_NAME
-        self.fd = -1
+        super().__init__(folder, LOCK_NAME)
 
-    def __enter__(self) -> "FolderLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = open_folder_file(self.path, os.O_RDWR | os.O_CREAT)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = -1
+    def __enter__(self) -> "ProposalLock":
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return super().__enter__()
+        except files.NotRegularFile as error:
+            raise _refused(self.path, error) from None
 
     def _next(self) -> int:
-        text = os.pread(self.fd, 32, 0).decode("ascii", errors="replace").strip()
+        text = self.read().strip()
         return int(text) if text.isdigit() and len(text) <= 12 else 1
-
-    def _store(self, number: int) -> None:
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{number}\n".encode("ascii"), 0)
 
     def claim(self, row_count: int) -> int:
         """The next proposal number: at least row_count + 1, never one claimed before (unless given back)."""
         number = max(self._next(), row_count + 1)
-        self._store(number + 1)
+        self.write(f"{number + 1}\n")
         return number
 
     def give_back(self, number: int) -> None:
         """Return a failed proposal's number when it is the last claimed, so a restart reuses it."""
         if self._next() == number + 1:
-            self._store(number)
+            self.write(f"{number}\n")
+
+
+FolderLock = ProposalLock  # the name utils.evolve imports
 
 
 def make_scratch_folder(folder, number: int) -> Path:
@@ -124,21 +107,8 @@ def remove_scratch_folder(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replace_file(folder: Path, name: str, write, sync: bool = False) -> Path:
-    """``write(binary file)`` into a new temp file, then rename it over ``folder/name``: readers never see half
-    a file, and a link planted under ``name`` is replaced, not written through. The temp file gets a random
-    name, is created exclusively (``O_EXCL`` never follows a link) with the umask's permissions, like any
-    file the run writes, and is fsynced first when ``sync``."""
-    temp = folder / f".{name}.{secrets.token_hex(8)}{Path(name).suffix}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            if sync:
-                os.fsync(file.fileno())
-        os.replace(temp, folder / name)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return folder / name
+def replace_file(folder: Path, name: str, write, sync: bool = True) -> Path:
+    """``write(binary file)`` into ``folder/name`` through utils.files.atomic_write: readers never see half a file,
+    and a link planted under ``name`` is replaced, not written through. (Every write is fsynced; ``sync`` is
+    accepted for callers that still pass it.)"""
+    return files.atomic_write(Path(folder) / name, write)

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from utils import dist
-from utils.paths import append_text, replace_text
+from utils.errors import writing
+from utils.files import append_text, atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
@@ -60,17 +61,19 @@ class CSVLogger:
         if not dist.is_main_process():
             return
         new = not self.file.exists()
-        append_text(self.file, (self._header() if new else "") + self._line(epoch, values))  # never through a link
+        with writing(self.file):
+            append_text(self.file, (self._header() if new else "") + self._line(epoch, values))  # never through a link
 
     def rewrite(self, rows: list[dict]) -> None:
         """Replace the file with ``rows`` (dicts with "epoch" and every column), atomically and without following
-        a symbolic link (utils.paths.replace_text); no rows: no file."""
+        a symbolic link (utils.files.atomic_write); no rows: no file."""
         if not dist.is_main_process():
             return
         if not rows:
             self.file.unlink(missing_ok=True)
             return
-        replace_text(self.file, self._header() + "".join(self._line(int(row["epoch"]), row) for row in rows))
+        with writing(self.file):
+            atomic_write(self.file, self._header() + "".join(self._line(int(row["epoch"]), row) for row in rows))
 
     @staticmethod
     def _header() -> str:

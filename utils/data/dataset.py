@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from utils.data.images import apply_orientation, exif_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
 from utils.errors import UserError
+from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
@@ -172,10 +172,9 @@ def npy_path(im_file: str) -> Path:
 
 
 def save_npy(img: np.ndarray, target: Path) -> None:
+    """``img`` as ``target`` through utils.files.atomic_write (a reader never sees half an array)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npy")  # per writer
-    np.save(temp, img, allow_pickle=False)
-    os.replace(temp, target)
+    atomic_write(target, lambda file: np.save(file, img, allow_pickle=False))
 
 
 def write_npy(im_file: str) -> Path:

@@ -19,11 +19,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class LabelCache:
                 continue
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_atomic(path, arrays)
+                atomic_write(path, lambda file: np.savez(file, **arrays))  # utils.files: temp, fsync, rename
             except OSError as e:
                 LOGGER.debug(f"{path}: cannot write label cache ({e})")
                 continue
@@ -213,16 +214,3 @@ def is_writable_folder(folder: Path) -> bool:
     except OSError:
         return False
     return folder.is_dir() and bool(mode & 0o222) and os.access(folder, os.W_OK | os.X_OK)
-
-
-def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            np.savez(file, **arrays)
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise

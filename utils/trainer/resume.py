@@ -33,14 +33,17 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from utils import dist
 from utils.checkpoint import TrainingState, is_finished, load_resumable, previous_path, training_state
 from utils.config import ConfigError, Hyp, TrainConfig, resolve_hyp_path
-from utils.errors import ArgumentError, UserError
-from utils.paths import FolderBusy, FolderLock, increment_path, read_small, replace_text, symlinks_in
+from utils.errors import ArgumentError, UserError, WriteError, writing
+from utils.files import FolderBusy, FolderLock, atomic_write, read_regular
+from utils.paths import increment_path, symlinks_in
 
 LOGGER = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ WHY_FIXED = {
     "hyp": "the hyperparameters come from the checkpoint",
 }
 LAUNCH_MARKER = ".launch"
+LOCK_NAME = ".run.lock"
+MARKER_BYTES = 512  # a launch marker holds one id; a larger file is no marker of ours
 PATH_OPTIONS = ("data", "cfg", "hyp", "weights")  # stored absolute: a resume elsewhere reads the same files
 
 
@@ -176,27 +181,34 @@ def _same(dest: str, given, saved) -> bool:
 def mark_folder(folder: Path, launch_id: str) -> None:
     """Record that this torchrun launch owns ``folder`` (a restart of the launch finds it again)."""
     if launch_id:
-        replace_text(folder / LAUNCH_MARKER, launch_id + "\n")  # atomic, never through a planted link
+        with writing(folder / LAUNCH_MARKER):
+            atomic_write(folder / LAUNCH_MARKER, launch_id + "\n")  # atomic, never through a planted link
 
 
 def marked_folder(project: Path, launch_id: str) -> Path | None:
     """The run folder under ``project`` that this torchrun launch created (newest if several)."""
     if not launch_id or not project.is_dir():
         return None
-    owned = [marker.parent for marker in project.glob(f"*/{LAUNCH_MARKER}")
-             if (read_small(marker) or "").strip() == launch_id]  # a link or a special file is no marker
+    owned = [marker.parent for marker in project.glob(f"*/{LAUNCH_MARKER}") if _marker_text(marker) == launch_id]
     return max(owned, key=lambda folder: folder.stat().st_mtime) if owned else None
+
+
+def _marker_text(marker: Path) -> str:
+    """A launch marker's id; "" for anything that is not a small regular file (a link, a FIFO, a device)."""
+    try:
+        return read_regular(marker, MARKER_BYTES).decode("utf-8", errors="replace").strip()
+    except OSError:  # missing, a link, not a regular file, too large (FileTooLarge), unreadable
+        return ""
 
 
 def clear_marker(folder: Path, launch_id: str) -> None:
     """Remove this launch's marker from ``folder`` when its run has finished (a marker of another launch, or a
     symlink, is left alone: only a regular file holding ``launch_id`` is removed)."""
     marker = Path(folder) / LAUNCH_MARKER
-    if not launch_id or not marker.is_file() or marker.is_symlink():
+    if not launch_id or _marker_text(marker) != launch_id:
         return
     try:
-        if marker.read_text(encoding="utf-8", errors="replace").strip() == launch_id:
-            marker.unlink()
+        marker.unlink()
     except OSError as error:
         LOGGER.warning("WARNING: could not remove %s (%s)", marker, error.strerror or error)
 
@@ -317,13 +329,23 @@ def claim_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
     return folder
 
 
-def lock_run_folder(folder: Path) -> None:
-    """Take ``folder``'s lock for this process (FolderBusy while another live process holds it)."""
+def lock_run_folder(folder: Path, purpose: str = "train.py") -> None:
+    """Take ``folder``'s lock (``<folder>/.run.lock``, utils.files.FolderLock) for this process; FolderBusy while
+    another live process holds it. The lock file records the holder (pid, host, purpose, start), for the message
+    another process gets; the record of a holder that died is logged as the lock is taken over."""
     key = os.path.abspath(folder)
     if key in _LOCKS:
         raise FolderBusy(f"{folder}: this process is already training in this run folder")
-    lock = FolderLock(Path(folder))
-    previous = lock.acquire("train.py")
+    lock = FolderLock(Path(folder), LOCK_NAME)
+    record = f"pid {os.getpid()} on {socket.gethostname()}, {purpose}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    try:
+        previous = lock.acquire(record=record)
+    except FolderBusy as error:
+        raise FolderBusy(f"{folder}: this run folder is in use by another process ({error.record or 'no record'}; "
+                         f"lock file {lock.path}); two processes cannot train in one run folder at once: wait for "
+                         "it to end or stop it", error.record) from None
+    except OSError as error:  # a link or a special file planted under the name, or an unwritable folder
+        raise WriteError(f"could not write {lock.path}: {error.strerror or error}") from None
     if previous:
         LOGGER.info("%s: taking over the lock of a process that is no longer running (%s)", lock.path, previous)
     _LOCKS[key] = lock
@@ -333,4 +355,4 @@ def release_run_folder(folder) -> None:
     """Drop this process's lock of ``folder`` and remove its lock file (nothing when not held)."""
     lock = _LOCKS.pop(os.path.abspath(folder), None) if folder else None
     if lock is not None:
-        lock.release()
+        lock.release(remove=True)

@@ -22,6 +22,7 @@ from utils import dist
 from utils.autoanchor import format_anchors, write_anchors_yaml
 from utils.autobatch import auto_batch_size
 from utils.checkpoint import TrainingState, training_checkpoint
+from utils.checkpoint.checks import check_against_run
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
 from utils.errors import UserError
@@ -38,7 +39,6 @@ from utils.trainer.optim import (EpochSchedule, accumulate_steps, build_optimize
 from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
-from utils.trainer.run_checks import check_against_run
 from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
 from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
 from utils.trainer.state import RunState, capture_rng, restore_rng

@@ -1,28 +1,15 @@
-"""The one save/load pair for checkpoints, and the only place that knows their key layout.
+"""Saving and loading checkpoints (the layout: utils/checkpoint/__init__.py).
 
-Our files are plain data (torch.load(weights_only=True)):
-
-    {"format": "yolo-trainer/1",
-     "model": {"yaml": dict, "state_dict": {name: tensor}, "names": [str], "stride": [float]},
-     "ema": same shape as "model", or None,
-     "epoch": last finished epoch, "best_fitness": float, "config": dict, "hyp": dict, "date": str,
-     "training": {"version": 1, "optimizer", "scaler", "scheduler": state dicts, "ema_updates": int,
-                  "run": RunState dict (utils.trainer.state), "rng": [generator states per process]}
-                 -- only while a run is in progress (last.pt, best.pt, epoch*.pt),
-     "finished": True -- a finished run's stripped last.pt / best.pt (EMA weights in fp16, no "training")}
-
-A training checkpoint is written atomically (temp file, fsync, rename) and, for last.pt, the previous
-good file is kept as last.prev.pt until the new one is complete; ``load_resumable`` falls back to it
-when the newest file is unreadable. YOLOv5 ``.pt`` files (pickled modules) are recognised and
-converted by ``utils.yolov5_import``.
+A training checkpoint is written atomically (utils.files.AtomicFile) and, for last.pt, the previous good file is
+kept as last.prev.pt until the new one is complete; ``load_resumable`` falls back to it when the newest file is
+unreadable. Every file is checked before torch.load runs it: the pickle torch will read (utils.pickle_scan, the
+archive member ``utils.yolov5_import.find_pickle`` names), YOLOv5 ``.pt`` files (pickled modules) recognised
+and converted by ``utils.yolov5_import``; a resumable state's every field by ``training_state``.
 """
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
-import tempfile
 import zipfile
 from copy import deepcopy
 from dataclasses import dataclass
@@ -31,8 +18,10 @@ from pathlib import Path
 
 import torch
 
+from utils.checkpoint.checks import check_training
 from utils.dist import is_main_process
 from utils.errors import CheckpointError, WriteError, shorten
+from utils.files import AtomicFile, remove_stale_temps, replace_with_link
 from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH
 from utils.pickle_scan import check_legacy_pickles, check_tuple_work, pickle_globals, scan_pickle
 
@@ -54,7 +43,8 @@ def model_state(model, half: bool = False) -> dict:
 
 
 def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | None:
-    """Write ``ckpt`` (plain data) atomically: temp file in the same folder, fsync, os.replace.
+    """Write ``ckpt`` (plain data) atomically (utils.files.AtomicFile: temp file in the same folder, fsync,
+    os.replace, folder fsync).
 
     With ``keep_previous`` the file being replaced stays as ``previous_path(path)`` (a hard link, no
     copy) until the new one is complete. Leftover temp files of an interrupted earlier save are removed.
@@ -68,20 +58,10 @@ def save_checkpoint(ckpt: dict, path, keep_previous: bool = False) -> Path | Non
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temp_files(path)
-        handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                torch.save(data, file)
-                file.flush()
-                os.fchmod(file.fileno(), 0o666 & ~_umask())  # as any other new file (mkstemp makes 0600)
-                os.fsync(file.fileno())
+        with AtomicFile(path) as out:
+            torch.save(data, out.file)
             if keep_previous and path.exists():
-                _replace_with_link(path, previous_path(path))
-            os.replace(temp_name, path)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
-        _fsync_folder(path.parent)
+                replace_with_link(path, previous_path(path))
     except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
         if isinstance(error, RuntimeError) and "write" not in str(error).lower():
             raise
@@ -97,61 +77,11 @@ def previous_path(path) -> Path:
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
-def _replace_with_link(source: Path, target: Path) -> None:
-    """Make ``target`` hold ``source``'s bytes atomically: a hard link (instant; ``source`` is only ever
-    replaced by a new file, never written in place, so the link keeps these bytes), else a copy."""
-    temp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
-    temp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(source, temp)
-        except OSError:  # no hard links here (or across devices): copy, then fsync like save_checkpoint
-            shutil.copyfile(source, temp)
-            with open(temp, "rb+") as file:
-                os.fsync(file.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-
-
 def _remove_stale_temp_files(path: Path) -> None:
     """Temp files a killed save left beside ``path`` or its previous copy (never another process's save
     in progress: only the main process of the one run that owns this folder writes here)."""
-    for name in (path.name, previous_path(path).name):
-        for stale in path.parent.glob(f".{name}.*.tmp"):
-            stale.unlink(missing_ok=True)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable (a crash right after must not bring the old name back)."""
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
-
-
-_UMASK: list[int] = []
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it where /proc allows."""
-    if not _UMASK:
-        try:
-            with open("/proc/self/status", encoding="ascii") as status:
-                line = next(line for line in status if line.startswith("Umask:"))
-            _UMASK.append(int(line.split()[1], 8))
-        except (OSError, StopIteration, ValueError, IndexError):
-            current = os.umask(0o022)
-            os.umask(current)
-            _UMASK.append(current)
-    return _UMASK[0]
+    for name in (path, previous_path(path)):
+        remove_stale_temps(name)
 
 
 def copy_checkpoint(source, path) -> Path | None:
@@ -162,7 +92,7 @@ def copy_checkpoint(source, path) -> Path | None:
     source, path = Path(source), Path(path)
     try:
         _remove_stale_temp_files(path)
-        _replace_with_link(source, path)
+        replace_with_link(source, path)
     except OSError as error:
         raise WriteError(f"{path}: could not write checkpoint ({error.strerror or error})") from None
     return path
@@ -316,7 +246,7 @@ def is_finished(ckpt: dict) -> bool:
 
 
 def training_state(ckpt: dict, path) -> TrainingState:
-    """The resumable part of ``ckpt``, every field's type and range checked (utils.trainer.run_checks:
+    """The resumable part of ``ckpt``, every field's type and range checked (utils.checkpoint.checks:
     options through the command line's bounds, hyp, position, counters, results, generator states,
     optimizer layout) before anything is built; CheckpointError naming the file and field otherwise."""
     training = ckpt.get("training")
@@ -334,8 +264,6 @@ def training_state(ckpt: dict, path) -> TrainingState:
     for key in ("config", "hyp"):
         if not isinstance(ckpt.get(key), dict):
             raise CheckpointError(f"{path}: '{key}' is missing or not a dict")
-    from utils.trainer.run_checks import check_training  # (utils.trainer imports this module)
-
     check_training(ckpt, path)
     return TrainingState(Path(path), ckpt["model"], ckpt.get("ema"), training["ema_updates"], training["optimizer"],
                          training["scaler"], training["scheduler"], training["run"], training["rng"],

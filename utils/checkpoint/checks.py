@@ -30,8 +30,16 @@ from utils.config import ConfigError, Hyp, TrainConfig
 from utils.errors import CheckpointError, shorten
 from utils.limits import MAX_CLASSES, MAX_GLOBAL_STEP, MAX_PROCESSES, MAX_TENSORS
 from utils.loggers import RESULTS_KEYS
-from utils.trainer.loop import MAX_NONFINITE_IN_ROW
-from utils.trainer.state import RunState, StepCounters
+
+def _run_layout():
+    """(RunState, StepCounters, the in-a-row stop limit), imported when a check runs: utils.trainer imports this
+    module (its trainer checks a resumed run against what it built), so importing it here at load time would
+    be circular."""
+    from utils.trainer.loop import MAX_NONFINITE_IN_ROW
+    from utils.trainer.state import RunState, StepCounters
+
+    return RunState, StepCounters, MAX_NONFINITE_IN_ROW
+
 
 ROW_KEYS = frozenset(("epoch", *RESULTS_KEYS))
 MT_WORDS = 624  # Mersenne Twister state words (Python's random and numpy's MT19937)
@@ -132,7 +140,8 @@ def check_run(run: dict, epochs: int, where: Fields) -> dict:
         where.integer(run["planned_epochs"], "training.run.planned_epochs", 0, epochs, " (0: not chosen yet)")
     if "train_seconds" in run:
         where.number(run["train_seconds"], "training.run.train_seconds", 0.0)
-    for name in {f.name for f in fields(RunState)} - set(RUN_RULES) - {"planned_epochs", "train_seconds"}:
+    run_state, _, _ = _run_layout()
+    for name in {f.name for f in fields(run_state)} - set(RUN_RULES) - {"planned_epochs", "train_seconds"}:
         if name in run:
             _plain(run[name], f"training.run.{name}", where)
     return run
@@ -141,7 +150,8 @@ def check_run(run: dict, epochs: int, where: Fields) -> dict:
 def check_counters(counters, where: Fields) -> dict:
     name = "training.run.counters"
     where.kind(counters, name, dict, "a dict")
-    where.keys(counters, name, [f.name for f in fields(StepCounters) if f.name not in LATER_COUNTERS])
+    _, step_counters, max_in_row = _run_layout()
+    where.keys(counters, name, [f.name for f in fields(step_counters) if f.name not in LATER_COUNTERS])
     global_step = where.integer(counters["global_step"], f"{name}.global_step", 0, MAX_GLOBAL_STEP)
     where.integer(counters["last_optimizer_step"], f"{name}.last_optimizer_step", -1, global_step - 1,
                   " (-1 or a batch already trained)")
@@ -149,7 +159,7 @@ def check_counters(counters, where: Fields) -> dict:
         if f"{kind}_total" not in counters and kind == "skipped_steps":
             continue  # a checkpoint from before steps were counted
         total = where.integer(counters[f"{kind}_total"], f"{name}.{kind}_total", 0, global_step)
-        where.integer(counters.get(f"{kind}_in_row"), f"{name}.{kind}_in_row", 0, min(total, MAX_NONFINITE_IN_ROW - 1))
+        where.integer(counters.get(f"{kind}_in_row"), f"{name}.{kind}_in_row", 0, min(total, max_in_row - 1))
     return counters
 
 
