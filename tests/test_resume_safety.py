@@ -235,3 +235,63 @@ def test_bare_resume_never_jumps_past_an_unreadable_newest_run(run, caplog):
     shutil.copy(run / "weights" / "last.pt", newer / "last.prev.pt")  # a valid previous file: that run it is
     assert checkpoint_to_resume(True, project) == newer / "last.pt"
 
+
+# ---------------------------------------------------------------------- links, races, writes beside datasets
+
+def test_a_bare_resume_never_follows_a_linked_run_folder(run, tmp_path, caplog):
+    """Run folders, weights/ folders or last.pt files that are links to elsewhere are skipped (with the real path
+    to resume them by), even when newer than the runs that really are under --project."""
+    project = run.parent
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run, elsewhere / "linked-run")
+    shutil.copytree(run / "weights", elsewhere / "weights-only")
+    (project / "linked").symlink_to(elsewhere / "linked-run")  # the run folder itself
+    (project / "linked-weights").mkdir()
+    (project / "linked-weights" / "weights").symlink_to(elsewhere / "weights-only")  # under a link
+    (project / "linked-file" / "weights").mkdir(parents=True)
+    (project / "linked-file" / "weights" / "last.pt").symlink_to(elsewhere / "linked-run" / "weights" / "last.pt")
+    older = time.time() - 100
+    os.utime(run / "weights" / "last.pt", (older, older))  # every linked candidate is newer
+    caplog.set_level(logging.WARNING)
+    assert checkpoint_to_resume(True, project) == run / "weights" / "last.pt"
+    for name in ("linked", "linked-weights", "linked-file"):
+        assert f"skipping {project / name}" in caplog.text
+    assert f"--resume {elsewhere / 'linked-run' / 'weights' / 'last.pt'}" in caplog.text
+    shutil.rmtree(run)
+    with pytest.raises(ResumeError, match="no run to resume"):
+        checkpoint_to_resume(True, project)  # only linked runs left: none is taken
+
+
+def test_a_checkpoint_rewritten_before_the_folder_is_locked_is_not_resumed(run):
+    """Another process may finish (strip) or continue the run between this one reading last.pt and taking the run
+    folder's lock: the state read before is then stale, and resuming it would overwrite the newer file."""
+    from utils.checkpoint import strip_checkpoint
+    from utils.trainer.resume import claim_run_folder, release_run_folder
+
+    last = run / "weights" / "last.pt"
+    config, _, state = resolve_run(TrainConfig(resume=str(last)), {})
+    assert claim_run_folder(config, state) == run  # unchanged: claimed
+    release_run_folder(run)
+    assert not (run / LOCK_NAME).exists()
+    strip_checkpoint(last)  # what a process finishing the run does last
+    with pytest.raises(ResumeError, match="rewritten by another process"):
+        claim_run_folder(config, state)
+    assert not (run / LOCK_NAME).exists()  # the claim let go of the lock
+
+
+def test_a_checkpoints_disk_cache_needs_the_command_line_to_write_beside_images(run, caplog):
+    """A checkpoint's --cache disk would write a .npy beside every image of whatever dataset its --data names:
+    only a command that says --cache disk again caches on disk."""
+    from utils.checkpoint import load_checkpoint, save_checkpoint
+
+    last = run / "weights" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    checkpoint["config"]["cache"] = "disk"
+    save_checkpoint(checkpoint, last)
+    caplog.set_level(logging.WARNING)
+    config, _, _ = resolve_run(TrainConfig(resume=str(last)), {})
+    assert config.cache == "auto" and "its --cache disk is not used" in caplog.text
+    config, _, _ = resolve_run(TrainConfig(resume=str(last), cache="disk"), {"cache": "disk"})
+    assert config.cache == "disk"
+    config, _, _ = resolve_run(TrainConfig(resume=str(last), cache="ram"), {"cache": "ram"})
+    assert config.cache == "ram"

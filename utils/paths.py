@@ -4,7 +4,8 @@
 - Names taken from files (class names of a model) become one safe path component (``safe_component``) and
   the folder they name must resolve inside the output folder (``inside``); ``crop_folder`` is detect.py's
   crops/<class>/ folder.
-- A run folder that holds symbolic links is refused before a resumed run writes into it (``symlinks_in``).
+- A run folder that holds symbolic links is refused before a resumed run writes into it (``symlinks_in``);
+  ``linked_part`` finds a link on the way from a folder to a file in it.
 
 Files themselves are written, read and locked through utils.files.
 """
@@ -96,3 +97,13 @@ def symlinks_in(folder: Path, subfolders: tuple[str, ...] = ("weights",)) -> lis
         found += [f"{prefix}/{entry.name}" if prefix else entry.name for entry in entries if entry.is_symlink()]
     return sorted(found)
 
+
+def linked_part(base: Path, path: Path) -> Path | None:
+    """The first symbolic link on the way from ``base`` down to ``path`` (``path`` itself included; ``base`` and
+    the folders above it are not looked at), or None. ``path`` must be ``base / relative parts``."""
+    current = Path(base)
+    for part in Path(path).relative_to(base).parts:
+        current = current / part
+        if current.is_symlink():
+            return current
+    return None

@@ -203,7 +203,9 @@ def class_names(names, where: str) -> list[str]:
 
 @dataclass
 class TrainingState:
-    """What a resumed run needs from its checkpoint (types checked by ``training_state``)."""
+    """What a resumed run needs from its checkpoint (types checked by ``training_state``); ``identity``: the file
+    as it was read (utils.files.file_identity), so that a file rewritten before the run folder is locked is
+    noticed (utils.trainer.resume.check_unchanged)."""
     path: Path
     model: dict
     ema: dict | None
@@ -215,6 +217,7 @@ class TrainingState:
     rng: list
     config: dict
     hyp: dict
+    identity: tuple | None = None
 
 
 def model_entry(ckpt: dict) -> dict:

@@ -32,9 +32,11 @@ from torch.utils.data import Dataset, default_collate
 
 from utils.boxes import xywhn2xyxy
 from utils.config import Hyp
+from utils.data import old_caches
 from utils.data.images import apply_orientation, exif_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
+from utils.dist import is_main_process
 from utils.errors import UserError
 from utils.files import atomic_write
 
@@ -324,6 +326,8 @@ class YoloDataset(Dataset):
         self.npy_files = None
         if cache:
             self.cache_images(cache)
+        if is_main_process():
+            old_caches.report(self.im_files, caching_on_disk=cache == "disk", prefix=prefix)
 
     @staticmethod
     def _scan(sources, nc, prefix, single_cls):

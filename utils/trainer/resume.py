@@ -42,8 +42,8 @@ from utils import dist
 from utils.checkpoint import TrainingState, is_finished, load_resumable, previous_path, training_state
 from utils.config import ConfigError, Hyp, TrainConfig, resolve_hyp_path
 from utils.errors import ArgumentError, UserError, WriteError, writing
-from utils.files import FolderBusy, FolderLock, atomic_write, read_regular
-from utils.paths import increment_path, symlinks_in
+from utils.files import FolderBusy, FolderLock, atomic_write, file_identity, read_regular
+from utils.paths import increment_path, linked_part, symlinks_in
 
 LOGGER = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class RunFinished(Exception):
 def resolve_run(config: TrainConfig, explicit: dict) -> tuple[TrainConfig, Hyp, TrainingState | None]:
     """(config, hyp, resume state or None) for this process group; ``explicit`` holds the options given on the
     command line (dest -> value). Call on the main process only and broadcast the result."""
+    asked_cache = explicit.get("cache")
     if not config.resume:
         launch = dist.launch_info()
         folder = marked_folder(Path(config.project), launch.launch_id) if launch.restarted else None
@@ -91,16 +92,19 @@ def resolve_run(config: TrainConfig, explicit: dict) -> tuple[TrainConfig, Hyp, 
             config = with_absolute_paths(config)
             return replace(config, save_dir=str(folder)), Hyp.load(config.hyp), None
         LOGGER.info("torchrun restart %d: resuming %s", launch.restart_count, last)
+        asked_cache = config.cache  # the launch's own command line, run again
         config, explicit = replace(config, resume=str(last)), {}
     path = newest_of_run(checkpoint_to_resume(config.resume, Path(config.project), explicit.get("name")))
+    identities = {candidate: file_identity(candidate) for candidate in (path, previous_path(path))}
     checkpoint, used = load_resumable(path)
     if is_finished(checkpoint):
         raise RunFinished(finished_message(used, checkpoint))
-    state = training_state(checkpoint, used)
+    state = replace(training_state(checkpoint, used), identity=identities.get(used))  # read before: a change shows
     run_folder_of(used, config.project)  # after the file itself was found valid: its place is the next question
     saved = stored_paths(TrainConfig.from_dict(state.config), used)
     changes = option_changes(explicit, saved)
     resumed = replace(saved, resume=str(used), save_dir="", **{dest: new for dest, (_, new) in changes.items()})
+    resumed = disk_cache_when_asked(resumed, asked_cache, used)
     try:
         hyp = Hyp.from_dict(state.hyp, source=f"{used} (hyp)")
     except ConfigError as error:
@@ -108,6 +112,19 @@ def resolve_run(config: TrainConfig, explicit: dict) -> tuple[TrainConfig, Hyp, 
     for dest, (old, new) in changes.items():
         LOGGER.info("Resume: --%s changed from %s to %s", dest.replace("_", "-"), old, new)
     return resumed, hyp, state
+
+
+def disk_cache_when_asked(config: TrainConfig, asked, source: Path) -> TrainConfig:
+    """``--cache disk`` writes a .npy file beside every image of the dataset. A checkpoint's options may name any
+    dataset (a last.pt copied from another run, an older relative --data resolved from this folder), so the file
+    alone never makes a run write beside a dataset's images: a resumed run caches on disk only when its command
+    line says --cache disk (a torchrun restart: the launch's command), else it caches as --cache auto."""
+    if config.cache != "disk" or asked == "disk":
+        return config
+    LOGGER.warning("WARNING: %s: its --cache disk is not used (a resumed run writes beside a dataset's images only "
+                   "when its command asks: add --cache disk to write .npy files beside %s's images); caching with "
+                   "--cache auto", source, config.data or "the dataset")
+    return replace(config, cache="auto")
 
 
 def checkpoint_to_resume(resume, project: Path, name: str | None = None) -> Path:
@@ -123,6 +140,12 @@ def checkpoint_to_resume(resume, project: Path, name: str | None = None) -> Path
     candidates = sorted(project.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
     finished = None
     for candidate in candidates:
+        link = linked_part(project, candidate)
+        if link is not None:  # a run folder (or its weights/, or last.pt) that lives elsewhere: never followed
+            LOGGER.warning("WARNING: --resume: skipping %s: %s is a symbolic link (a bare --resume continues only runs "
+                           "inside %s; to continue that run, give its real path: --resume %s)", candidate, link,
+                           project, os.path.realpath(candidate))
+            continue
         try:
             checkpoint, _ = load_resumable(candidate)
         except UserError as error:  # never skipped for an older run: the user decides
@@ -322,11 +345,22 @@ def claim_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
     (folder / "weights").mkdir(parents=True, exist_ok=True)
     lock_run_folder(folder)
     try:
+        if resume is not None:
+            check_unchanged(resume)
         mark_folder(folder, dist.launch_info().launch_id)
     except BaseException:
         release_run_folder(folder)
         raise
     return folder
+
+
+def check_unchanged(resume: TrainingState) -> None:
+    """Under the run folder's lock: the checkpoint is still the file that was read. Between reading it and taking
+    the lock another process may have finished the run (its stripped last.pt) or saved a newer one; resuming
+    the state read before would train past the run's end or rewind it, so that is refused."""
+    if resume.identity is not None and file_identity(resume.path) != resume.identity:
+        raise ResumeError(f"{resume.path}: was rewritten by another process after this one read it (the run went on "
+                          "or finished meanwhile); run the command again to continue from what it holds now")
 
 
 def lock_run_folder(folder: Path, purpose: str = "train.py") -> None:
