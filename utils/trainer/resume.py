@@ -1,7 +1,8 @@
 """Which run a training process continues, and with which options.
 
 - ``--resume`` alone: the newest resumable ``<project>/<run>/weights/last.pt`` under --project (default
-  runs/train), never anywhere else on disk; with ``--name`` that run only.
+  runs/train), never anywhere else on disk (a run folder, weights/ or last.pt that is a symbolic link is
+  skipped, with its real path to give); with ``--name`` that run only.
 - ``--resume PATH``: that checkpoint, or the run folder holding it. The checkpoint must be a run's
   ``<run>/weights/<file>``: the run continues in ``<run>`` (a last.pt copied elsewhere, e.g. to ~/Downloads,
   is refused with how to resume it: put it at RUN/weights/last.pt). It must also be the run's newest
@@ -19,15 +20,17 @@ older run instead (when the newest run has finished, the older unfinished run it
 
 A new run stores ``--data``, ``--cfg``, ``--hyp`` and ``--weights`` as absolute paths (and logs them), so a
 resume from another working folder reads the same files. While a process trains in a run folder it holds
-the folder's lock (utils.paths.FolderLock, ``<run>/.run.lock``; on the main process only, removed when
+the folder's lock (utils.files.FolderLock, ``<run>/.run.lock``; on the main process only, removed when
 the run ends): a second process resuming or training in it is refused; the lock of a process that died is
-taken over with a log line. A run folder holding symbolic links is refused before anything is written
-in it.
+taken over with a log line. Once the lock is held, the checkpoint must still be the file that was read (else
+another process finished or continued the run in between, and the resume is refused). A run folder holding
+symbolic links is refused before anything is written in it.
 
 The run folder, options, hyperparameters, data and model come from the checkpoint. ``--device``, ``--workers``,
 ``--cache``, ``--save-every-min`` and ``--no-tensorboard`` may be given again (the differences are printed), and the number
 of processes may change (the total batch is kept); any other option given with a different value is
-refused with the reason.
+refused with the reason. A checkpoint's ``--cache disk`` is used only when the command says it again: a file's
+options never make a run write beside a dataset's images.
 """
 from __future__ import annotations
 
