@@ -55,7 +55,8 @@ def main():
     from utils.checkpoint import model_state, save_checkpoint, training_checkpoint
     from utils.config import Hyp, TrainConfig
     from utils.memory import keep_freed_memory
-    from utils.trainer.state import RunState, capture_rng
+    from utils.rng import capture_rng
+    from utils.trainer.state import RunState
 
     keep_freed_memory()
     model, ema, optimizer, scaler, scheduler = training_parts(args.cfg, args.nc, args.imgsz)

@@ -28,7 +28,8 @@ from utils.trainer.ema import ModelEMA
 from utils.trainer.optim import (EpochSchedule, build_optimizer, lr_lambda, restore_optimizer, restore_scaler,
                                  restore_schedule)
 from utils.trainer.recorder import epoch_values
-from utils.trainer.state import RunState, capture_rng
+from utils.rng import capture_rng
+from utils.trainer.state import RunState
 
 EPOCHS = 4
 SECONDS = 2.0  # every refusal here answers well within this on a busy 2-core machine

@@ -364,7 +364,7 @@ def test_half_validation_agrees_with_fp32(device, tiny_checkpoint):
 def test_random_state_saved_and_restored(device, tmp_path, monkeypatch):
     """capture_rng / restore_rng through a checkpoint file (weights_only): the next draws repeat, the CUDA
     generators' included. On the CPU the CUDA calls are fakes that record what is restored."""
-    from utils.trainer.state import capture_rng, restore_rng
+    from utils.rng import capture_rng, restore_rng
 
     restored = []
     if device == "cuda":

@@ -11,7 +11,7 @@ import yaml
 
 from utils.config import Hyp
 from utils.errors import UserError
-from utils.evolve import (CSV_NAME, METRIC_COLUMNS, EvolveError, EvolveRow, FolderLock, SearchSpace, append_row,
+from utils.evolve import (CSV_NAME, METRIC_COLUMNS, EvolveError, EvolveRow, ProposalLock, SearchSpace, append_row,
                           csv_columns, evolve, propose, read_rows, row_fitness, select_parent)
 
 BASE = Hyp.load("hyp.scratch-low.yaml")
@@ -188,7 +188,7 @@ def _append_many(folder: str, worker: int, count: int, queue) -> None:
 def _claim_many(folder: str, count: int, queue) -> None:
     numbers = []
     for _ in range(count):
-        with FolderLock(folder) as lock:
+        with ProposalLock(folder) as lock:
             numbers.append(lock.claim(0))
     queue.put(numbers)
 

@@ -12,7 +12,7 @@ import pytest
 from utils.config import Hyp
 from utils.errors import WriteError
 from utils.evolve import (CSV_NAME, FAILED_METRICS, MAX_FIRST_FAILURES, METRIC_COLUMNS, YAML_NAME, EvolveError,
-                          FolderLock, SearchSpace, append_row, csv_columns, evolve, format_line, propose, read_rows)
+                          ProposalLock, SearchSpace, append_row, csv_columns, evolve, format_line, propose, read_rows)
 from utils.evolve_folder import (LOCK_NAME, MAX_CSV_BYTES, SCRATCH_PREFIX, make_scratch_folder,
                                  remove_scratch_folder)
 from utils.trainer.loop import NonFiniteLossError
@@ -91,7 +91,7 @@ def test_other_failures_propagate_and_give_the_number_back(tmp_path, error):
     with pytest.raises(type(error)):
         evolve(diverging_at(1, error=error), 3, tmp_path, SPACE, BASE, plots=False)
     assert read_rows(tmp_path / CSV_NAME) == ([], 0)
-    with FolderLock(tmp_path) as lock:
+    with ProposalLock(tmp_path) as lock:
         assert lock.claim(0) == 1  # the next process proposes number 1 again: the base hyp
 
 
@@ -345,7 +345,7 @@ def test_only_failures_of_the_hyperparameters_are_recorded(tmp_path):
                plots=False)
     rows, count = read_rows(tmp_path / CSV_NAME)
     assert count == 1 and rows[0].fitness > 0  # generation 1 only
-    with FolderLock(tmp_path) as lock:
+    with ProposalLock(tmp_path) as lock:
         assert lock.claim(count) == 2
 
 

@@ -311,3 +311,7 @@ def test_time_without_epochs_never_shows_the_internal_cap(tmp_path, capfd):
     assert "1/?" in text  # the first epoch's progress bar, before the budget sets the count
     table = read_results_csv(tmp_path / "runs" / "uncapped" / "results.csv")
     assert table["val/box_loss"][-1] > 0 and all(table["val/box_loss"][:-1] == 0)  # --noval: the last one only
+    last = tmp_path / "runs" / "uncapped" / "weights" / "last.pt"
+    assert train_script.main(["--resume", str(last)]) == 0  # finished: says so, with the epochs it trained
+    captured = capfd.readouterr()
+    assert f"this run finished its {len(table['epoch'])} epochs" in captured.out + captured.err

@@ -9,7 +9,8 @@ from utils.trainer import amp
 from utils.trainer.amp import choose_precision
 from utils.trainer.loop import MAX_NONFINITE_IN_ROW, NonFiniteLossError, TrainStep, scale_batch
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
-from utils.trainer.state import RunState, capture_rng, restore_rng
+from utils.rng import capture_rng, restore_rng
+from utils.trainer.state import RunState
 
 
 def metrics(map50, map5095):

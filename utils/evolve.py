@@ -60,7 +60,7 @@ import yaml
 
 from utils.config import HYP_DIR, HYP_RANGES, Hyp
 from utils.errors import TrainingDiverged, WriteError, one_line, shorten
-from utils.evolve_folder import CSV_NAME, EvolveError, FolderLock, read_folder_file, replace_file
+from utils.evolve_folder import CSV_NAME, EvolveError, ProposalLock, read_folder_file, replace_file
 from utils.metrics import fitness
 from utils.safe_yaml import read_yaml, yaml_reason
 
@@ -258,7 +258,7 @@ def append_row(folder, metrics: dict, hyp: Hyp) -> int:
     metrics = _recorded(metrics)
     folder = Path(folder)
     path = folder / CSV_NAME
-    with FolderLock(folder):
+    with ProposalLock(folder):
         text = read_folder_file(path)
         if text:
             columns = parse_header(text.split("\n", 1)[0], path)
@@ -268,7 +268,7 @@ def append_row(folder, metrics: dict, hyp: Hyp) -> int:
             columns, count = csv_columns(), 0
             text = ",".join(f"{column:>{COLUMN_WIDTH}}" for column in columns) + "\n"
         data = (text + format_line(columns, metrics, hyp)).encode("utf-8")
-        replace_file(folder, CSV_NAME, lambda file: file.write(data), sync=True)
+        replace_file(folder, CSV_NAME, lambda file: file.write(data))
     return count + 1
 
 
@@ -409,7 +409,7 @@ def evolve(run_generation: Callable[[Hyp, int], dict], generations: int, folder,
     warned, durations, outcomes = set(), [], []
     for index in range(1, generations + 1):
         start = time.monotonic()
-        with FolderLock(folder) as lock:
+        with ProposalLock(folder) as lock:
             rows, count = read_rows(folder / CSV_NAME, warned)
             number = lock.claim(count)
         hyp = propose(rows, base_hyp, space, seed, number, parent)
@@ -419,7 +419,7 @@ def evolve(run_generation: Callable[[Hyp, int], dict], generations: int, folder,
             LOGGER.warning(f"Evolve: generation {index}/{generations} (evolve.csv row {generation}) failed: "
                            f"{failure}; recorded with fitness 0, the evolution goes on")
         outcomes.append(failure)
-        with FolderLock(folder):
+        with ProposalLock(folder):
             rows, count = read_rows(folder / CSV_NAME, warned)
             write_best_yaml(folder, rows, count)
         if plots:
@@ -449,7 +449,7 @@ def _train_generation(run_generation, hyp: Hyp, number: int, folder: Path) -> tu
 
 
 def _give_back(folder: Path, number: int) -> None:
-    with FolderLock(folder) as lock:
+    with ProposalLock(folder) as lock:
         lock.give_back(number)
 
 

@@ -4,7 +4,7 @@ Reading, writing and locking go through utils.files; this module adds what is pa
 
 - ``read_folder_file``: evolve.csv's text, at most ``MAX_CSV_BYTES``; a planted link or special file (a FIFO
   cannot block the reader) is an EvolveError naming it.
-- ``ProposalLock`` (``FolderLock`` here): the folder's lock (``evolve.csv.lock``, utils.files.FolderLock), whose
+- ``ProposalLock``: the folder's lock (``evolve.csv.lock``, utils.files.FolderLock), whose
   file also holds the next proposal number.
 - ``replace_file``: utils.files.atomic_write of a file of the folder (a link planted under the name is
   replaced, not written through).
@@ -82,7 +82,6 @@ class ProposalLock(files.FolderLock):
             self.write(f"{number}\n")
 
 
-FolderLock = ProposalLock  # the name utils.evolve imports
 
 
 def make_scratch_folder(folder, number: int) -> Path:
@@ -107,8 +106,7 @@ def remove_scratch_folder(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replace_file(folder: Path, name: str, write, sync: bool = True) -> Path:
-    """``write(binary file)`` into ``folder/name`` through utils.files.atomic_write: readers never see half a file,
-    and a link planted under ``name`` is replaced, not written through. (Every write is fsynced; ``sync`` is
-    accepted for callers that still pass it.)"""
+def replace_file(folder: Path, name: str, write) -> Path:
+    """``write(binary file)`` into ``folder/name`` through utils.files.atomic_write (fsynced): readers never see
+    half a file, and a link planted under ``name`` is replaced, not written through."""
     return files.atomic_write(Path(folder) / name, write)

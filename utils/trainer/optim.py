@@ -169,7 +169,7 @@ def apply_warmup(optimizer: torch.optim.Optimizer, global_step: int, warmup_iter
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Load the per-parameter state of a checkpoint's optimizer (checked against this optimizer beforehand by
-    utils.trainer.run_checks); the groups keep the settings ``build_optimizer`` gave them."""
+    utils.checkpoint.checks); the groups keep the settings ``build_optimizer`` gave them."""
     own_groups = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict({"state": saved["state"], "param_groups": own_groups})
 

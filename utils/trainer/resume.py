@@ -168,9 +168,14 @@ def checkpoint_to_resume(resume, project: Path, name: str | None = None) -> Path
                       "give --resume PATH or --project)")
 
 
+MAX_EPOCHS_SHOWN = 10 ** 7  # an epoch number beyond any run's, shown as "?"
+
+
 def finished_message(path: Path, checkpoint: dict) -> str:
     config = checkpoint.get("config") if isinstance(checkpoint.get("config"), dict) else {}
-    epochs = config.get("epochs") if type(config.get("epochs")) is int else "?"  # file content: type-checked
+    # the epochs it trained (its last finished epoch + 1; --time or early stopping may end before --epochs)
+    last = checkpoint.get("epoch")
+    epochs = last + 1 if type(last) is int and 0 <= last < MAX_EPOCHS_SHOWN else "?"  # file content: type-checked
     stored = config.get("data")
     data = f" --data {stored}" if isinstance(stored, str) and 0 < len(stored) <= 4096 else ""
     return (f"{path}: this run finished its {epochs} epochs. To train it further, start a new run from its "

@@ -2,9 +2,9 @@
 
 The one holder of the run's position (epoch, batches done in it, optimizer-step counters), its
 record (best fitness and epoch for early stopping, the results rows so far, the last per-class mAPs
-for --image-weights), the running loss sums of the epoch in progress, the random number generator
-states, and the number of processes that produced it. ``to_dict`` / ``from_dict`` turn it into plain
-data for the checkpoint (``utils.checkpoint`` owns where it goes in the file).
+for --image-weights), the running loss sums of the epoch in progress, and the number of processes that produced it. ``to_dict`` / ``from_dict`` turn it into plain
+data for the checkpoint (``utils.checkpoint`` owns where it goes in the file; the generator states beside it come from
+utils.rng).
 
 Positions are always optimizer-step boundaries: no gradient is pending when a RunState is saved, so a
 run resumed from it continues exactly as if it had not stopped.
@@ -12,9 +12,6 @@ run resumed from it continues exactly as if it had not stopped.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-
-# The generator states a checkpoint holds are made and restored by utils.rng; the trainer takes them from here.
-from utils.rng import capture_rng, restore_rng  # noqa: F401
 
 
 @dataclass
@@ -71,7 +68,7 @@ class RunState:
     @classmethod
     def from_dict(cls, values: dict) -> "RunState":
         """The state saved by ``to_dict``. A checkpoint's run state is validated field by field before it
-        gets here (utils.trainer.run_checks.check_run); this raises ValueError on malformed data."""
+        gets here (utils.checkpoint.checks.check_run); this raises ValueError on malformed data."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in values.items() if k in known}
         if not isinstance(values.get("counters"), dict):

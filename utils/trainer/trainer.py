@@ -41,7 +41,8 @@ from utils.trainer.resume import claim_run_folder, clear_marker, release_run_fol
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
 from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
 from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
-from utils.trainer.state import RunState, capture_rng, restore_rng
+from utils.rng import capture_rng, restore_rng
+from utils.trainer.state import RunState
 
 LOGGER = logging.getLogger(__name__)
 
