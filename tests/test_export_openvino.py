@@ -4,6 +4,8 @@ exported folder, and one-line errors. Skipped by name without the optional openv
 which the conversion starts from), except the test of the missing-package message itself."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import re
@@ -19,7 +21,8 @@ import yaml
 
 import export
 from models import for_inference, load_model
-from models.backends import BackendError, OpenVinoBackend, import_openvino, load_backend
+from models.backends import (BackendError, OpenVinoBackend, _libc_sigaltstack, _SignalStack, import_openvino,
+                             kept_signal_stack, load_backend)
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
 
 NAMES = ["cat", "dog"]
@@ -254,6 +257,85 @@ def test_import_writes_nothing_in_the_home_folder(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["openvino", "False"]
     assert list(home.iterdir()) == []
+
+
+# --- the thread's alternate signal stack (OpenVINO's CPU plugin swaps it) ---------------------------------
+
+def current_signal_stack() -> tuple:
+    stack = _SignalStack()
+    assert _libc_sigaltstack()(None, ctypes.byref(stack)) == 0
+    return stack.ss_sp or 0, stack.ss_flags, stack.ss_size
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack is read through Linux's libc")
+def test_kept_signal_stack_puts_back_the_stack_a_call_replaced_also_when_it_raises():
+    sigaltstack, saved = _libc_sigaltstack(), _SignalStack()
+    assert sigaltstack(None, ctypes.byref(saved)) == 0
+    before = current_signal_stack()
+    replacement = ctypes.create_string_buffer(64 * 1024)  # what the plugin does: a stack of its own
+    stack = _SignalStack(ctypes.cast(replacement, ctypes.c_void_p), 0, len(replacement))
+    try:
+        for failing in (False, True):
+            with pytest.raises(RuntimeError) if failing else contextlib.nullcontext():
+                with kept_signal_stack():
+                    assert sigaltstack(ctypes.byref(stack), None) == 0
+                    assert current_signal_stack() == (ctypes.addressof(replacement), 0, len(replacement))
+                    if failing:
+                        raise RuntimeError("compile failed")
+            assert current_signal_stack() == before
+    finally:  # never leave the test process on the buffer freed after this test
+        saved.ss_flags &= 2
+        sigaltstack(ctypes.byref(saved), None)
+
+
+SIGNAL_AFTER_RELOAD = """
+import ctypes, signal, subprocess, sys
+from models.backends import _SignalStack, _libc_sigaltstack, load_backend
+
+def stack():
+    current = _SignalStack()
+    _libc_sigaltstack()(None, ctypes.byref(current))
+    return current.ss_sp, current.ss_flags, current.ss_size
+
+before = stack()
+model = load_backend(sys.argv[1])
+model = load_backend(sys.argv[1])  # the first model is freed after the second one was loaded
+del model
+print("stack kept" if stack() == before else "stack replaced", flush=True)
+signal.signal(signal.SIGCHLD, lambda number, frame: None)  # as torch's DataLoader does once workers start
+subprocess.run([sys.executable, "-c", "pass"], check=True)
+signal.signal(signal.SIGUSR1, lambda number, frame: print("signal handled", flush=True))
+signal.raise_signal(signal.SIGUSR1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the plugin's signal stack is Linux's")
+def test_reloading_a_model_keeps_the_signal_stack_so_later_signals_are_handled(static_folder):
+    """OpenVINO's CPU plugin gives the thread a signal stack of its own and unmaps it when freed: two models freed
+    in the order they were loaded left the process on an unmapped stack, and the next signal Python handled (a
+    loader worker or child process ending, Ctrl-C) killed it with SIGSEGV."""
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SIGNAL_AFTER_RELOAD, str(static_folder)],
+                          cwd=Path(export.__file__).parent, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.split("\n")[:2]) == (0, ["stack kept", "signal handled"]), done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_openvino_then_loader_workers_and_child_processes_and_the_reverse_end_cleanly(tmp_path):
+    """benchmarks/check_openvino_sequence.py once per order, each a fresh process: export, models loaded (one
+    reloaded), detect.run, train.run with 2 loader workers, val.run with 2 workers, a child process."""
+    needs_openvino()
+    script = Path(export.__file__).parent / "benchmarks" / "check_openvino_sequence.py"
+    done = subprocess.run([sys.executable, str(script), "--work", str(tmp_path)], cwd=script.parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["forward: 1/1 clean; exit codes [0]", "reverse: 1/1 clean; exit codes [0]"]
+    logs = sorted(tmp_path.glob("*/run.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text()
+        assert "Using 2 dataloader workers" in text  # the loader really started worker processes
+        assert text.count("signal stack as at start") == 5, text[-2000:]
 
 
 # --- val.py and detect.py on the exported folder ----------------------------------------------------------
