@@ -148,29 +148,3 @@ head:
    [[17, 20, 23], 1, Detect, [nc, anchors]],
   ]
 """
-
-
-@pytest.fixture(autouse=True)
-def _restore_sigchld_handler():
-    """Each test starts with the process's SIGCHLD handler as it was: torch's DataLoader installs one the first
-    time workers start and never removes it, and with that handler left in place a later test that loads
-    OpenVINO and waits on a child process crashed the test process (SIGSEGV in the interpreter, reproduced with
-    tests/test_dataset.py's worker tests followed by tests/test_export_openvino.py). The flag torch keeps is
-    reset too, so the next loader with workers installs its handler again."""
-    import signal
-
-    previous = signal.getsignal(signal.SIGCHLD)
-    yield
-    if signal.getsignal(signal.SIGCHLD) is not previous:
-        signal.signal(signal.SIGCHLD, previous)
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._SIGCHLD_handler_set = False
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests that load OpenVINO into the test process run last, in their collected order. Run before other
-    tests (loader workers, training runs, child processes), a process that had loaded OpenVINO crashed with
-    SIGSEGV in some orders (e.g. test_export, test_export_openvino, then test_api), which no test asserts
-    anything about; the cause was not found."""
-    items.sort(key=lambda item: "openvino" in item.nodeid.lower())
