@@ -50,6 +50,16 @@ def yolov5_lookalike(tmp_path_factory):
     return write_yolov5_lookalike(tmp_path_factory.mktemp("yolov5"))
 
 
+@pytest.fixture
+def outside(tmp_path):
+    """(an empty folder, a file outside it holding "precious"): for links planted in the folder that point out."""
+    target = tmp_path / "outside.txt"
+    target.write_text("precious\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return folder, target
+
+
 def make_tiny_dataset(root: Path, num_train: int = 8, num_val: int = 4, size: int = 96, nc: int = 2) -> Path:
     """A tiny YOLO-layout dataset of coloured rectangles on noise; returns its data.yaml."""
     import cv2

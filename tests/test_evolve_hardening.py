@@ -212,15 +212,6 @@ def test_the_writer_checks_metrics_as_the_reader_does(tmp_path):
 
 
 # ----------------------------------------------------------------------------- planted links
-@pytest.fixture
-def outside(tmp_path):
-    target = tmp_path / "outside.txt"
-    target.write_text("precious\n")
-    folder = tmp_path / "evolve"
-    folder.mkdir()
-    return folder, target
-
-
 def test_a_planted_lock_link_is_refused_and_not_written_through(outside):
     folder, target = outside
     (folder / LOCK_NAME).symlink_to(target)

@@ -15,15 +15,6 @@ from utils.files import (AtomicFile, FileTooLarge, FolderBusy, FolderLock, NotRe
                          file_identity, read_regular, remove_stale_temps, replace_with_link)
 
 
-@pytest.fixture
-def outside(tmp_path):
-    target = tmp_path / "outside.txt"
-    target.write_text("precious\n")
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    return folder, target
-
-
 def entries(folder) -> list[str]:
     return sorted(path.name for path in folder.iterdir())
 
