@@ -1,10 +1,13 @@
 """The verified labels of a split (``SplitLabels``) and their on-disk cache.
 
-The cache is an ``.npz`` file without pickles (arrays + a JSON metadata string), written atomically.
+The cache is an ``.npz`` file without pickles: the split's flat arrays (``utils.data.flat_labels``, file
+names included) and a JSON metadata string (version, key, counts, problems), written atomically. Reading
+it back gives the flat arrays as they are: no per-image objects are built, so a restart on a large split
+is a file read.
 
 Where: beside the labels folder (``<labels folder>.cache.npz``, as YOLOv5) only when the split is a
 dataset, i.e. at least one of its label files exists, and that folder is writable; otherwise in the
-user cache folder (``~/.cache/yolo-trainer/labels`` or ``cache_dir``), under a name derived from the
+user cache folder (``utils.data.cache_folders.user_cache_folder("labels")`` or ``cache_dir``), under a name derived from the
 real path of the labels folder. Scanning a folder that is not a dataset (a data YAML pointing at a
 system folder of images) never writes into it.
 
@@ -23,24 +26,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from utils.data.cache_folders import user_cache_folder
+from utils.data.flat_labels import ARRAY_NAMES, FlatLabels
 from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
-CACHE_VERSION = "verify-2"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "yolo-trainer" / "labels"
+CACHE_VERSION = "verify-3"
+FILE_KEYS = {"boxes": "labels", "box_offsets": "label_offsets"}  # names in the file, as earlier versions had them
 
 
 @dataclass
 class SplitLabels:
-    im_files: list[str]
-    labels: list[np.ndarray]  # (n, 5) float32: class, cx, cy, w, h normalised
-    segments: list[list[np.ndarray]]  # per image: (k, 2) float32 normalised polygons, or []
-    shapes: np.ndarray  # (N, 2) int64: width, height after EXIF orientation
+    """A split's usable images (``flat``: names, labels, segments, shapes) and the scan's report.
+
+    ``im_files``, ``labels``, ``segments`` and ``shapes`` read ``flat`` (list-like views: ``labels[i]`` is an
+    (n, 5) float32 ``[class, cx, cy, w, h]`` array, ``segments[i]`` a list of (k, 2) polygons, ``shapes`` (N, 2)
+    width, height after EXIF orientation)."""
+    flat: FlatLabels
     stats: dict = field(default_factory=dict)  # counts: found, missing, empty, corrupt, duplicates, images
     messages: list[str] = field(default_factory=list)  # "file: reason" lines
     problems: list[dict] = field(default_factory=list)  # {"file", "category", "detail", "action"}
+
+    @property
+    def im_files(self):
+        return self.flat.im_files
+
+    @property
+    def labels(self):
+        return self.flat.labels
+
+    @property
+    def segments(self):
+        return self.flat.segments
+
+    @property
+    def shapes(self) -> np.ndarray:
+        return self.flat.shapes
 
 
 def problem_message(problem: dict) -> str:
@@ -49,11 +73,11 @@ def problem_message(problem: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- identity and place
-def real_paths(files: list[str]) -> list[str]:
+def real_paths(files: list[str], description: str = "") -> list[str]:
     """The real path of each file (each folder resolved once; a symlinked file resolved itself)."""
     folders: dict[str, str] = {}
     result = []
-    for file in files:
+    for file in _progress(files, description):
         folder, name = os.path.split(file)
         if folder not in folders:
             folders[folder] = os.path.realpath(folder)
@@ -73,14 +97,21 @@ def _identity(path: str) -> str:
 def split_key(real_images: list[str], real_labels: list[str], nc: int, single_cls: bool) -> str:
     """Hash of every image and label file's identity (see the module docstring) and the options."""
     digest = hashlib.sha256(f"{CACHE_VERSION}\t{nc}\t{single_cls}\n".encode())
-    for image, label in sorted(zip(real_images, real_labels)):
+    for image, label in _progress(sorted(zip(real_images, real_labels)), "checking the label cache"):
         digest.update(f"{_identity(image)}\n{_identity(label)}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
+def _progress(items, description: str):
+    """``items`` with a progress bar when there are many (a split of 100k images takes seconds here)."""
+    if not description or len(items) < 20000:
+        return items
+    return tqdm(items, desc=description, unit="file", disable=None, leave=False)
+
+
 def user_cache_path(labels_folder: str, cache_dir=None) -> Path:
     """<cache_dir>/<hash of the labels folder's real path>.npz: the same for every path to one dataset."""
-    folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    folder = Path(cache_dir) if cache_dir is not None else user_cache_folder("labels")
     real = os.path.realpath(labels_folder) + ".cache.npz"
     return folder / (hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:20] + ".npz")
 
@@ -89,13 +120,14 @@ class LabelCache:
     """The cache of one split as seen from one set of paths: ``load()`` and ``save(result)``."""
 
     def __init__(self, im_files: list[str], label_files: list[str], nc: int, single_cls: bool, cache_dir=None):
-        real_images = real_paths(im_files)
+        real_images = real_paths(im_files, "resolving image paths")
+        self.identity = real_images == im_files  # the usual case: no link on the way, nothing to rename
         self.real_of = dict(zip(im_files, real_images))
         self.path_of = {real: path for path, real in self.real_of.items()}
         if len(self.path_of) != len(self.real_of):  # two paths to one file inside the split: no sharing
             self.real_of = self.path_of = {path: path for path in im_files}
-            real_images = im_files
-        self.key = split_key(real_images, real_paths(label_files), nc, single_cls)
+            real_images, self.identity = im_files, True
+        self.key = split_key(real_images, real_paths(label_files, "resolving label paths"), nc, single_cls)
         labels_folder = os.path.dirname(label_files[0])
         is_dataset = os.path.isdir(labels_folder) and any(os.path.isfile(file) for file in label_files)
         self.beside = Path(os.path.realpath(labels_folder) + ".cache.npz") if is_dataset else None
@@ -109,15 +141,20 @@ class LabelCache:
         """The cached result with this reader's paths, or None (a corrupt file is warned about)."""
         for path in self.locations:
             result = _read(path, self.key)
-            if result is not None and all(file in self.path_of for file in result.im_files):
-                LOGGER.debug(f"{path}: label cache hit")
-                return _renamed(result, self.path_of)
+            if result is None:
+                continue
+            try:
+                renamed = result if self.identity else _renamed(result, self.path_of)
+            except KeyError:  # a file the key covered is not ours: cannot happen unless the hash collides
+                continue
+            LOGGER.debug(f"{path}: label cache hit")
+            return renamed
         return None
 
     def save(self, result: SplitLabels) -> Path | None:
         """Write atomically beside the labels when that is allowed and possible, else to the user
         cache folder; returns the path written (None when neither is writable)."""
-        arrays = cache_arrays(_renamed(result, self.real_of), self.key)
+        arrays = cache_arrays(result if self.identity else _renamed(result, self.real_of), self.key)
         for path in self.locations:
             if not is_writable_folder(path.parent):
                 continue
@@ -140,51 +177,27 @@ def _renamed(result: SplitLabels, mapping: dict[str, str]) -> SplitLabels:
     order = sorted(range(len(names)), key=names.__getitem__)
     problems = sorted(({**problem, "file": mapping.get(problem["file"], problem["file"])}
                        for problem in result.problems), key=lambda problem: problem["file"])
-    renamed = SplitLabels([names[i] for i in order], [result.labels[i] for i in order],
-                          [result.segments[i] for i in order], result.shapes[order].reshape(-1, 2),
-                          dict(result.stats), problems=problems)
+    renamed = SplitLabels(result.flat.with_files(names).take(order), dict(result.stats), problems=problems)
     renamed.messages = [problem_message(problem) for problem in problems]
     return renamed
 
 
 # ----------------------------------------------------------------------------- file format
-def _offsets(lengths) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))]).astype(np.int64)
-
-
 def cache_arrays(result: SplitLabels, key: str) -> dict[str, np.ndarray]:
     """Plain numeric arrays (no objects) holding ``result``; metadata as a UTF-8 JSON byte array."""
-    polygons = [polygon for segments in result.segments for polygon in segments]
-    meta = {"version": CACHE_VERSION, "hash": key, "im_files": result.im_files, "stats": result.stats,
-            "problems": result.problems}
-    return {
-        "meta": np.frombuffer(json.dumps(meta).encode("utf-8", "surrogateescape"), dtype=np.uint8),
-        "labels": np.concatenate(result.labels + [np.zeros((0, 5), np.float32)]).astype(np.float32),
-        "label_offsets": _offsets([len(x) for x in result.labels]),
-        "shapes": result.shapes.astype(np.int64),
-        "points": np.concatenate(polygons + [np.zeros((0, 2), np.float32)]).astype(np.float32),
-        "point_offsets": _offsets([len(p) for p in polygons]),
-        "segment_offsets": _offsets([len(s) for s in result.segments]),
-    }
+    meta = {"version": CACHE_VERSION, "hash": key, "stats": result.stats, "problems": result.problems}
+    arrays = {FILE_KEYS.get(name, name): array for name, array in result.flat.arrays().items()}
+    return {"meta": np.frombuffer(json.dumps(meta).encode("utf-8", "surrogateescape"), dtype=np.uint8), **arrays}
 
 
 def result_from_arrays(arrays, key: str) -> SplitLabels | None:
-    """The SplitLabels stored in ``arrays``, or None when it belongs to another file list/version."""
+    """The SplitLabels stored in ``arrays``, or None when it belongs to another file list/version; ValueError
+    (or KeyError) when the arrays do not fit together."""
     meta = json.loads(bytes(arrays["meta"]).decode("utf-8", "surrogateescape"))
     if meta.get("version") != CACHE_VERSION or meta.get("hash") != key:
         return None
-    labels, label_offsets = arrays["labels"], arrays["label_offsets"]
-    points, point_offsets, segment_offsets = arrays["points"], arrays["point_offsets"], arrays["segment_offsets"]
-    polygons = [points[point_offsets[i]:point_offsets[i + 1]] for i in range(len(point_offsets) - 1)]
-    count = len(meta["im_files"])
-    result = SplitLabels(
-        im_files=meta["im_files"],
-        labels=[labels[label_offsets[i]:label_offsets[i + 1]].copy() for i in range(count)],
-        segments=[polygons[segment_offsets[i]:segment_offsets[i + 1]] for i in range(count)],
-        shapes=np.asarray(arrays["shapes"], np.int64).reshape(-1, 2),
-        stats=meta["stats"], problems=meta["problems"])
-    if len(result.shapes) != count or len(label_offsets) != count + 1 or len(segment_offsets) != count + 1:
-        raise ValueError("inconsistent array lengths")
+    flat = FlatLabels.from_arrays({name: arrays[FILE_KEYS.get(name, name)] for name in ARRAY_NAMES})
+    result = SplitLabels(flat, stats=meta["stats"], problems=meta["problems"])
     result.messages = [problem_message(p) for p in result.problems]
     return result
 

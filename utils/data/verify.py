@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
-from concurrent.futures import ThreadPoolExecutor
+import signal
 from pathlib import Path
 
 import cv2
 import numpy as np
 from tqdm import tqdm
 
+from utils.data.flat_labels import FlatLabels, concatenate
 from utils.data.images import IMG_EXTENSIONS, is_image_file, read_image
 from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
@@ -33,6 +35,7 @@ MIN_SIZE = 10  # pixels, both sides
 EPS = 1e-6  # tolerance on the [0, 1] range of coordinates
 ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # as read_image
 COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images", "label_files")
+CHUNK = 256  # images per task of the scan's process pool (and the fewest images worth starting one for)
 
 
 class DatasetError(UserError):
@@ -45,6 +48,9 @@ class Problem(ValueError):
     def __init__(self, category: str, detail: str):
         super().__init__(detail)
         self.category, self.detail = category, detail
+
+    def __reduce__(self):  # scan workers send it back to the main process
+        return Problem, (self.category, self.detail)
 
 
 # ----------------------------------------------------------------------------- file lists
@@ -279,38 +285,64 @@ def verify_one(item: tuple[str, str, int, bool]) -> dict:
 
 
 # ----------------------------------------------------------------------------- split scan
-def _run_checks(items: list, workers: int, description: str) -> list[dict]:
-    """verify_one over items in order, in threads (cv2/PIL decoding releases the GIL), with a progress bar."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        mapper = pool.map if workers > 1 and len(items) >= 16 else map
-        records = mapper(verify_one, items)
-        return list(tqdm(records, total=len(items), desc=description, unit="img", disable=None, leave=False))
+def verify_chunk(items: list) -> SplitLabels:
+    """``verify_one`` over consecutive items, collected into one compact result (a scan worker's task)."""
+    return _collect([verify_one(item) for item in items])
+
+
+def _ignore_interrupts() -> None:
+    """Scan workers: Ctrl-C reaches the whole process group; the main process alone handles it (and ends them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cv2.setNumThreads(1)
+
+
+def _run_checks(items: list, workers: int, description: str) -> SplitLabels:
+    """Verify every item, in order, with a progress bar: in a pool of ``workers`` processes for large splits
+    (reading headers and label text is Python work that threads would run one at a time), in this process
+    for small ones. Each task is a chunk of CHUNK items that comes back as one compact result."""
+    chunks = [items[start:start + CHUNK] for start in range(0, len(items), CHUNK)]
+    parts = []
+    with tqdm(total=len(items), desc=description, unit="img", disable=None, leave=False) as bar:
+        if workers > 1 and len(chunks) > 1 and not multiprocessing.current_process().daemon:
+            with multiprocessing.get_context().Pool(min(workers, len(chunks)), _ignore_interrupts) as pool:
+                for part in pool.imap(verify_chunk, chunks):
+                    parts.append(part), bar.update(part.stats["images"] + part.stats["corrupt"])
+        else:
+            for chunk in chunks:
+                parts.append(verify_chunk(chunk)), bar.update(len(chunk))
+    return _merge(parts)
 
 
 def _collect(records: list[dict]) -> SplitLabels:
-    result = SplitLabels([], [], [], np.zeros((0, 2), np.int64), dict.fromkeys(COUNT_KEYS, 0))
-    stats = result.stats
-    shapes = []
+    stats = dict.fromkeys(COUNT_KEYS, 0)
+    problems, im_files, labels, segments, shapes = [], [], [], [], []
     for record in records:
         stats["label_files"] += int(not record["missing"])
         problem = record["problem"]
         if problem is not None:
             stats["corrupt"] += 1
-            result.problems.append({"file": record["file"], "category": problem.category,
-                                    "detail": problem.detail, "action": "skipped"})
+            problems.append({"file": record["file"], "category": problem.category, "detail": problem.detail,
+                             "action": "skipped"})
             continue
         for note in record["notes"]:
-            result.problems.append({"file": record["file"], "category": note.category,
-                                    "detail": note.detail, "action": "repaired"})
+            problems.append({"file": record["file"], "category": note.category, "detail": note.detail,
+                             "action": "repaired"})
         stats["missing" if record["missing"] else "found"] += 1
         stats["empty"] += int(not record["missing"] and len(record["labels"]) == 0)
         stats["duplicates"] += record["duplicates"]
-        result.im_files.append(record["file"]), result.labels.append(record["labels"])
-        result.segments.append(record["segments"]), shapes.append(record["shape"])
-    stats["images"] = len(result.im_files)
-    result.shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
-    result.messages = [problem_message(p) for p in result.problems]
-    return result
+        im_files.append(record["file"]), labels.append(record["labels"])
+        segments.append(record["segments"]), shapes.append(record["shape"])
+    stats["images"] = len(im_files)
+    flat = FlatLabels.from_lists(im_files, labels, segments, np.asarray(shapes, np.int64).reshape(-1, 2))
+    return SplitLabels(flat, stats, [problem_message(p) for p in problems], problems)
+
+
+def _merge(parts: list[SplitLabels]) -> SplitLabels:
+    """The chunks' results joined in order (counts added, problems and images one after another)."""
+    stats = {key: sum(part.stats[key] for part in parts) for key in COUNT_KEYS}
+    problems = [problem for part in parts for problem in part.problems]
+    return SplitLabels(concatenate([part.flat for part in parts]), stats, [problem_message(p) for p in problems],
+                       problems)
 
 
 def _with_ignored(result: SplitLabels, ignored: list[str]) -> SplitLabels:
@@ -359,8 +391,7 @@ def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: in
             from utils.device import usable_cpus  # imports torch: only when a scan is needed
 
             workers = usable_cpus()
-        workers = max(1, min(workers, 16))
-        result = _collect(_run_checks(items, workers, f"{prefix}Scanning {display_sources(sources)}"))
+        result = _run_checks(items, max(1, workers), f"{prefix}Scanning {display_sources(sources)}")
         if cache:
             cache.save(result)
     result = _with_ignored(result, ignored)

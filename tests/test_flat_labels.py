@@ -1,0 +1,85 @@
+"""utils/data/flat_labels.py and the scan that fills it: a split's names, labels, segments and sizes as a few flat
+arrays (reordered, joined, pickled, read through list-like views), and the scan's process pool giving what one
+process gives."""
+from __future__ import annotations
+
+import pickle
+
+import cv2
+import numpy as np
+import pytest
+
+from utils.data import verify
+from utils.data.flat_labels import FlatLabels, concatenate
+
+
+def lists(count: int, seed: int = 0):
+    """(files, labels, segments, shapes) with empty images, images without polygons and images with several."""
+    rng = np.random.default_rng(seed)
+    files = [f"/data/images/im{i}é.jpg" for i in range(count)]
+    labels = [rng.random((i % 4, 5)).astype(np.float32) for i in range(count)]
+    segments = [[rng.random((3 + k, 2)).astype(np.float32) for k in range(len(lb))] if i % 3 == 0 else []
+                for i, lb in enumerate(labels)]
+    shapes = rng.integers(10, 500, (count, 2))
+    return files, labels, segments, shapes
+
+
+def assert_holds(flat: FlatLabels, files, labels, segments, shapes) -> None:
+    assert len(flat) == len(files) and list(flat.im_files) == files and flat.im_files == files
+    assert all(np.array_equal(a, b) for a, b in zip(flat.labels, labels, strict=True))
+    for ours, theirs in zip(flat.segments, segments, strict=True):
+        assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+    assert np.array_equal(flat.shapes, shapes)
+
+
+def test_lists_round_trip_and_reorder():
+    files, labels, segments, shapes = lists(10)
+    flat = FlatLabels.from_lists(files, labels, segments, shapes)
+    assert_holds(flat, files, labels, segments, shapes)
+    assert flat.segments[1] == [] and flat.labels[-1].shape == (1, 5) and flat.im_files[2:4] == files[2:4]
+    order = [7, 0, 3, 3, 9]
+    assert_holds(flat.take(order), [files[i] for i in order], [labels[i] for i in order],
+                 [segments[i] for i in order], shapes[order])
+    again = pickle.loads(pickle.dumps(flat))
+    assert_holds(again, files, labels, segments, shapes)
+    assert not again.names.flags.writeable and not again.shapes.flags.writeable
+    joined = concatenate([flat.take([0, 1, 2]), flat.take([3]), flat.take(range(4, 10))])
+    assert_holds(joined, files, labels, segments, shapes)
+    with pytest.raises(IndexError):
+        flat.labels[10]
+
+
+def test_inconsistent_arrays_are_refused():
+    flat = FlatLabels.from_lists(*lists(4))
+    arrays = flat.arrays()
+    arrays["box_offsets"] = arrays["box_offsets"][:-1]
+    with pytest.raises(ValueError, match="boxes: offsets do not match"):
+        FlatLabels.from_arrays(arrays)
+
+
+def write_split(root, count: int):
+    images, labels = root / "images" / "train", root / "labels" / "train"
+    images.mkdir(parents=True), labels.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(count):
+        cv2.imwrite(str(images / f"{i:04d}.png"), rng.integers(0, 255, (12 + i % 5, 16, 3), dtype=np.uint8))
+        if i % 7:
+            rows = "\n".join(f"{i % 3} 0.5 0.5 0.2 0.{1 + k}" for k in range(i % 3))
+            if i % 11 == 0:
+                rows += "\n0 0.1 0.1 0.3 0.1 0.3 0.4"  # a polygon
+            if i % 13 == 0:
+                rows = "9 0.5 0.5 0.2 0.2"  # class out of range: skipped
+            (labels / f"{i:04d}.txt").write_text(rows + "\n")
+    return images
+
+
+def test_the_scans_process_pool_gives_what_one_process_gives(tmp_path):
+    images = write_split(tmp_path, verify.CHUNK + 40)  # two chunks: the pool runs
+    alone = verify.scan_split(str(images), nc=3, workers=1, use_cache=False)
+    pooled = verify.scan_split(str(images), nc=3, workers=2, use_cache=False)
+    assert pooled.stats == alone.stats and pooled.problems == alone.problems and alone.stats["corrupt"] > 0
+    assert_holds(pooled.flat, list(alone.im_files), list(alone.labels), list(alone.segments), alone.shapes)
+    cached = verify.scan_split(str(images), nc=3, workers=2)
+    again = verify.scan_split(str(images), nc=3, workers=2)  # read back from the label cache
+    assert again.stats == cached.stats and again.messages == cached.messages
+    assert_holds(again.flat, list(alone.im_files), list(alone.labels), list(alone.segments), alone.shapes)
