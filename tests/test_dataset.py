@@ -2,6 +2,8 @@
 reproducible seeding with 0 and 2 workers, caches, single-class, image weights, reduced decode."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -150,21 +152,25 @@ def test_ram_cache_refused_when_memory_is_short(split, monkeypatch):
         YoloDataset(split, imgsz=64, cache="ram")
 
 
-def test_ram_and_disk_caches_give_the_same_items(split, tmp_path, monkeypatch):
+@pytest.fixture
+def user_cache(tmp_path, monkeypatch):
+    """The user cache folder (--cache disk stores, label caches of read-only datasets) under tmp_path."""
+    monkeypatch.setenv("YOLO_TRAINER_CACHE", str(tmp_path / "user-cache"))
+    return tmp_path / "user-cache"
+
+
+def test_ram_and_disk_caches_give_the_same_items(split, tmp_path, user_cache):
+    dataset_files = sorted(tmp_path.iterdir())
     plain = YoloDataset(split, imgsz=64)
     ram = YoloDataset(split, imgsz=64, cache="ram")
-    assert all(img is not None and max(img.shape[:2]) == 64 for img in ram.images)
+    assert ram.in_ram and all(max(ram.store[i].shape[:2]) == 64 for i in range(len(ram)))
     disk = YoloDataset(split, imgsz=64, cache="disk")
-    assert all(p.exists() and p.parent == tmp_path for p in disk.npy_files)
+    assert not disk.in_ram and [p.name for p in (user_cache / "images").iterdir()] == [Path(disk.store.path).name]
     for i in range(len(plain)):
         assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
-    monkeypatch.setattr(dataset_module.os, "access", lambda *args: False)  # dataset folder read-only
-    monkeypatch.setattr(dataset_module, "NPY_FALLBACK", tmp_path / "fallback")
-    for p in disk.npy_files:
-        p.unlink()
-    fallback = YoloDataset(split, imgsz=64, cache="disk")
-    assert all(str(p).startswith(str(tmp_path / "fallback")) for p in fallback.npy_files)
-    assert torch.equal(fallback[0][0], plain[0][0])
+    assert sorted(tmp_path.iterdir()) == dataset_files + [user_cache]  # nothing written beside the images
+    again = YoloDataset(split, imgsz=64, cache="disk")  # a restart reads the store: no image decoded
+    assert again.store.path == disk.store.path and torch.equal(again[2][0], plain[2][0])
 
 
 def test_auto_cache_caches_small_datasets_only(split, monkeypatch):
@@ -179,28 +185,32 @@ def test_auto_cache_caches_small_datasets_only(split, monkeypatch):
                                         workers=0, labels=split)
     off, off_data = create_dataloader(None, 64, 3, 32, hyp=hyp, augment=True, shuffle=True, cache="off",
                                       workers=0, labels=split)
-    assert all(img is not None for img in auto_data.images) and all(img is None for img in off_data.images)
+    assert auto_data.in_ram and off_data.store is None
     for (a, ta, _, _), (b, tb, _, _) in zip(auto, off):
         assert torch.equal(a, b) and torch.equal(ta, tb)
-    two_ranks, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=0, world_size=2, labels=split)
-    assert all(img is None for img in two_ranks.dataset.images)  # two processes' copies exceed the budget
+    # one copy per machine, whatever the processes and the workers' start method
+    two_ranks, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=0, world_size=2,
+                                     processes_per_node=2, labels=split)
+    assert two_ranks.dataset.in_ram
     monkeypatch.setattr(loader_module, "worker_count", lambda *args: 2)
-    monkeypatch.setattr("multiprocessing.get_start_method", lambda allow_none=False: "spawn")
-    spawned, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=2, labels=split)
-    assert all(img is None for img in spawned.dataset.images)  # each spawned worker would hold a copy
+    spawned, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=2, labels=split,
+                                   multiprocessing_context="spawn")
+    assert spawned.dataset.in_ram
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 10 * need - 10)  # budget just short
+    over, _ = create_dataloader(None, 64, 3, 32, hyp=hyp, cache="auto", workers=0, labels=split)
+    assert over.dataset.store is None
     with pytest.raises(ValueError, match="unknown cache mode 'ssd'"):
         create_dataloader(None, 64, 3, 32, hyp=hyp, cache="ssd", workers=0, labels=split)
 
 
 @pytest.mark.parametrize("cache,cpus_busy,workers", [("ram", True, 0), ("ram", False, 2), (None, True, 2),
                                                      ("disk", True, 2)])
-def test_images_in_ram_load_in_line_when_the_compute_fills_the_cpus(split, monkeypatch, tmp_path, cache, cpus_busy,
+def test_images_in_ram_load_in_line_when_the_compute_fills_the_cpus(split, monkeypatch, user_cache, cache, cpus_busy,
                                                                     workers):
     """Worker processes only when they have files to read: with every image in RAM and the CPUs busy with
-    the training's compute, the main process loads (the .npy disk cache still reads and resizes)."""
+    the training's compute, the main process loads (the disk cache still reads its file)."""
     from utils.data import loader as loader_module
 
-    monkeypatch.setattr(dataset_module, "NPY_FALLBACK", tmp_path)
     monkeypatch.setattr(loader_module, "worker_count", lambda *args: 2)
     loader, _ = create_dataloader(None, 64, 3, 32, hyp=Hyp(), augment=True, cache=cache, workers=2, labels=split,
                                   cpus_busy=cpus_busy)
@@ -282,15 +292,16 @@ def test_fast_jpeg_decode_equals_read_image_with_exif(tmp_path, orientation):
     assert read_jpeg(str(path), 2).shape[:2] == (expected.shape[0] // 2, expected.shape[1] // 2)
     height, width = expected.shape[:2]
     data = YoloDataset(LabelSet([str(path)], [np.zeros((0, 5), np.float32)], np.array([[width, height]])), imgsz=128)
-    assert np.array_equal(data.decode(0), expected) and data.orientations == {0: orientation}
+    assert np.array_equal(data.decode(0), expected) and data.orientations.tolist() == [orientation]
 
 
 def test_augmenting_never_changes_the_ram_cache(split):
     hyp = Hyp(mosaic=0, degrees=0, translate=0, scale=0, shear=0, fliplr=0)  # HSV only
     data = YoloDataset(split, imgsz=128, augment=True, hyp=hyp, cache="ram")
-    cached = data.images[3].copy()  # 128 x 128: letterbox returns the cached array itself
+    cached = data.store[3].copy()  # 128 x 128: letterbox returns the cached array itself
+    assert not data.store[3].flags.writeable  # an in-place change of the cache fails instead of changing it
     first, second = data[(3, 0)][0], data[(3, 1)][0]
-    assert np.array_equal(data.images[3], cached) and not torch.equal(first, second)
+    assert np.array_equal(data.store[3], cached) and not torch.equal(first, second)
 
 
 def test_collate_pads_mixed_sizes_and_keeps_boxes_glued(split):

@@ -1,8 +1,9 @@
 """utils/data/flat_labels.py and the scan that fills it: a split's names, labels, segments and sizes as a few flat
-arrays (reordered, joined, pickled, read through list-like views), and the scan's process pool giving what one
-process gives."""
+arrays (reordered, joined, pickled, read through list-like views), a dataset whose Python objects do not grow
+with its images, and the scan's process pool giving what one process gives."""
 from __future__ import annotations
 
+import gc
 import pickle
 
 import cv2
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from utils.data import verify
+from utils.data.dataset import LabelSet, YoloDataset
 from utils.data.flat_labels import FlatLabels, concatenate
 
 
@@ -55,6 +57,33 @@ def test_inconsistent_arrays_are_refused():
     arrays["box_offsets"] = arrays["box_offsets"][:-1]
     with pytest.raises(ValueError, match="boxes: offsets do not match"):
         FlatLabels.from_arrays(arrays)
+
+
+def reachable_objects(root) -> int:
+    """How many distinct Python objects ``root`` reaches (what a forked worker would touch reading them)."""
+    seen, stack = set(), [root]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, type):
+            continue
+        seen.add(id(item))
+        stack.extend(gc.get_referents(item))
+    return len(seen)
+
+
+def test_a_dataset_holds_no_python_object_per_image(tmp_path):
+    """Labels, segments, sizes and names live in flat arrays: ten times the images, the same objects."""
+    def dataset(count):
+        files, labels, segments, shapes = lists(count)
+        return YoloDataset(LabelSet(files, labels, shapes, segments), imgsz=64, rect=True, batch_size=4)
+
+    small, large = dataset(30), dataset(300)
+    held = [reachable_objects(data.__dict__) for data in (small, large)]
+    assert held[0] == held[1], held
+    files, labels, segments, shapes = lists(300)
+    order = (shapes[:, 1] / shapes[:, 0]).argsort(kind="stable")  # --rect sorts by aspect
+    assert_holds(large.flat, [files[i] for i in order], [labels[i] for i in order], [segments[i] for i in order],
+                 shapes[order])
 
 
 def write_split(root, count: int):

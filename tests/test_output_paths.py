@@ -173,17 +173,22 @@ def test_symlinks_in_lists_the_run_folder_and_weights_links(tmp_path):
 # ---------------------------------------------------------------------- --cache disk names
 
 def test_disk_cache_names_do_not_collide(tmp_path, monkeypatch):
-    from utils.data import dataset as dataset_module
+    """a.jpg and a.png of one folder each keep their own pixels in the --cache disk store (one file per split in
+    the user cache folder, indexed by image: no per-image names that could collide), and nothing is written
+    beside the images."""
+    from utils.data.dataset import LabelSet, YoloDataset
     from utils.data.images import read_image
 
+    monkeypatch.setenv("YOLO_TRAINER_CACHE", str(tmp_path / "cache"))
+    images = tmp_path / "images"
+    images.mkdir()
     red, green = np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8, 3), np.uint8)
     red[..., 2], green[..., 1] = 255, 255
-    cv2.imwrite(str(tmp_path / "a.jpg"), red)
-    cv2.imwrite(str(tmp_path / "a.png"), green)
-    paths = [dataset_module.write_npy(str(tmp_path / name)) for name in ("a.jpg", "a.png")]
-    assert paths[0] != paths[1] and all(p.parent == tmp_path for p in paths)
-    for path, name in zip(paths, ("a.jpg", "a.png")):
-        assert np.array_equal(np.load(path, allow_pickle=False), read_image(str(tmp_path / name)))
-    monkeypatch.setattr(dataset_module, "NPY_FALLBACK", tmp_path / "fallback")  # a read-only image folder
-    fallbacks = [dataset_module.fallback_npy_path(str(tmp_path / name)) for name in ("a.jpg", "a.png")]
-    assert fallbacks[0] != fallbacks[1] and fallbacks[0].parent == fallbacks[1].parent
+    cv2.imwrite(str(images / "a.jpg"), red)
+    cv2.imwrite(str(images / "a.png"), green)
+    files = [str(images / "a.jpg"), str(images / "a.png")]
+    split = LabelSet(files, [np.zeros((0, 5), np.float32)] * 2, np.array([[8, 8], [8, 8]]))
+    dataset = YoloDataset(split, imgsz=8, cache="disk")
+    for i, file in enumerate(files):
+        assert np.array_equal(dataset.store[i], read_image(file))
+    assert sorted(p.name for p in images.iterdir()) == ["a.jpg", "a.png"]

@@ -11,6 +11,10 @@ Generator, so results do not depend on worker count or order. The epoch reaches 
 with the index itself (the loader's sampler yields ``(index, epoch)``), so persistent workers never
 need their copy of the dataset updated; ``set_epoch`` covers direct use and ``workers=0``.
 
+Memory: file names, labels, segments and sizes are flat arrays (``utils.data.flat_labels``), and cached
+images are one shared store per machine (``utils.data.image_cache``): a loader worker reads both without
+copying their pages, whatever the split's size and whatever the workers' start method.
+
 Image weights (``--image-weights``): the trainer computes per-class weights each epoch (e.g.
 ``class_weights(labels, nc)`` times ``(1 - maps) ** 2``) and calls
 ``utils.data.loader.set_loader_image_weights(loader, class_weights)``, which stores
@@ -23,7 +27,6 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -33,24 +36,22 @@ from torch.utils.data import Dataset, default_collate
 from utils.boxes import xywhn2xyxy
 from utils.config import Hyp
 from utils.data import old_caches
+from utils.data.flat_labels import FlatLabels
+from utils.data.image_cache import StoreRequest, shared_image_store
+from utils.data.image_store import CacheError
 from utils.data.images import apply_orientation, exif_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
 from utils.dist import is_main_process
-from utils.errors import UserError
-from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
 _REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
-NPY_FALLBACK = Path.home() / ".cache" / "yolo-trainer" / "npy"
 RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
-AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when all copies need at most this many bytes
+AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when the machine's one copy needs at most this many bytes
 AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
-
-
-class CacheError(UserError):
-    """An image cache that cannot be built (e.g. not enough memory); the message has the numbers."""
+CACHE_MODES = ("ram", "disk")
+__all__ = ["CacheError", "LabelSet", "YoloDataset", "collate"]  # CacheError: utils.data.image_store's, kept here too
 
 
 @dataclass
@@ -141,68 +142,15 @@ def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
                          f"available {free / 1e9:.1f} GB; use --cache disk or no cache")
 
 
-def auto_cache_fits(shapes: np.ndarray, imgsz: int, copies: int = 1) -> tuple[bool, int]:
-    """--cache auto: (cache in RAM?, bytes of one copy). Small datasets only: ``copies`` (processes
-    holding their own copy) times the resized images within AUTO_CACHE_LIMIT and AUTO_CACHE_SHARE of
-    the available memory. Decoding is most of a loader's work (each mosaic decodes four images), so a
-    cache of a small dataset saves that work every epoch for a little memory."""
+def auto_cache_fits(shapes: np.ndarray, imgsz: int) -> tuple[bool, int]:
+    """--cache auto: (cache in RAM?, bytes of the cache). Small datasets only: the resized images within
+    AUTO_CACHE_LIMIT and AUTO_CACHE_SHARE of the available memory, counted once: the RAM cache is one store
+    per machine, shared by every training process and loader worker (utils.data.image_cache). Decoding is
+    most of a loader's work (each mosaic decodes four images), so a cache of a small dataset saves that work
+    every epoch for a little memory."""
     need = ram_cache_bytes(shapes, imgsz)
     budget = min(AUTO_CACHE_LIMIT, AUTO_CACHE_SHARE * available_memory())
-    return need * max(copies, 1) <= budget, need
-
-
-def npy_name(im_file: str) -> str:
-    """The .npy copy's file name: the image's whole name plus ".npy" (a.jpg -> a.jpg.npy), so images that
-    differ only in their suffix (a.jpg, a.png) never share one (YOLOv5's a.npy would)."""
-    return f"{Path(im_file).name}.npy"
-
-
-def fallback_npy_path(im_file: str) -> Path:
-    """Per-folder .npy location under ~/.cache/yolo-trainer/npy/<hash of the image folder>/."""
-    import hashlib
-
-    digest = hashlib.sha1(str(Path(im_file).parent.resolve()).encode()).hexdigest()[:16]
-    return NPY_FALLBACK / digest / npy_name(im_file)
-
-
-def npy_path(im_file: str) -> Path:
-    """Where the .npy copy of an image lives: beside it, or the fallback folder when read-only."""
-    beside = Path(im_file).with_name(npy_name(im_file))
-    if beside.exists() or os.access(beside.parent, os.W_OK):
-        return beside
-    return fallback_npy_path(im_file)
-
-
-def save_npy(img: np.ndarray, target: Path) -> None:
-    """``img`` as ``target`` through utils.files.atomic_write (a reader never sees half an array)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, lambda file: np.save(file, img, allow_pickle=False))
-
-
-def write_npy(im_file: str) -> Path:
-    """Decode once and save an up-to-date .npy (atomic, fallback folder if needed); returns its path."""
-    target = npy_path(im_file)
-    if target.exists() and target.stat().st_mtime >= Path(im_file).stat().st_mtime:
-        return target
-    img = read_image(im_file)
-    try:
-        save_npy(img, target)
-    except OSError:  # writable by permission bits but not in fact (read-only mount)
-        target = fallback_npy_path(im_file)
-        save_npy(img, target)
-    return target
-
-
-def parallel_map(function, items, desc: str):
-    """Run ``function`` over ``items`` in a thread pool (cv2 and file IO release the GIL), with a bar."""
-    from multiprocessing.pool import ThreadPool
-
-    from tqdm import tqdm
-
-    from utils.device import usable_cpus
-
-    with ThreadPool(max(1, min(8, usable_cpus()))) as pool:
-        return list(tqdm(pool.imap(function, items), total=len(items), desc=desc, leave=False))
+    return need <= budget, need
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,8 +173,12 @@ def rect_batch_shapes(shapes: np.ndarray, batch_size: int, imgsz: int, stride: i
 
 
 def class_weights(labels, nc: int) -> np.ndarray:
-    """Class weights = 1 / instance frequency (absent classes count once), normalised to sum 1."""
-    classes = np.concatenate([lb[:, 0] for lb in labels], 0).astype(int) if len(labels) else np.zeros(0, int)
+    """Class weights = 1 / instance frequency (absent classes count once), normalised to sum 1. ``labels``:
+    per image (n, 5) arrays (a flat ``labels`` view is read as its one array)."""
+    if hasattr(labels, "flat"):
+        classes = labels.flat.boxes[:, 0].astype(int)
+    else:
+        classes = np.concatenate([lb[:, 0] for lb in labels], 0).astype(int) if len(labels) else np.zeros(0, int)
     counts = np.bincount(classes, minlength=nc).astype(np.float64)
     counts[counts == 0] = 1
     weights = 1 / counts
@@ -294,40 +246,47 @@ def normalised_targets(labels: np.ndarray, width: int, height: int, eps: float =
 class YoloDataset(Dataset):
     """Images + YOLO labels of one split, resized (long side = imgsz) and augmented like YOLOv5 v7.
 
-    ``source`` is a ``SplitLabels`` from ``utils.data.verify.scan_split`` (or anything with
-    ``im_files, labels, segments, shapes``), or the split's sources (folders / .txt lists), which
-    are then scanned with ``nc`` classes. ``cache`` is None, "ram" or "disk".
+    ``source`` is a ``SplitLabels`` from ``utils.data.verify.scan_split`` (or anything with ``flat``, a
+    ``FlatLabels``, or with ``im_files, labels, segments, shapes`` lists), or the split's sources (folders /
+    .txt lists), which are then scanned with ``nc`` classes. ``cache`` is None, "ram" or "disk" (see
+    ``cache_images``). ``im_files``, ``labels`` and ``segments`` are list-like views of flat arrays
+    (``utils.data.flat_labels``), ``shapes`` an (N, 2) array of (width, height).
     """
 
     def __init__(self, source, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
                  cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None):
-        split = source if hasattr(source, "im_files") else self._scan(source, nc, prefix, single_cls)
+        split = source if hasattr(source, "im_files") or hasattr(source, "flat") else self._scan(source, nc, prefix,
+                                                                                                  single_cls)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self.hyp = hyp if hyp is not None else Hyp()
         self.mosaic = augment and not rect
         self.image_weights, self.seed, self.epoch, self.prefix = image_weights, seed, 0, prefix
-        self.im_files = [str(f) for f in split.im_files]
-        self.labels = [np.asarray(lb, np.float32).reshape(-1, 5) for lb in split.labels]
-        self.segments = list(split.segments) if len(split.segments) else [[] for _ in self.im_files]
-        self.shapes = np.asarray(split.shapes, np.int64).reshape(-1, 2)
-        if not self.im_files:
+        flat = split.flat if hasattr(split, "flat") else FlatLabels.from_lists(split.im_files, split.labels,
+                                                                              split.segments, split.shapes)
+        if not len(flat):
             raise ValueError(f"{prefix}no images in {source if not hasattr(source, 'im_files') else 'split'}")
         if single_cls:
-            for lb in self.labels:
-                lb[:, 0] = 0
-        self.n = len(self.im_files)
+            flat = flat.with_one_class()
+        self.n = len(flat)
         self.indices = np.arange(self.n)
         self.batch_shapes, self.batch = None, np.zeros(self.n, int)
         if rect:
-            self._sort_by_aspect(batch_size, pad)
-        self.images = [None] * self.n  # RAM cache: resized BGR images
-        self.orientations = {}  # index -> EXIF orientation, filled lazily in each process
+            order = (flat.shapes[:, 1] / flat.shapes[:, 0]).argsort(kind="stable")
+            flat = flat.take(order)
+        self._set_flat(flat)
+        if rect:
+            self.batch_shapes, self.batch = rect_batch_shapes(self.shapes, batch_size, self.imgsz, self.stride, pad)
+        self.store = None  # the image cache (utils.data.image_store.ImageStore): resized BGR images
+        self.orientations = np.full(self.n, -1, np.int8)  # EXIF orientation, filled lazily in each process
         self.canvas = None  # mosaic buffer, one per process
-        self.npy_files = None
         if cache:
             self.cache_images(cache)
         if is_main_process():
-            old_caches.report(self.im_files, caching_on_disk=cache == "disk", prefix=prefix)
+            old_caches.report(self.im_files, prefix=prefix)
+
+    def _set_flat(self, flat: FlatLabels) -> None:
+        self.flat = flat
+        self.im_files, self.labels, self.segments, self.shapes = flat.im_files, flat.labels, flat.segments, flat.shapes
 
     @staticmethod
     def _scan(sources, nc, prefix, single_cls):
@@ -340,6 +299,13 @@ class YoloDataset(Dataset):
     def __len__(self) -> int:
         return self.n
 
+    def __getstate__(self) -> dict:
+        """What a spawned loader worker receives: no mosaic buffer (each process makes its own) and the image
+        cache as its file's name (``ImageStore`` pickles as one): never a copy of the pixels."""
+        state = dict(self.__dict__)
+        state["canvas"] = None
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Epoch used when items are requested by a bare index (workers get it with the index)."""
         self.epoch = int(epoch)
@@ -347,65 +313,60 @@ class YoloDataset(Dataset):
     def image_weights_for(self, weights_per_class: np.ndarray) -> np.ndarray:
         """Per-image sampling weight = sum of its labels' class weights (images without labels: 0)."""
         weights = np.asarray(weights_per_class, np.float64)
-        return np.array([weights[lb[:, 0].astype(int)].sum() for lb in self.labels])
-
-    def _sort_by_aspect(self, batch_size: int, pad: float) -> None:
-        order = (self.shapes[:, 1] / self.shapes[:, 0]).argsort(kind="stable")
-        self.im_files = [self.im_files[i] for i in order]
-        self.labels = [self.labels[i] for i in order]
-        self.segments = [self.segments[i] for i in order]
-        self.shapes = self.shapes[order]
-        self.batch_shapes, self.batch = rect_batch_shapes(self.shapes, batch_size, self.imgsz, self.stride, pad)
+        flat = self.flat
+        image_of_box = np.repeat(np.arange(self.n), np.diff(flat.box_offsets))
+        return np.bincount(image_of_box, weights=weights[flat.boxes[:, 0].astype(int)], minlength=self.n)
 
     def cache_images(self, cache: str) -> None:
-        """'ram': keep every resized image in memory (after a fit check); 'disk': .npy beside images."""
-        if cache == "ram":
-            check_ram_cache(self.shapes, self.imgsz, self.prefix)
-            results = parallel_map(self._load_resized, range(self.n), f"{self.prefix}caching images (ram)")
-            self.images = [img for img, _, _ in results]
-            size = sum(img.nbytes for img in self.images)
-            LOGGER.info("%scached %d images in RAM (%.2f GB)", self.prefix, self.n, size / 1e9)
-        elif cache == "disk":
-            self.npy_files = parallel_map(write_npy, self.im_files, f"{self.prefix}caching images (disk)")
-            LOGGER.info("%scached %d images as .npy (%s)", self.prefix, self.n, self.npy_files[0].parent)
-        else:
+        """Resize every image once into the split's image store (``utils.data.image_cache``): 'ram', one store in
+        shared memory per machine for this run (after a memory check); 'disk', a store kept in the user cache
+        folder for later runs. Every process of a distributed run calls this together."""
+        if cache not in CACHE_MODES:
             raise CacheError(f"{self.prefix}unknown cache mode {cache!r} (use ram or disk)")
+        request = StoreRequest(self.im_files, self._resized_shapes(), lambda i: self._load_resized(i)[0],
+                               variant=f"{self.imgsz}-{'linear' if self.augment else 'area'}", prefix=self.prefix)
+        check = (lambda: check_ram_cache(self.shapes, self.imgsz, self.prefix)) if cache == "ram" else None
+        self.store = shared_image_store(request, cache, check_memory=check)
+        LOGGER.info("%s%d images cached (%s, %.2f GB): %s", self.prefix, self.n, cache, request.nbytes / 1e9,
+                    self.store.path)
+
+    def _resized_shapes(self) -> np.ndarray:
+        """(N, 2) (h, w) of every image as ``load_image`` returns it (``resized_size``, vectorised)."""
+        shapes = self.shapes.astype(np.float64)
+        ratio = self.imgsz / shapes.max(1)
+        return np.ceil(shapes[:, ::-1] * ratio[:, None]).astype(np.int64)
 
     @property
     def in_ram(self) -> bool:
         """Every image is cached in RAM (resized): loading one reads no file and decodes nothing."""
-        return all(img is not None for img in self.images)
+        return self.store is not None and self.store.in_memory
 
     def load_image(self, i: int):
-        """Image i resized so its long side is imgsz: (img BGR, (h0, w0) original, (h, w) resized)."""
+        """Image i resized so its long side is imgsz: (img BGR, (h0, w0) original, (h, w) resized). A cached
+        image is a read-only view of the cache."""
         width0, height0 = (int(v) for v in self.shapes[i])
-        if self.images[i] is not None:
-            img = self.images[i]
+        if self.store is not None:
+            img = self.store[i]
             return img, (height0, width0), img.shape[:2]
         img, _, size = self._load_resized(i)
         return img, (height0, width0), size
 
     def resized_shape(self, i: int) -> tuple[int, int]:
         """(h, w) of image i as ``load_image`` returns it, without loading it."""
-        if self.images[i] is not None:
-            return self.images[i].shape[:2]
         width, height = resized_size(*(int(v) for v in self.shapes[i]), self.imgsz)
         return height, width
 
     def decode(self, i: int, factor: int = 1) -> np.ndarray:
         """Decode image i (JPEG: fast path with this process's cached EXIF orientation)."""
         path = self.im_files[i]
-        if path.lower().endswith(JPEG_SUFFIXES) and i not in self.orientations:
+        if path.lower().endswith(JPEG_SUFFIXES) and self.orientations[i] < 0:
             self.orientations[i] = exif_orientation(path)
-        return read_jpeg(path, factor, self.orientations.get(i))
+        return read_jpeg(path, factor, int(self.orientations[i]) if self.orientations[i] >= 0 else None)
 
     def _load_resized(self, i: int):
         width0, height0 = (int(v) for v in self.shapes[i])
         height, width = self.resized_shape(i)
-        if self.npy_files is not None:
-            img = np.load(self.npy_files[i], allow_pickle=False)
-        else:
-            img = self.decode(i, reduce_factor(width0, height0, self.imgsz, self.im_files[i]))
+        img = self.decode(i, reduce_factor(width0, height0, self.imgsz, self.im_files[i]))
         if img.shape[:2] != (height, width):
             upscale = width > img.shape[1]
             interpolation = cv2.INTER_LINEAR if (self.augment or upscale) else cv2.INTER_AREA
@@ -425,8 +386,8 @@ class YoloDataset(Dataset):
         else:
             img, labels, shapes = self.load_letterboxed(index, rng)
         if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV and to_rgb_tensor take both
-            if img is self.images[index]:
-                img = img.copy()  # HSV works in place: never on the RAM cache
+            if not img.flags.writeable:
+                img = img.copy()  # HSV works in place: never on the image cache (a read-only view)
             img = augment_hsv(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng, rgb=True)  # HSV -> RGB in one pass
             img, labels = random_flips(img, labels, hyp.flipud, hyp.fliplr, rng)
             image = to_rgb_tensor(img, is_rgb=True)
@@ -463,7 +424,7 @@ class YoloDataset(Dataset):
         out_size, projective = (s, s), hyp.perspective > 0
         matrix, zoom = perspective_matrix((2 * s, 2 * s), out_size, hyp.degrees, hyp.translate, hyp.scale, hyp.shear,
                                           hyp.perspective, rng)
-        pasting = hyp.copy_paste > 0 and any(len(self.segments[k]) for k in picks)
+        pasting = hyp.copy_paste > 0 and any(self.flat.has_segments(k) for k in picks)
         window = None if projective or pasting else source_window(matrix, out_size, (2 * s, 2 * s))
         if self.canvas is None:
             self.canvas = np.empty((2 * s, 2 * s, 4), np.uint8)  # reused: warped into a new array below

@@ -15,9 +15,9 @@ Layout (N images, M boxes, S polygons, P points), every ragged part as values + 
 - ``segment_offsets`` (N + 1,): image i's polygons are k in segment_offsets[i]:segment_offsets[i + 1]
 - ``shapes`` int64 (N, 2) ``(width, height)`` after EXIF orientation
 
-The names, offsets and shapes are read-only; ``im_files``, ``labels`` and ``segments`` are sequence views (``files[i]`` a str,
-``labels[i]`` an (n, 5) array, ``segments[i]`` a list of (k, 2) arrays, [] for none), so code written for
-lists reads them unchanged.
+The names, offsets and shapes are read-only; ``im_files``, ``labels`` and ``segments`` are sequence views
+(``im_files[i]`` a str, ``labels[i]`` an (n, 5) array, ``segments[i]`` a list of (k, 2) arrays, [] for none), so
+code written for lists reads them unchanged.
 """
 from __future__ import annotations
 

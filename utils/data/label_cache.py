@@ -7,8 +7,8 @@ is a file read.
 
 Where: beside the labels folder (``<labels folder>.cache.npz``, as YOLOv5) only when the split is a
 dataset, i.e. at least one of its label files exists, and that folder is writable; otherwise in the
-user cache folder (``utils.data.cache_folders.user_cache_folder("labels")`` or ``cache_dir``), under a name derived from the
-real path of the labels folder. Scanning a folder that is not a dataset (a data YAML pointing at a
+user cache folder (``utils.data.cache_folders.user_cache_folder("labels")`` or ``cache_dir``), under a
+name derived from the real path of the labels folder. Scanning a folder that is not a dataset (a data YAML pointing at a
 system folder of images) never writes into it.
 
 Key: a hash of the real path (symlinks resolved), device, inode, size and mtime of every image and

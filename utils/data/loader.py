@@ -8,6 +8,7 @@ persistent workers see the current epoch without being restarted. Call
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 import random
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from utils import dist
 from utils.data.batch_slots import BatchSlots
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
 from utils.device import usable_cpus
@@ -113,9 +115,15 @@ class SlotDataLoader(DataLoader):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Worker start-up: OpenCV single-threaded, freed memory kept (``utils.memory``), and the
-    libraries a worker might use seeded from torch's per-worker seed (itself from the loader's
-    generator, seeded by (seed, rank)). Augmentation itself is seeded per item, not from here."""
+    """Worker start-up: OpenCV single-threaded, freed memory kept (``utils.memory``), the objects it
+    inherited left out of garbage collection, and the libraries a worker might use seeded from torch's
+    per-worker seed (itself from the loader's generator, seeded by (seed, rank)). Augmentation itself is
+    seeded per item, not from here.
+
+    ``gc.freeze()``: a collection walks every container object it tracks and writes its header, so in a
+    forked worker it would copy every page holding the parent's objects; frozen, they are never walked (the
+    dataset's own data are flat arrays, which reading does not copy either: utils.data.flat_labels)."""
+    gc.freeze()
     cv2.setNumThreads(0)
     keep_freed_memory()
     worker_seed = torch.initial_seed() % 2**32
@@ -132,14 +140,16 @@ def worker_count(workers: int, batch_size: int, processes: int = 1) -> int:
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
-                      cpus_busy=False):
+                      cpus_busy=False, multiprocessing_context=None):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
     ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
     out like DistributedSampler) or "batches" (validation: whole unshuffled batches, see BatchShardSampler).
-    ``cache``: None/"off", "ram", "disk", or "auto" (RAM for small datasets, see ``auto_cache``).
+    ``cache``: None/"off", "ram", "disk", or "auto" (RAM for small datasets, see ``auto_cache``); a cache is one
+    store per machine (``utils.data.image_cache``): under a process group every process calls this together.
     ``cpus_busy``: the caller's compute keeps every CPU busy (CPU training, see ``utils.device.compute_fills_cpus``);
     then images cached in RAM load in the main process (see ``inline_loading``).
+    ``multiprocessing_context``: the workers' start method ("fork", "spawn", "forkserver"; None: Python's default).
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
     """
@@ -157,7 +167,7 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     processes_per_node = processes_per_node or world_size
     num_workers = worker_count(workers, batch_size, processes_per_node)
     if cache == "auto":
-        auto_cache(dataset, num_workers, processes_per_node, prefix)
+        auto_cache(dataset, prefix)
     if num_workers and cpus_busy and dataset.in_ram:
         num_workers = inline_loading(num_workers, prefix)
     if shard == "batches":
@@ -173,7 +183,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers,
                             collate_fn=functools.partial(collate, slots=slots), pin_memory=pin_memory,
                             persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
-                            generator=generator, prefetch_factor=prefetch, slots=slots)
+                            generator=generator, prefetch_factor=prefetch, slots=slots,
+                            multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
     return loader, dataset
 
 
@@ -189,22 +200,19 @@ def inline_loading(num_workers: int, prefix: str = "") -> int:
     return 0
 
 
-def auto_cache(dataset: YoloDataset, num_workers: int, world_size: int, prefix: str = "") -> None:
-    """--cache auto (train.py's default): cache a small dataset's resized images in RAM before the
-    workers start. Forked workers share the cached pages; other start methods pickle the dataset into
-    every worker, so each worker's copy counts against the budget too (as does each DDP process's)."""
-    import multiprocessing
-
-    shared = multiprocessing.get_start_method(allow_none=False) == "fork"
-    copies = max(world_size, 1) * (1 if shared or num_workers == 0 else 1 + num_workers)
-    fits, need = auto_cache_fits(dataset.shapes, dataset.imgsz, copies)
+def auto_cache(dataset: YoloDataset, prefix: str = "") -> None:
+    """--cache auto (train.py's default): cache a small dataset's resized images in RAM, one copy per machine
+    shared by every process and loader worker (``auto_cache_fits``). The main process decides for all: every
+    process must take the same path through the cache's collective steps."""
+    fits, need = auto_cache_fits(dataset.shapes, dataset.imgsz)
+    fits = dist.broadcast_object(fits, phase="decide whether --cache auto caches the images")
     if fits:
-        LOGGER.info("%s--cache auto: small dataset, caching its images in RAM (%.2f GB%s; --cache off to skip)",
-                    prefix, need / 1e9, f" x {copies} processes" if copies > 1 else "")
+        LOGGER.info("%s--cache auto: small dataset, caching its images in RAM (%.2f GB, one copy per machine; "
+                    "--cache off to skip)", prefix, need / 1e9)
         dataset.cache_images("ram")
     else:
-        LOGGER.info("%s--cache auto: not caching, %.2f GB x %d processes is over the automatic limit "
-                    "(--cache ram or disk to cache anyway)", prefix, need / 1e9, copies)
+        LOGGER.info("%s--cache auto: not caching, %.2f GB is over the automatic limit (--cache ram or disk to "
+                    "cache anyway)", prefix, need / 1e9)
 
 
 def set_loader_epoch(loader, epoch: int, start_batch: int = 0) -> None:

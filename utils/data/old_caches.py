@@ -1,14 +1,14 @@
-"""Disk-cache files beside a dataset's images that this run will not read: found and reported, never left
-unnoticed.
+"""Disk-cache files beside a dataset's images that nothing reads: found and reported, never left unnoticed.
 
-``--cache disk`` keeps the decoded pixels of ``a.jpg`` as ``a.jpg.npy`` beside it (utils.data.dataset.npy_name).
-Three kinds of .npy files beside images take disk space without being read:
+``--cache disk`` keeps a split's resized images in one store in the user cache folder
+(``utils.data.image_cache``); it writes nothing beside the images. Earlier versions kept the pixels of
+``a.jpg`` as ``a.jpg.npy`` beside it, and YOLOv5 keeps them as ``a.npy``. Three kinds of .npy files beside
+images take disk space without being read:
 
 - YOLOv5's cache, ``a.npy`` beside ``a.jpg``: this trainer never reads it (the name is ambiguous: a.jpg and
   a.png would share it);
-- ours for images that are gone, ``x.jpg.npy`` without ``x.jpg``;
-- ours while the run does not cache on disk (--cache ram, auto or off): kept, since a later --cache disk reads
-  them again, but reported so that they are not forgotten.
+- an earlier version's, ``a.jpg.npy`` beside ``a.jpg``;
+- an earlier version's for images that are gone, ``x.jpg.npy`` without ``x.jpg``.
 
 Each kind found is one log line per split, with the count, the size, the folders and a shell command that removes
 exactly those files. Nothing is deleted: the files may be another tool's or another run's, and the dataset
@@ -22,6 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from utils.data.cache_folders import user_cache_folder
 from utils.data.images import IMG_EXTENSIONS
 
 LOGGER = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ class Found:
 @dataclass
 class Survey:
     yolov5: Found = field(default_factory=Found)  # a.npy beside a.jpg
-    orphans: Found = field(default_factory=Found)  # x.jpg.npy without x.jpg
-    ours: Found = field(default_factory=Found)  # a.jpg.npy beside a.jpg
+    orphans: Found = field(default_factory=Found)  # x.jpg.npy without x.jpg (an earlier version's)
+    ours: Found = field(default_factory=Found)  # a.jpg.npy beside a.jpg (an earlier version's)
 
 
 def survey(im_files) -> Survey:
@@ -84,9 +85,8 @@ def survey(im_files) -> Survey:
     return found
 
 
-def report(im_files, caching_on_disk: bool, prefix: str = "") -> Survey:
-    """Log one line per kind of leftover found beside ``im_files`` (see the module docstring); returns the survey.
-    ``caching_on_disk``: this run reads and writes the a.jpg.npy files (they are then in use, not leftovers)."""
+def report(im_files, prefix: str = "") -> Survey:
+    """Log one line per kind of leftover found beside ``im_files`` (see the module docstring); returns the survey."""
     found = survey(im_files)
     if found.yolov5.count:
         LOGGER.warning("%sWARNING: %s: never read by this trainer (it caches a.jpg as a.jpg.npy); remove them with: %s",
@@ -96,10 +96,10 @@ def report(im_files, caching_on_disk: bool, prefix: str = "") -> Survey:
         LOGGER.warning("%sWARNING: %s: their images are gone; remove them with: %s", prefix,
                        _described(found.orphans, "--cache disk files (x.jpg.npy)"),
                        _command(found.orphans, '[ -e "${f%.npy}" ] || rm -f -- "$f"'))
-    if found.ours.count and not caching_on_disk:
-        LOGGER.info("%s%s: not used by this run (--cache disk reads them again); to remove them: %s", prefix,
-                    _described(found.ours, "files of an earlier --cache disk (a.jpg.npy)"),
-                    _command(found.ours, 'rm -f -- "$f.npy"'))
+    if found.ours.count:
+        LOGGER.warning("%sWARNING: %s: never read (--cache disk now keeps one file per split in %s); remove them "
+                       "with: %s", prefix, _described(found.ours, "files of an earlier --cache disk (a.jpg.npy)"),
+                       user_cache_folder("images"), _command(found.ours, 'rm -f -- "$f.npy"'))
     return found
 
 

@@ -291,9 +291,10 @@ def verify_chunk(items: list) -> SplitLabels:
 
 
 def _ignore_interrupts() -> None:
-    """Scan workers: Ctrl-C reaches the whole process group; the main process alone handles it (and ends them)."""
+    """Scan workers: Ctrl-C reaches the whole process group; the main process alone handles it (and ends them).
+    OpenCV's thread count is left alone: cv2.setNumThreads(1) in a process forked while OpenCV's own threads
+    existed waits forever (OpenCV 5.0, seen here); decoding a header does not use those threads anyway."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cv2.setNumThreads(1)
 
 
 def _run_checks(items: list, workers: int, description: str) -> SplitLabels:

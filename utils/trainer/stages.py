@@ -34,7 +34,7 @@ class RunData:
     seed: int
     batches_per_epoch: int
     labels: np.ndarray  # (n, 5) every training box [class, cx, cy, w, h] normalised (labels.jpg)
-    image_labels: list  # per training image, (n, 5) like labels (AutoAnchor)
+    image_labels: object  # per training image, (n, 5) like labels (AutoAnchor): a list-like view
     image_shapes: np.ndarray  # (N, 2) width, height of each training image
     class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
 
@@ -66,28 +66,37 @@ def load_data(config: TrainConfig) -> tuple[DataConfig, list[str]]:
     return data_cfg, names
 
 
+def scan_labels(sources, names: list[str], single_cls: bool, prefix: str):
+    """The split's verified labels (utils.data.verify.scan_split), scanned once per machine: the main process
+    first (it writes the label cache), then each other machine's first process (which reads that cache on a
+    shared file system, or scans and writes its own), then the rest, who read the cache."""
+    from utils.data.verify import scan_split
+
+    with dist.main_process_first(f"scan the {prefix.rstrip(': ')} labels"):
+        return scan_split(sources, len(names), prefix=prefix, single_cls=single_cls)
+
+
 def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[str], grid_stride: int,
                info, device) -> RunData:
-    """The train loader and the val loader, each process its own shard of both."""
+    """The train loader and the val loader, each process its own shard of both. Labels are scanned once per
+    machine (``scan_labels``); an image cache is one store per machine that the processes fill together
+    (utils.data.image_cache), so every process builds the loaders at the same time."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
     batch_size = max(config.batch_size // info.world_size, 1)
     cpus_busy = compute_fills_cpus(device, info.local_world_size)
-    with dist.main_process_first("scan (and cache) the training images"):
-        train_loader, dataset = create_dataloader(
-            data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, cache=config.cache,
-            rect=config.rect, workers=config.workers, image_weights=config.image_weights, prefix="train: ",
-            shuffle=not config.rect, seed=config.seed, rank=info.rank, world_size=info.world_size,
-            single_cls=config.single_cls, names=names, processes_per_node=info.local_world_size, cpus_busy=cpus_busy)
-    boxes = [labels for labels in dataset.labels if len(labels)]
-    labels = np.concatenate(boxes, 0) if boxes else np.zeros((0, 5))
+    common = {"names": names, "single_cls": config.single_cls, "rank": info.rank, "world_size": info.world_size,
+              "processes_per_node": info.local_world_size, "cpus_busy": cpus_busy, "cache": config.cache}
+    train_loader, dataset = create_dataloader(
+        data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, rect=config.rect,
+        workers=config.workers, image_weights=config.image_weights, prefix="train: ", shuffle=not config.rect,
+        seed=config.seed, labels=scan_labels(data_cfg.train, names, config.single_cls, "train: "), **common)
+    labels = dataset.flat.boxes
     if len(labels) and labels[:, 0].max() >= len(names):
         raise ConfigError(f"{data_cfg.yaml_file}: label class {int(labels[:, 0].max())} exceeds nc={len(names)}")
-    with dist.main_process_first("scan (and cache) the validation images"):
-        val_loader, _ = create_dataloader(  # every process validates its own whole batches
-            data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, cache=config.cache,
-            rect=True, pad=0.5, workers=config.workers * 2, prefix="val: ", single_cls=config.single_cls,
-            names=names, rank=info.rank, world_size=info.world_size, processes_per_node=info.local_world_size,
-            shard="batches", cpus_busy=cpus_busy)
+    val_loader, _ = create_dataloader(  # every process validates its own whole batches
+        data_cfg.val, imgsz, batch_size * 2, grid_stride, hyp=hyp, augment=False, rect=True, pad=0.5,
+        workers=config.workers * 2, prefix="val: ", shard="batches",
+        labels=scan_labels(data_cfg.val, names, config.single_cls, "val: "), **common)
     workers = getattr(train_loader, "num_workers", 0)
     run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
                        labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))
