@@ -112,3 +112,23 @@ def test_the_scans_process_pool_gives_what_one_process_gives(tmp_path):
     again = verify.scan_split(str(images), nc=3, workers=2)  # read back from the label cache
     assert again.stats == cached.stats and again.messages == cached.messages
     assert_holds(again.flat, list(alone.im_files), list(alone.labels), list(alone.segments), alone.shapes)
+
+
+def test_folder_listing_keeps_rglobs_rules(tmp_path):
+    """The scan's folder listing (one scandir per folder): links to files followed, links to folders not, hidden
+    names (a dot anywhere below the source) ignored with a message, other files and broken links skipped."""
+    images = tmp_path / "images"
+    (images / "sub").mkdir(parents=True)
+    (images / ".cache" / "deep").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for path in (images / "a.jpg", images / "sub" / "B.PNG", images / ".cache" / "deep" / "c.jpg",
+                 images / "sub" / ".d.jpg", elsewhere / "e.jpg", elsewhere / "f.jpg"):
+        cv2.imwrite(str(path), np.zeros((12, 12, 3), np.uint8))
+    (images / "notes.txt").write_text("x")
+    (images / "linked.jpg").symlink_to(elsewhere / "e.jpg")
+    (images / "linked-folder").symlink_to(elsewhere)
+    (images / "broken.jpg").symlink_to(tmp_path / "missing.jpg")
+    files, ignored = verify.collect_image_files(str(images))
+    assert files == sorted(str(images / name) for name in ("a.jpg", "sub/B.PNG", "linked.jpg"))
+    assert ignored == [f"{images / name}: hidden file ignored" for name in (".cache/deep/c.jpg", "sub/.d.jpg")]

@@ -87,28 +87,47 @@ def _read_list_file(file: Path) -> list[Path]:
     return [Path(os.path.abspath(p if p.is_absolute() else file.parent / p)) for p in entries]
 
 
+def _folder_images(folder: str):
+    """(path, hidden) of every image file below ``folder``: one ``os.scandir`` per folder (no stat for regular
+    files, a large split's listing is seconds faster than Path.rglob + is_file), symbolic links to folders not
+    followed and unreadable folders skipped (as rglob), links to files followed (as is_file); ``hidden``: a part
+    of the path below ``folder`` starts with a dot."""
+    stack = [(folder, False)]
+    while stack:
+        current, hidden = stack.pop()
+        try:
+            with os.scandir(current) as listing:
+                entries = list(listing)
+        except PermissionError:
+            continue
+        for entry in entries:
+            entry_hidden = hidden or entry.name.startswith(".")
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, entry_hidden))
+                elif os.path.splitext(entry.name)[1][1:].lower() in IMG_EXTENSIONS and entry.is_file():
+                    yield entry.path, entry_hidden
+            except OSError:
+                continue
+
+
 def collect_image_files(sources: list[str] | str) -> tuple[list[str], list[str]]:
     """(sorted image files, messages about ignored entries) for folders, .txt lists and image files."""
     files, ignored = set(), []
     for source in as_list(sources):
         source = Path(os.path.abspath(Path(source).expanduser()))
         if source.is_dir():
-            candidates = [(p, source) for p in source.rglob("*") if p.is_file()]
+            found = list(_folder_images(str(source)))
         elif source.suffix.lower() == ".txt" and source.is_file():
-            candidates = [(p, p.parent) for p in _read_list_file(source)]
-            ignored += [f"{p}: listed in {source.name} but missing" for p, _ in candidates if not p.exists()]
-            candidates = [(p, base) for p, base in candidates if p.exists()]
+            candidates = _read_list_file(source)
+            ignored += [f"{p}: listed in {source.name} but missing" for p in candidates if not p.exists()]
+            found = [(str(p), _is_hidden(p, p.parent)) for p in candidates if p.exists() and is_image_file(p)]
         elif source.is_file():
-            candidates = [(source, source.parent)]
+            found = [(str(source), _is_hidden(source, source.parent))] if is_image_file(source) else []
         else:
             raise DatasetError(f"{source}: does not exist")
-        for path, base in candidates:
-            if not is_image_file(path):
-                continue
-            if _is_hidden(path, base):
-                ignored.append(f"{path}: hidden file ignored")
-                continue
-            files.add(str(path))
+        ignored += [f"{path}: hidden file ignored" for path, hidden in sorted(found) if hidden]
+        files.update(path for path, hidden in found if not hidden)
     return sorted(files), ignored
 
 
