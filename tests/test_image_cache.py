@@ -52,8 +52,7 @@ def batches(loader, epoch=1):
     return [(images.clone(), targets.clone()) for images, targets, _, _ in loader]
 
 
-@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow),
-                                    pytest.param("forkserver", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_shared_cache_gives_the_same_pixels_as_no_cache(split, shm, method):
     """Loader workers of each start method read the one store (the dataset they receive names its file, never
     holds its pixels) and give the batches an uncached loader gives."""
