@@ -13,6 +13,7 @@ identities, so every path to one dataset shares one cache).
 """
 from __future__ import annotations
 
+import io
 import logging
 import math
 import multiprocessing
@@ -141,14 +142,15 @@ def list_image_files(sources: list[str] | str) -> list[str]:
 
 # ----------------------------------------------------------------------------- one image
 def image_size(path: str) -> tuple[int, int]:
-    """(width, height) after EXIF orientation; the pixel data must decode. Raises Problem."""
+    """(width, height) after EXIF orientation; the pixel data must decode. Raises Problem. The file is read once:
+    its header and its pixel data are checked from the same bytes."""
     try:
-        size = os.path.getsize(path)
+        data = np.fromfile(path, dtype=np.uint8)
     except OSError as e:
         raise Problem("unreadable image", f"cannot read image ({e.strerror or e})") from None
-    if size == 0:
+    if data.size == 0:
         raise Problem("empty image file", "empty image file (0 bytes)")
-    header = _image_header(path)
+    header = _image_header(data)
     if header is None:  # PIL does not know it: decode fully with the training decoder
         try:
             height, width = read_image(path).shape[:2]
@@ -158,7 +160,7 @@ def image_size(path: str) -> tuple[int, int]:
         return width, height
     kind, width, height, orientation = header
     _check_size(width, height)
-    _check_decodes(path, kind)
+    _check_decodes(data, kind)
     if orientation in (5, 6, 7, 8) and Path(path).suffix.lower() in ORIENTED_SUFFIXES:
         width, height = height, width
     return width, height
@@ -169,24 +171,24 @@ def _check_size(width: int, height: int) -> None:
         raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
 
 
-def _image_header(path: str) -> tuple[str, int, int, int] | None:
-    """(format, width, height, EXIF orientation) from the header only, None when PIL cannot tell."""
+def _image_header(data: np.ndarray) -> tuple[str, int, int, int] | None:
+    """(format, width, height, EXIF orientation) from the file's header, None when PIL cannot tell."""
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             orientation = int(image.getexif().get(0x0112, 1) or 1)
             return image.format or "", image.size[0], image.size[1], orientation
     except Exception:  # PIL raises many types for foreign bytes
         return None
 
 
-def _check_decodes(path: str, kind: str) -> None:
+def _check_decodes(data: np.ndarray, kind: str) -> None:
     """The pixel data decodes as read_image would; JPEGs at 1/8 scale (same entropy decode, ~6x faster)."""
     flags = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION if kind == "JPEG" else cv2.IMREAD_UNCHANGED
     try:
-        image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), flags)
-    except (cv2.error, OSError):
+        image = cv2.imdecode(data, flags)
+    except cv2.error:
         image = None
     if image is None or image.size == 0:
         raise Problem("corrupt image", "cannot decode image (truncated or corrupt data)")
