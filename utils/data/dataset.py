@@ -51,12 +51,11 @@ RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
 AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when the machine's one copy needs at most this many bytes
 AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
 CACHE_MODES = ("ram", "disk")
-__all__ = ["CacheError", "LabelSet", "YoloDataset", "collate"]  # CacheError: utils.data.image_store's, kept here too
 
 
 @dataclass
 class LabelSet:
-    """Minimal stand-in for ``utils.data.verify.SplitLabels`` (same fields) for in-memory datasets."""
+    """Per-image lists for in-memory datasets (``SplitLabels`` holds the same as flat arrays)."""
     im_files: list
     labels: list
     shapes: np.ndarray
@@ -246,8 +245,8 @@ def normalised_targets(labels: np.ndarray, width: int, height: int, eps: float =
 class YoloDataset(Dataset):
     """Images + YOLO labels of one split, resized (long side = imgsz) and augmented like YOLOv5 v7.
 
-    ``source`` is a ``SplitLabels`` from ``utils.data.verify.scan_split`` (or anything with ``flat``, a
-    ``FlatLabels``, or with ``im_files, labels, segments, shapes`` lists), or the split's sources (folders /
+    ``source`` is a ``SplitLabels`` from ``utils.data.verify.scan_split`` (its ``flat`` is used as it is), a
+    ``LabelSet`` (or anything with ``im_files, labels, segments, shapes`` lists), or the split's sources (folders /
     .txt lists), which are then scanned with ``nc`` classes. ``cache`` is None, "ram" or "disk" (see
     ``cache_images``). ``im_files``, ``labels`` and ``segments`` are list-like views of flat arrays
     (``utils.data.flat_labels``), ``shapes`` an (N, 2) array of (width, height).
@@ -255,8 +254,7 @@ class YoloDataset(Dataset):
 
     def __init__(self, source, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
                  cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None):
-        split = source if hasattr(source, "im_files") or hasattr(source, "flat") else self._scan(source, nc, prefix,
-                                                                                                  single_cls)
+        split = source if hasattr(source, "im_files") else self._scan(source, nc, prefix, single_cls)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self.hyp = hyp if hyp is not None else Hyp()
         self.mosaic = augment and not rect
@@ -273,7 +271,8 @@ class YoloDataset(Dataset):
         if rect:
             order = (flat.shapes[:, 1] / flat.shapes[:, 0]).argsort(kind="stable")
             flat = flat.take(order)
-        self._set_flat(flat)
+        self.flat = flat
+        self.im_files, self.labels, self.segments, self.shapes = flat.im_files, flat.labels, flat.segments, flat.shapes
         if rect:
             self.batch_shapes, self.batch = rect_batch_shapes(self.shapes, batch_size, self.imgsz, self.stride, pad)
         self.store = None  # the image cache (utils.data.image_store.ImageStore): resized BGR images
@@ -283,10 +282,6 @@ class YoloDataset(Dataset):
             self.cache_images(cache)
         if is_main_process():
             old_caches.report(self.im_files, prefix=prefix)
-
-    def _set_flat(self, flat: FlatLabels) -> None:
-        self.flat = flat
-        self.im_files, self.labels, self.segments, self.shapes = flat.im_files, flat.labels, flat.segments, flat.shapes
 
     @staticmethod
     def _scan(sources, nc, prefix, single_cls):
