@@ -31,6 +31,7 @@ import argparse
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -143,11 +144,17 @@ def one_copy_bytes(data: str, imgsz: int) -> int:
     return sum(ram_cache_bytes(scan_split(split, config.nc).shapes, imgsz) for split in (config.train, config.val))
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_pss(args, method: str, cache: str, folder: Path) -> dict:
     wrapper = folder / f"wrapper_{method}.py"
     wrapper.write_text(WRAPPER.format(repo=str(Path(args.repo).resolve()), method=method))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_port",
-               str(29500 + os.getpid() % 1000), str(wrapper), "--data", args.data, "--cfg",
+               str(free_port()), str(wrapper), "--data", args.data, "--cfg",
                str(Path(args.repo).resolve() / "models" / "yolov5n.yaml"), "--weights", "", "--imgsz", str(args.imgsz),
                "--batch-size", str(8 * args.nproc), "--epochs", "1", "--workers", str(args.workers), "--device", "cpu",
                "--cache", cache, "--amp", "off", "--noautoanchor", "--noplots", "--no-tensorboard",
@@ -224,6 +231,22 @@ def uss(pid: int) -> int:
     return values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)
 
 
+def shared_buffers_private(pid: int) -> int:
+    """Private bytes of this process's shared-memory file mappings (the batch buffers workers send the main
+    process: private while the main process does not hold that batch, so they swing USS by megabytes)."""
+    total, inside = 0, False
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = "/dev/shm/" in line or "torch_" in line
+        elif inside and line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
 def workers_command(args) -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.generated_dataset import make_dataset
@@ -245,15 +268,18 @@ def workers_command(args) -> None:
         next(iterator)
         count += 1
     pids = [worker.pid for worker in loader._iterator._workers]  # persistent workers: the loader keeps them
-    start = {pid: uss(pid) for pid in pids}
+    start = {pid: (uss(pid), shared_buffers_private(pid)) for pid in pids}
     for _ in iterator:
         count += 1
-    end = {pid: uss(pid) for pid in pids}  # persistent workers: still alive after the last batch
-    print(f"| worker | USS after batch {args.warmup} (MB) | USS after the last batch (MB) | growth |")
-    print("|---|---|---|---|")
+    end = {pid: (uss(pid), shared_buffers_private(pid)) for pid in pids}  # persistent workers: still alive
+    print(f"| worker | USS after batch {args.warmup} (MB) | USS after the last batch (MB) | growth | the same "
+          "without batch buffers (MB) | growth |")
+    print("|---|---|---|---|---|---|")
     for number, pid in enumerate(pids):
-        growth = (end[pid] - start[pid]) / max(start[pid], 1)
-        print(f"| {number} | {start[pid] / 1e6:.1f} | {end[pid] / 1e6:.1f} | {growth:+.1%} |")
+        (first, first_buffers), (last, last_buffers) = start[pid], end[pid]
+        rest_first, rest_last = first - first_buffers, last - last_buffers
+        print(f"| {number} | {first / 1e6:.1f} | {last / 1e6:.1f} | {(last - first) / max(first, 1):+.1%} "
+              f"| {rest_first / 1e6:.1f} -> {rest_last / 1e6:.1f} | {(rest_last - rest_first) / max(rest_first, 1):+.1%} |")
     print(f"{count} batches")
 
 
