@@ -30,7 +30,7 @@ The run folder, options, hyperparameters, data and model come from the checkpoin
 ``--cache``, ``--save-every-min`` and ``--no-tensorboard`` may be given again (the differences are printed), and the number
 of processes may change (the total batch is kept); any other option given with a different value is
 refused with the reason. A checkpoint's ``--cache disk`` is used only when the command says it again: a file's
-options never make a run write beside a dataset's images.
+options never make a run fill a disk cache.
 """
 from __future__ import annotations
 
@@ -118,15 +118,16 @@ def resolve_run(config: TrainConfig, explicit: dict) -> tuple[TrainConfig, Hyp, 
 
 
 def disk_cache_when_asked(config: TrainConfig, asked, source: Path) -> TrainConfig:
-    """``--cache disk`` writes a .npy file beside every image of the dataset. A checkpoint's options may name any
-    dataset (a last.pt copied from another run, an older relative --data resolved from this folder), so the file
-    alone never makes a run write beside a dataset's images: a resumed run caches on disk only when its command
-    line says --cache disk (a torchrun restart: the launch's command), else it caches as --cache auto."""
+    """``--cache disk`` fills a file of the dataset's resized images in the user cache folder (gigabytes for a large
+    dataset). A checkpoint's options may name any dataset (a last.pt copied from another run, an older relative
+    --data resolved from this folder), so the file alone never makes a run fill one: a resumed run caches on disk
+    only when its command line says --cache disk (a torchrun restart: the launch's command), else it caches as
+    --cache auto."""
     if config.cache != "disk" or asked == "disk":
         return config
-    LOGGER.warning("WARNING: %s: its --cache disk is not used (a resumed run writes beside a dataset's images only "
-                   "when its command asks: add --cache disk to write .npy files beside %s's images); caching with "
-                   "--cache auto", source, config.data or "the dataset")
+    LOGGER.warning("WARNING: %s: its --cache disk is not used (a resumed run fills a disk cache only when its "
+                   "command asks: add --cache disk to cache %s's images on disk); caching with --cache auto", source,
+                   config.data or "the dataset")
     return replace(config, cache="auto")
 
 
