@@ -99,6 +99,18 @@ def test_store_format_checks(tmp_path):
         pickle.loads(state)
 
 
+def test_a_full_file_system_is_one_line_before_any_pixel_is_written(tmp_path, monkeypatch):
+    """The store's blocks are reserved when it is created: a full file system is a CacheError then, never a
+    SIGBUS while a mapped page is written; nothing is left behind."""
+    def full(handle, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(CacheError, match=r"a\.images: not enough space for the image cache \(0\.00 GB\): No space"):
+        create_store(tmp_path / "a.images", "key", np.array([[4, 6]]))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ram_store_is_removed_with_its_dataset_and_a_killed_runs_store_by_the_next(split, shm, monkeypatch):
     data = YoloDataset(split, imgsz=64, cache="ram")
     (path,) = shm.iterdir()

@@ -55,7 +55,7 @@ def create_store(path, key: str, sizes_hw: np.ndarray, mode: int = 0o600) -> Non
     handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode)
     try:
         try:
-            os.posix_fallocate(handle, 0, total)
+            _reserve(handle, total)
         except OSError as error:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise
@@ -69,6 +69,19 @@ def create_store(path, key: str, sizes_hw: np.ndarray, mode: int = 0o600) -> Non
         os.unlink(path)
         raise
     os.close(handle)
+
+
+def _reserve(handle: int, total: int) -> None:
+    """Give the file ``total`` bytes with its blocks allocated where the system can (posix_fallocate), else sized
+    only (no posix_fallocate on macOS; a file system that refuses it)."""
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(handle, 0, total)
+            return
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    os.ftruncate(handle, total)
 
 
 class ImageStore:
