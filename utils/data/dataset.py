@@ -353,15 +353,16 @@ class YoloDataset(Dataset):
 
     def decode(self, i: int, factor: int = 1) -> np.ndarray:
         """Decode image i (JPEG: fast path with this process's cached EXIF orientation)."""
-        path = self.im_files[i]
+        path = self.flat.file(i)
         if path.lower().endswith(JPEG_SUFFIXES) and self.orientations[i] < 0:
             self.orientations[i] = exif_orientation(path)
-        return read_jpeg(path, factor, int(self.orientations[i]) if self.orientations[i] >= 0 else None)
+        orientation = int(self.orientations[i])
+        return read_jpeg(path, factor, orientation if orientation >= 0 else None)
 
     def _load_resized(self, i: int):
         width0, height0 = (int(v) for v in self.shapes[i])
         height, width = self.resized_shape(i)
-        img = self.decode(i, reduce_factor(width0, height0, self.imgsz, self.im_files[i]))
+        img = self.decode(i, reduce_factor(width0, height0, self.imgsz, self.flat.file(i)))
         if img.shape[:2] != (height, width):
             upscale = width > img.shape[1]
             interpolation = cv2.INTER_LINEAR if (self.augment or upscale) else cv2.INTER_AREA
@@ -389,7 +390,7 @@ class YoloDataset(Dataset):
         else:
             image = to_rgb_tensor(img)
         targets = normalised_targets(labels, img.shape[1], img.shape[0])
-        return image, targets, self.im_files[index], shapes
+        return image, targets, self.flat.file(index), shapes
 
     def load_letterboxed(self, index: int, rng):
         """Non-mosaic path: letterbox to the rect batch shape or imgsz (+ random perspective if training)."""
