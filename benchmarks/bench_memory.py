@@ -11,7 +11,8 @@
 train.py`` on the dataset (yolov5n from scratch, batch 8 per process, fp32 on the CPU) through a wrapper that sets
 the start method of every process's multiprocessing (loader workers, the scan's pool) and keeps the loader workers
 that a CPU run would drop when the RAM cache lets the main process load (``stages.compute_fills_cpus`` -> False:
-the workers a GPU machine runs). The process tree is sampled twice a second until the training bar shows
+the workers a GPU machine runs); with ``--all-workers``, ``--workers`` per process even where the loader would give
+each process fewer (usable CPUs / processes: 1 each on a 2-core machine). The process tree is sampled twice a second until the training bar shows
 ``--steps`` batches (then the run is interrupted) or the run ends. Reported: the peak of the summed PSS, and the
 peak of the summed PSS counting the cache files in shared memory at their allocated size instead of their mapped
 PSS (a store's pages no process has touched yet are memory too: this is the honest total). The ram - off
@@ -48,8 +49,11 @@ import multiprocessing, sys
 if __name__ == "__main__":
     sys.path.insert(0, {repo!r})
     multiprocessing.set_start_method({method!r}, force=True)
+    import utils.data.loader as loader
     import utils.trainer.stages as stages
     stages.compute_fills_cpus = lambda *args, **kwargs: False  # keep the loader workers, as on a GPU machine
+    if {all_workers!r}:  # --workers per process even where the CPUs are fewer (as on a machine with enough)
+        loader.worker_count = lambda workers, batch_size, processes=1: max(0, min(workers, batch_size))
     import train
     sys.exit(train.main(sys.argv[1:]))
 '''
@@ -152,7 +156,8 @@ def free_port() -> int:
 
 def run_pss(args, method: str, cache: str, folder: Path) -> dict:
     wrapper = folder / f"wrapper_{method}.py"
-    wrapper.write_text(WRAPPER.format(repo=str(Path(args.repo).resolve()), method=method))
+    wrapper.write_text(WRAPPER.format(repo=str(Path(args.repo).resolve()), method=method,
+                                      all_workers=args.all_workers))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_port",
                str(free_port()), str(wrapper), "--data", args.data, "--cfg",
                str(Path(args.repo).resolve() / "models" / "yolov5n.yaml"), "--weights", "", "--imgsz", str(args.imgsz),
@@ -204,7 +209,8 @@ def follow_bar(stream, steps: dict) -> None:
 
 def pss_command(args) -> None:
     copy = one_copy_bytes(args.data, args.imgsz)
-    print(f"# PSS, torchrun --nproc_per_node {args.nproc}, {args.workers} workers each, {Path(args.data)} at "
+    each = args.workers if args.all_workers else f"at most {args.workers}"
+    print(f"# PSS, torchrun --nproc_per_node {args.nproc}, {each} workers each, {Path(args.data)} at "
           f"{args.imgsz}, code: {Path(args.repo).resolve()}; {cpu_name()}")
     print(f"one copy of the resized images (train + val): {copy / 1e6:.0f} MB")
     print("| start method | cache | processes | peak PSS (MB) | peak PSS, cache files at full size (MB) | steps |")
@@ -293,6 +299,8 @@ def main() -> None:
     pss.add_argument("--workers", type=int, default=2)
     pss.add_argument("--methods", nargs="+", default=["fork", "spawn", "forkserver"])
     pss.add_argument("--steps", type=int, default=12, help="training batches (rank 0) before the run is interrupted")
+    pss.add_argument("--all-workers", action="store_true",
+                     help="--workers per process even when the CPUs / processes are fewer (the loader's own cap)")
     pss.add_argument("--repo", default=str(ROOT))
     workers = commands.add_parser("workers")
     workers.add_argument("--images", type=int, default=50000)
