@@ -50,6 +50,19 @@ def yolov5_lookalike(tmp_path_factory):
     return write_yolov5_lookalike(tmp_path_factory.mktemp("yolov5"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_user_cache(tmp_path_factory):
+    """Caches the code keeps in the user's home (image stores, label caches beside read-only datasets) go to a
+    session folder: the tests never write into ~/.cache/yolo-trainer (subprocesses inherit the variable)."""
+    saved = os.environ.get("YOLO_TRAINER_CACHE")
+    os.environ["YOLO_TRAINER_CACHE"] = str(tmp_path_factory.mktemp("user-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("YOLO_TRAINER_CACHE", None)
+    else:
+        os.environ["YOLO_TRAINER_CACHE"] = saved
+
+
 @pytest.fixture
 def outside(tmp_path):
     """(an empty folder, a file outside it holding "precious"): for links planted in the folder that point out."""
