@@ -87,8 +87,9 @@ def rollup(pid: int) -> dict[str, int]:
     return values
 
 
-def store_pss(pid: int) -> int:
-    """PSS of this process's mappings of image-cache store files."""
+def mapped_bytes(pid: int, mapping, fields: tuple[str, ...]) -> int:
+    """Sum of ``fields`` (smaps lines such as "Pss:") over this process's mappings whose header line passes
+    ``mapping(line)``."""
     total, inside = 0, False
     try:
         lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
@@ -96,10 +97,15 @@ def store_pss(pid: int) -> int:
         return 0
     for line in lines:
         if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            inside = STORE_MARK in line
-        elif inside and line.startswith("Pss:"):
+            inside = mapping(line)
+        elif inside and line.startswith(fields):
             total += int(line.split()[1]) * 1024
     return total
+
+
+def store_pss(pid: int) -> int:
+    """PSS of this process's mappings of image-cache store files."""
+    return mapped_bytes(pid, lambda line: STORE_MARK in line, ("Pss:",))
 
 
 def tree(root: int) -> list[int]:
@@ -240,17 +246,8 @@ def uss(pid: int) -> int:
 def shared_buffers_private(pid: int) -> int:
     """Private bytes of this process's shared-memory file mappings (the batch buffers workers send the main
     process: private while the main process does not hold that batch, so they swing USS by megabytes)."""
-    total, inside = 0, False
-    try:
-        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            inside = "/dev/shm/" in line or "torch_" in line
-        elif inside and line.startswith(("Private_Clean:", "Private_Dirty:")):
-            total += int(line.split()[1]) * 1024
-    return total
+    return mapped_bytes(pid, lambda line: "/dev/shm/" in line or "torch_" in line,
+                        ("Private_Clean:", "Private_Dirty:"))
 
 
 def workers_command(args) -> None:
