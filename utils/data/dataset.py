@@ -122,15 +122,16 @@ def available_memory() -> int:
         return 0
 
 
-def resized_size(width: int, height: int, imgsz: int) -> tuple[int, int]:
-    """(w, h) after resizing the long side to ``imgsz`` (ceil, as YOLOv5)."""
-    ratio = imgsz / max(width, height)
-    return math.ceil(width * ratio), math.ceil(height * ratio)
+def resized_sizes(shapes: np.ndarray, imgsz: int) -> np.ndarray:
+    """(N, 2) int64 (w, h) of (N, 2) (w, h) images after resizing each long side to ``imgsz`` (ceil, as YOLOv5)."""
+    shapes = np.asarray(shapes, np.float64).reshape(-1, 2)
+    ratio = imgsz / shapes.max(1)
+    return np.ceil(shapes * ratio[:, None]).astype(np.int64)
 
 
 def ram_cache_bytes(shapes: np.ndarray, imgsz: int) -> int:
     """Exact bytes of all resized uint8 BGR images (sizes are known from the label scan)."""
-    return int(sum(w * h * 3 for w, h in (resized_size(int(a), int(b), imgsz) for a, b in shapes)))
+    return int(resized_sizes(shapes, imgsz).prod(1).sum() * 3)
 
 
 def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
@@ -326,10 +327,8 @@ class YoloDataset(Dataset):
                     self.store.path)
 
     def _resized_shapes(self) -> np.ndarray:
-        """(N, 2) (h, w) of every image as ``load_image`` returns it (``resized_size``, vectorised)."""
-        shapes = self.shapes.astype(np.float64)
-        ratio = self.imgsz / shapes.max(1)
-        return np.ceil(shapes[:, ::-1] * ratio[:, None]).astype(np.int64)
+        """(N, 2) (h, w) of every image as ``load_image`` returns it."""
+        return resized_sizes(self.shapes, self.imgsz)[:, ::-1]
 
     @property
     def in_ram(self) -> bool:
@@ -348,7 +347,7 @@ class YoloDataset(Dataset):
 
     def resized_shape(self, i: int) -> tuple[int, int]:
         """(h, w) of image i as ``load_image`` returns it, without loading it."""
-        width, height = resized_size(*(int(v) for v in self.shapes[i]), self.imgsz)
+        width, height = (int(v) for v in resized_sizes(self.shapes[i], self.imgsz)[0])
         return height, width
 
     def decode(self, i: int, factor: int = 1) -> np.ndarray:
