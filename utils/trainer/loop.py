@@ -104,30 +104,29 @@ class TrainStep:
         scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
         finite = bool(torch.isfinite(norm))
+        scales = None
         if scaler.is_enabled():
-            scale = scaler.get_scale()
+            before = scaler.get_scale()
             scaler.step(self.optimizer)  # skips the step itself when the gradients are not finite
             scaler.update()
-            updated = finite
-        else:
-            if finite:
-                self.optimizer.step()
-            updated = finite
+            scales = (before, scaler.get_scale())
+        elif finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None and updated:
+        if self.ema is not None and finite:
             self.ema.update(self.model)
         self.counters.last_optimizer_step = self.counters.global_step
-        self._count_step(updated, scaler.get_scale() if scaler.is_enabled() else None,
-                         scale if scaler.is_enabled() else None)
+        self._count_step(finite, scales)
 
-    def _count_step(self, updated: bool, scale_after, scale_before) -> None:
+    def _count_step(self, updated: bool, scales: tuple[float, float] | None) -> None:
+        """Count a skipped step (``scales``: the GradScaler's loss scale before and after it, if enabled)."""
         counters = self.counters
         if updated:
             counters.skipped_steps_in_row = 0
             return
         counters.skipped_steps_in_row += 1
         counters.skipped_steps_total += 1
-        scale = f" (loss scale {scale_before:g} -> {scale_after:g})" if scale_before is not None else ""
+        scale = f" (loss scale {scales[0]:g} -> {scales[1]:g})" if scales is not None else ""
         LOGGER.warning("Non-finite gradient at iteration %d: optimizer step skipped%s (%d in a row, %d in total)",
                        counters.global_step, scale, counters.skipped_steps_in_row, counters.skipped_steps_total)
         if counters.skipped_steps_in_row >= MAX_NONFINITE_IN_ROW:
