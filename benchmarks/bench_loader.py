@@ -1,17 +1,28 @@
-"""Training-loader throughput (images/s) with full augmentation (mosaic, perspective, HSV, flips).
+"""Training-loader throughput with the default augmentation (mosaic, perspective, HSV, flips), ours beside
+YOLOv5 v7's loader on the same files in the same run (a timing: run it on an otherwise idle machine).
 
-    python benchmarks/bench_loader.py [--data ../shared/datasets/bccd/data.yaml] [--epochs 3] [--profile]
+    python benchmarks/bench_loader.py                 # three kinds of generated data, 640, 1..N workers
+    python benchmarks/bench_loader.py --data path/to/data.yaml --imgsz 640 320 --workers 0 2
+    python benchmarks/bench_loader.py --profile       # where one worker's time goes, per stage
 
-Rows: imgsz 640 and 320 x workers 0 and 2, no cache, plus --cache ram rows; batch 16,
-hyp.scratch-low, shuffle on, one warm-up epoch (worker start-up, file cache) not timed.
---profile prints where the time goes per image (single process, cProfile).
+Kinds (``benchmarks/generated_dataset.py``, made once under ``--root``): ``coco`` 640x480 JPEGs, ``phone``
+12-megapixel JPEGs, ``png`` 640x480 PNGs. Workers: 1, 2, 4, ... up to the CPU count (``--workers`` to choose).
+Each row is one fresh process (``--cell``): batch 16, hyp.scratch-low, shuffle, no cache unless the row says
+so; the prefetched batches are drained, then images are counted over >= ``--seconds`` (loader_timing.py).
+"images per CPU-s" counts the CPU time of the main process and every worker: the per-core figure, so a
+machine with C cores makes about C times that many images a second. YOLOv5 runs in its own environment
+(benchmarks/reference/README.md, ``--yolov5``); without it only our rows are printed. The two alternate
+cell by cell, ``--rounds`` times; the summary takes each side's median.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,77 +30,88 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+from benchmarks.bench_memory import cpu_name  # noqa: E402
+from benchmarks.generated_dataset import PHOTO_KINDS, make_photo_dataset  # noqa: E402
+from benchmarks.loader_timing import time_loader  # noqa: E402
 
-from utils.config import Hyp  # noqa: E402
-from utils.data.dataset import LabelSet, YoloDataset, collate  # noqa: E402
-from utils.data.images import IMG_EXTENSIONS  # noqa: E402
-from utils.data.loader import create_dataloader, set_loader_epoch  # noqa: E402
+KIND_IMAGES = {"coco": 512, "phone": 128, "png": 512}  # enough for several epochs' worth of distinct mosaics
+REFERENCE = ROOT / "benchmarks" / "reference" / "yolov5_loader.py"
 
 
-def train_labels(data_yaml: Path):
-    """The train split's labels: utils.data.verify.scan_split when present, else a plain listing."""
-    config = yaml.safe_load(data_yaml.read_text())
+def default_workers() -> list[int]:
+    cpus = os.cpu_count() or 1
+    counts = [1]
+    while counts[-1] * 2 <= cpus:
+        counts.append(counts[-1] * 2)
+    return counts + ([cpus] if counts[-1] != cpus else [])
+
+
+def train_images(data_yaml: Path) -> tuple[Path, int]:
+    """The train split's image folder (as YOLOv5 takes it) and the class count."""
+    from utils.safe_yaml import read_yaml
+
+    config = read_yaml(data_yaml)
     root = (data_yaml.parent / config.get("path", ".")).resolve()
-    source = root / config["train"]
-    names = config["names"]
-    names = [names[k] for k in sorted(names)] if isinstance(names, dict) else list(names)
-    try:
-        from utils.data.verify import scan_split
-
-        return scan_split([str(source)], len(names)), names
-    except ImportError:
-        return list_split(source), names
+    return root / config["train"], len(config["names"])
 
 
-def list_split(folder: Path) -> LabelSet:
-    from PIL import Image
-
-    files = sorted(p for p in folder.rglob("*") if p.suffix[1:].lower() in IMG_EXTENSIONS)
-    labels, shapes = [], []
-    for path in files:
-        label_file = Path(str(path.parent).replace("/images", "/labels")) / f"{path.stem}.txt"
-        rows = np.loadtxt(label_file, ndmin=2, dtype=np.float32) if label_file.exists() else np.zeros((0, 5))
-        labels.append(rows.reshape(-1, 5).astype(np.float32))
-        with Image.open(path) as im:
-            shapes.append(im.size)
-    return LabelSet([str(p) for p in files], labels, np.array(shapes))
+def warm_page_cache(folder: Path) -> None:
+    """Read every file once, so that no row pays the first read from disk."""
+    for path in folder.parent.parent.rglob("*"):
+        if path.is_file():
+            path.read_bytes()
 
 
-def process_cpu_seconds(pid: int) -> np.ndarray:
-    """(user, system) CPU seconds of a live process (Linux /proc), zeros when unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return np.array([int(fields[11]), int(fields[12])]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return np.zeros(2)
+def our_loader(images: Path, nc: int, imgsz: int, workers: int, cache: str | None, batch_size: int):
+    """(loader, endless iterator of batch sizes) for our training loader."""
+    from utils.config import Hyp
+    from utils.data.loader import create_dataloader, set_loader_epoch
+    from utils.data.verify import scan_split
+
+    split = scan_split([str(images)], nc)
+    loader, _ = create_dataloader(None, imgsz, batch_size, 32, hyp=Hyp.load("hyp.scratch-low.yaml"), augment=True,
+                                  cache=cache, workers=workers, shuffle=True, seed=0, labels=split)
+
+    def batches():
+        epoch = 0
+        while True:
+            set_loader_epoch(loader, epoch)
+            for batch in loader:
+                yield batch[0].shape[0]
+            epoch += 1
+
+    return loader, batches()
 
 
-def measure(split, imgsz, workers, cache, epochs, hyp, batch_size):
-    """(images/s wall clock, CPU ms per image over the main process and workers, of which system
-    (kernel: page faults, shared memory, file reads), of which main process)."""
-    loader, dataset = create_dataloader(None, imgsz, batch_size, 32, hyp=hyp, augment=True, cache=cache,
-                                        workers=workers, shuffle=True, seed=0, labels=split)
-    count, pids = 0, [os.getpid()]
-    for epoch in range(epochs + 1):  # epoch 0 warms up (workers, page cache)
-        set_loader_epoch(loader, epoch)
-        iterator = iter(loader)
-        if epoch == 1:  # persistent workers, started in epoch 0
-            pids += [w.pid for w in getattr(getattr(loader, "_iterator", None), "_workers", [])]
-            cpu_start = [process_cpu_seconds(pid) for pid in pids]
-            start = time.perf_counter()
-        for images, _, _, _ in iterator:
-            if epoch >= 1:
-                count += images.shape[0]
-    elapsed = time.perf_counter() - start
-    cpu = [process_cpu_seconds(pid) - begin for pid, begin in zip(pids, cpu_start)]
-    total = sum(cpu) / count * 1e3
-    return count / elapsed, total.sum(), total[1], cpu[0].sum() / count * 1e3
+def run_cell(args) -> None:
+    """One row, in this (fresh) process: prints one JSON line."""
+    cell = json.loads(args.cell)
+    loader, batches = our_loader(Path(cell["images"]), cell["nc"], cell["imgsz"], cell["workers"], cell["cache"],
+                                 cell["batch_size"])
+    print(json.dumps(time_loader(loader, batches, cell["seconds"])), flush=True)
+
+
+def measure(trainer: str, python: str, cell: dict) -> dict | None:
+    """Run one cell in a fresh process of ``trainer`` ("ours" or "YOLOv5 v7"); None (and the reason printed)
+    when it failed."""
+    if trainer == "ours":
+        command = [sys.executable, __file__, "--cell", json.dumps(cell)]
+        env = os.environ
+    else:
+        command = [python, str(REFERENCE), "--images", cell["images"], "--imgsz", str(cell["imgsz"]), "--workers",
+                   str(cell["workers"]), "--seconds", str(cell["seconds"]), "--batch-size", str(cell["batch_size"])]
+        env = os.environ
+    completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode or not lines:
+        print(f"  {trainer} failed (exit {completed.returncode}): {(completed.stderr or completed.stdout)[-600:]}")
+        return None
+    return json.loads(lines[-1])
 
 
 STAGES = {  # label: (function name, file suffix)
     "decode": ("read_jpeg", "dataset.py"),
+    "exif header": ("exif_orientation", "images.py"),
     "load+resize": ("_load_resized", "dataset.py"),
     "mosaic tiles": ("mosaic4", "transforms.py"),
     "warp": ("warp_image", "transforms.py"),
@@ -101,18 +123,22 @@ STAGES = {  # label: (function name, file suffix)
 }
 
 
-def profile(split, imgsz, hyp, batch_size, batches=40):
+def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batches: int) -> None:
     """Where one worker's time goes: single process, single-threaded like a loader worker."""
     import cv2
     import torch
 
+    from utils.config import Hyp
+    from utils.data.dataset import YoloDataset, collate
+    from utils.data.verify import scan_split
     from utils.memory import keep_freed_memory
 
     cv2.setNumThreads(0)  # as in a loader worker
     torch.set_num_threads(1)
     keep_freed_memory()
-    dataset = YoloDataset(split, imgsz=imgsz, batch_size=batch_size, augment=True, hyp=hyp)
-    for i in range(len(dataset)):  # warm-up: page cache, per-process EXIF cache, buffers
+    dataset = YoloDataset(scan_split([str(images)], nc), imgsz=imgsz, batch_size=batch_size, augment=True,
+                          hyp=Hyp.load("hyp.scratch-low.yaml"))
+    for i in range(min(len(dataset), batch_size)):  # warm-up: buffers, imports
         dataset[(i, 1)]
     profiler = cProfile.Profile(time.process_time)  # CPU time: robust when others share the machine
     start = time.process_time()
@@ -125,43 +151,78 @@ def profile(split, imgsz, hyp, batch_size, batches=40):
     profiler.disable()
     total = (time.process_time() - start) / count * 1e3
     stats = pstats.Stats(profiler).stats
-    print(f"\nprofile imgsz {imgsz}, 1 process, {count} images: {total:.2f} ms/image CPU (cProfile overhead included)")
-    cumulative = {label: sum(v[3] for k, v in stats.items() if k[2] == name and k[0].endswith(suffix))
-                  for label, (name, suffix) in STAGES.items()}
+    print(f"\nprofile {label}, imgsz {imgsz}, 1 process, {count} images: {total:.2f} ms/image CPU "
+          "(cProfile overhead included)")
+    cumulative = {name: sum(v[3] for k, v in stats.items() if k[2] == function and k[0].endswith(suffix))
+                  for name, (function, suffix) in STAGES.items()}
     cumulative["mosaic tiles"] -= cumulative["load+resize"]  # images are loaded lazily inside mosaic4
-    for label, seconds in cumulative.items():
-        print(f"  {label:13s} {seconds / count * 1e3:6.2f} ms/image")
-    print("  (load+resize includes decode; warp includes the BGR<->BGRA conversions)")
+    for name, seconds in cumulative.items():
+        print(f"  {name:13s} {seconds / count * 1e3:6.2f} ms/image")
+    print("  (load+resize includes decode and the exif header; warp includes the BGR<->BGRA conversions)")
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/datasets/bccd/data.yaml"))
-    parser.add_argument("--hyp", default="hyp.scratch-low.yaml")
+    parser.add_argument("--data", help="a data.yaml of yours instead of the generated kinds")
+    parser.add_argument("--kinds", nargs="+", default=list(PHOTO_KINDS), choices=list(PHOTO_KINDS))
+    parser.add_argument("--root", default="/tmp/yolo-bench-loader", help="where the generated kinds are made")
+    parser.add_argument("--imgsz", type=int, nargs="+", default=[640])
+    parser.add_argument("--workers", type=int, nargs="+", default=default_workers())
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--epochs", type=int, default=3, help="timed epochs after one warm-up epoch")
-    parser.add_argument("--imgsz", type=int, nargs="+", default=[640, 320])
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--no-cache-row", action="store_true", help="skip the --cache ram rows")
-    parser.add_argument("--profile", action="store_true", help="print a per-stage breakdown per image")
+    parser.add_argument("--seconds", type=float, default=30.0, help="timed window per row")
+    parser.add_argument("--rounds", type=int, default=1, help="alternations of ours and YOLOv5 per row")
+    parser.add_argument("--cache-rows", action="store_true", help="add our --cache ram rows (most workers)")
+    parser.add_argument("--yolov5", default=str(Path.home() / ".cache/yolov5-ref-venv/bin/python"),
+                        help="the YOLOv5 v7 environment's python ('' for our rows only)")
+    parser.add_argument("--profile", action="store_true", help="print where one worker's time goes, per kind")
+    parser.add_argument("--profile-batches", type=int, default=8)
+    parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    hyp = Hyp.load(args.hyp)
-    split, _ = train_labels(Path(args.data))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} before the run (others' work skews wall-clock)")
-    print(f"{args.data}: {len(split.im_files)} train images, batch {args.batch_size}, {args.hyp}, "
-          f"{args.epochs} timed epochs")
-    rows = [(s, w, None) for s in args.imgsz for w in args.workers]
-    if not args.no_cache_row:
-        rows += [(s, max(args.workers), "ram") for s in args.imgsz]
-    for imgsz, workers, cache in rows:
-        rate, cpu_ms, system_ms, main_ms = measure(split, imgsz, workers, cache, args.epochs, hyp, args.batch_size)
-        print(f"imgsz {imgsz:4d}  workers {workers}  cache {cache or 'none':4s}  {rate:7.1f} images/s   "
-              f"(CPU {cpu_ms:5.2f} ms/image over all processes, system {system_ms:4.2f}, main {main_ms:5.2f})",
-              flush=True)
+    if args.cell:
+        return run_cell(args)
+
+    if args.data:
+        datasets = [(Path(args.data).stem, Path(args.data))]
+    else:
+        datasets = [(kind, make_photo_dataset(Path(args.root) / kind, kind, KIND_IMAGES[kind])) for kind in args.kinds]
+    trainers = ["ours"] + (["YOLOv5 v7"] if args.yolov5 and Path(args.yolov5).exists() else [])
+    load = os.getloadavg()[0]
+    print(f"# training loader, batch {args.batch_size}, hyp.scratch-low, >= {args.seconds:.0f} s per row, "
+          f"{args.rounds} round(s); {cpu_name()}, load average {load:.2f} before the run")
+    print("| data | imgsz | workers | cache | trainer | images/s | CPU ms/image (system, main) | images per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = []
+    for label, data in datasets:
+        images, nc = train_images(data)
+        warm_page_cache(images)
+        cells = [(imgsz, workers, None) for imgsz in args.imgsz for workers in args.workers]
+        if args.cache_rows:
+            cells += [(imgsz, max(args.workers), "ram") for imgsz in args.imgsz]
+        for imgsz, workers, cache in cells:
+            cell = {"images": str(images), "nc": nc, "imgsz": imgsz, "workers": workers, "cache": cache,
+                    "seconds": args.seconds, "batch_size": args.batch_size}
+            per_core = {}
+            for _ in range(args.rounds):
+                for trainer in trainers if cache is None else ["ours"]:
+                    result = measure(trainer, args.yolov5, cell)
+                    if result is None:
+                        continue
+                    per_core.setdefault(trainer, []).append(result["images_per_cpu_s"])
+                    print(f"| {label} | {imgsz} | {workers} | {cache or 'none'} | {trainer} | "
+                          f"{result['images_per_s']:.1f} | {result['cpu_ms']:.1f} ({result['system_ms']:.1f}, "
+                          f"{result['main_ms']:.1f}) | {result['images_per_cpu_s']:.2f} |", flush=True)
+            if len(per_core) == 2:
+                ours, theirs = (statistics.median(per_core[t]) for t in trainers)
+                summary.append(f"| {label} | {imgsz} | {workers} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
+    if summary:
+        print("\n| data | imgsz | workers | ours images per CPU-s | YOLOv5 v7 | ours / YOLOv5 |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(summary))
     if args.profile:
-        for imgsz in args.imgsz:
-            profile(split, imgsz, hyp, args.batch_size)
+        for label, data in datasets:
+            images, nc = train_images(data)
+            for imgsz in args.imgsz:
+                profile(label, images, nc, imgsz, args.batch_size, args.profile_batches)
 
 
 if __name__ == "__main__":

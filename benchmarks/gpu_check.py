@@ -356,9 +356,9 @@ def step_export(context: Context) -> dict:
 
 def step_loader(context: Context) -> dict:
     command = python_command("benchmarks/bench_loader.py", "--data", context.data, "--imgsz", 640, "--workers", 8,
-                             "--epochs", 2)
+                             "--seconds", 20, "--cache-rows", "--yolov5", "")
     completed = checked(run_command(context, "loader", command, context.args.limit_train), "bench_loader.py")
-    rows = re.findall(r"imgsz\s+640\s+workers\s+8\s+cache\s+(\S+)\s+([\d.]+) images/s", completed.text)
+    rows = re.findall(r"\| 640 \| 8 \| (\S+) \| ours \| ([\d.]+) \|", completed.text)
     figures = {f"loader 640, 8 workers, cache {cache}": f"{float(rate):.0f} img/s" for cache, rate in rows}
     for cfg in ("yolov5n", "yolov5s"):
         step = run_command(context, f"loader_step_{cfg}", [sys.executable, __file__, "--child", "step-rate",

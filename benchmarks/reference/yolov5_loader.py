@@ -1,43 +1,42 @@
-"""Same-machine reference: YOLOv5 v7's training loader (PyPI yolov5 7.0.14), measured like benchmarks/bench_loader.py.
+"""Same-machine reference: YOLOv5 v7's training loader (PyPI yolov5 7.0.14), timed like benchmarks/bench_loader.py.
 
-    python benchmarks/reference/yolov5_loader.py [--images ../shared/datasets/bccd/images/train] [--imgsz 640 320]
-                                                 [--workers 0 2]
+    python benchmarks/reference/yolov5_loader.py --images DIR [--imgsz 640] [--workers 2] [--seconds 30]
 
-Runs only in the separate environment described in benchmarks/reference/README.md; the project never imports it.
-Batch 16, hyp.scratch-low, augment (mosaic + full augmentation), shuffle, no cache; one warm-up epoch, then
-3 timed epochs, for imgsz 640 and 320 with 0 and 2 workers.
+Runs only in the separate environment described in benchmarks/reference/README.md (bench_loader.py starts it
+there); the project never imports it. The timing is benchmarks/loader_timing.py's, the same as ours.
+Batch 16, hyp.scratch-low, augment (mosaic + full augmentation), shuffle, no cache; prints one JSON line.
 """
 import argparse
-import time
+import json
+import sys
 from pathlib import Path
 
-import yaml
-import yolov5
-from yolov5.utils.dataloaders import create_dataloader
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: YOLOv5 has a module of that name
 
-ROOT = Path(__file__).resolve().parents[2]
+import yaml  # noqa: E402
+import yolov5  # noqa: E402
+from loader_timing import time_loader  # noqa: E402
+from yolov5.utils.dataloaders import create_dataloader  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", default=str(ROOT.parent / "shared/datasets/bccd/images/train"))
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--imgsz", type=int, nargs="+", default=[640, 320])
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--images", required=True)
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args()
     hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
-    for imgsz in args.imgsz:
-        for workers in args.workers:
-            loader, _ = create_dataloader(args.images, imgsz, 16, 32, hyp=hyp, augment=True, workers=workers,
-                                          shuffle=True, seed=0)
-            for _ in loader:  # warm-up epoch (worker start-up, page cache)
-                pass
-            count, start = 0, time.perf_counter()
-            for _ in range(args.epochs):
-                for batch in loader:
-                    count += batch[0].shape[0]
-            rate = count / (time.perf_counter() - start)
-            print(f"YOLOv5 loader imgsz {imgsz} workers {workers}: {rate:.1f} images/s", flush=True)
+    loader, _ = create_dataloader(args.images, args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
+                                  workers=args.workers, shuffle=True, seed=0)
+
+    def batches():
+        while True:  # InfiniteDataLoader: its workers persist across these passes
+            for batch in loader:
+                yield batch[0].shape[0]
+
+    print(json.dumps(time_loader(loader, batches(), args.seconds)), flush=True)
 
 
 if __name__ == "__main__":
