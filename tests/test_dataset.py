@@ -295,6 +295,43 @@ def test_fast_jpeg_decode_equals_read_image_with_exif(tmp_path, orientation):
     assert np.array_equal(data.decode(0), expected) and data.orientations.tolist() == [orientation]
 
 
+def test_the_scan_records_orientations_and_loading_reads_no_header(tmp_path, monkeypatch):
+    """EXIF-rotated JPEG and PNG, and a BMP (never rotated): the scan records what read_image applies, and the
+    dataset loads the same pixels without parsing a header again (a PNG's EXIF costs PIL a whole decode)."""
+    from PIL import Image
+
+    from utils.data import images as images_module
+    from utils.data.verify import scan_split
+
+    rng = np.random.default_rng(1)
+    pixels = np.kron(rng.integers(0, 255, (6, 8, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 96x128 blocks
+    (tmp_path / "images").mkdir(), (tmp_path / "labels").mkdir()
+    for name, orientation in (("a.jpg", 6), ("b.png", 8), ("c.png", 1), ("d.bmp", 1)):
+        image = Image.fromarray(pixels)
+        exif = image.getexif()
+        exif[0x0112] = 6 if name.endswith(".bmp") else orientation
+        image.save(tmp_path / "images" / name, exif=exif, **({"quality": 95} if name.endswith(".jpg") else {}))
+        (tmp_path / "labels" / f"{Path(name).stem}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    split = scan_split([str(tmp_path / "images")], 1, cache_dir=tmp_path / "cache")
+    assert [Path(f).name for f in split.im_files] == ["a.jpg", "b.png", "c.png", "d.bmp"]
+    assert split.flat.orientations.tolist() == [6, 8, 1, 1]
+    assert split.shapes.tolist() == [[96, 128], [96, 128], [128, 96], [128, 96]]  # (width, height) upright
+    expected = [read_image(f) for f in split.im_files]
+    assert expected[0].shape == (128, 96, 3) and expected[3].shape == (96, 128, 3)
+    again = scan_split([str(tmp_path / "images")], 1, cache_dir=tmp_path / "cache")  # read back from the cache
+    assert again.flat.orientations.tolist() == [6, 8, 1, 1]
+
+    def no_header(path):
+        raise AssertionError(f"header parsed again: {path}")
+
+    monkeypatch.setattr(images_module, "exif_orientation", no_header)
+    data = YoloDataset(again, imgsz=128)
+    for i, pixels_expected in enumerate(expected):
+        assert np.array_equal(data.decode(i), pixels_expected)
+    image, targets, _, _ = data[0]
+    assert image.shape == (3, 128, 128) and len(targets) == 1
+
+
 def test_augmenting_never_changes_the_ram_cache(split):
     hyp = Hyp(mosaic=0, degrees=0, translate=0, scale=0, shear=0, fliplr=0)  # HSV only
     data = YoloDataset(split, imgsz=128, augment=True, hyp=hyp, cache="ram")

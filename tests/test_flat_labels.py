@@ -51,6 +51,26 @@ def test_lists_round_trip_and_reorder():
         flat.labels[10]
 
 
+def test_orientations_follow_their_images():
+    files, labels, segments, shapes = lists(6)
+    orientations = [1, 6, 3, 8, 1, 5]
+    flat = FlatLabels.from_lists(files, labels, segments, shapes, orientations)
+    assert flat.orientations.tolist() == orientations and not flat.orientations.flags.writeable
+    assert flat.take([5, 1, 1]).orientations.tolist() == [5, 6, 6]
+    assert concatenate([flat.take([3, 4]), flat.take([0])]).orientations.tolist() == [8, 1, 1]
+    assert flat.with_one_class().orientations.tolist() == orientations
+    assert flat.with_files([f"/b/{i}.jpg" for i in range(6)]).orientations.tolist() == orientations
+    assert pickle.loads(pickle.dumps(flat)).orientations.tolist() == orientations
+    assert FlatLabels.from_lists(files, labels, segments, shapes).orientations.tolist() == [-1] * 6  # not known
+    arrays = flat.arrays()
+    arrays["orientations"] = np.array([1, 2, 3, 4, 5, 9], np.int8)
+    with pytest.raises(ValueError, match="orientations"):
+        FlatLabels.from_arrays(arrays)
+    arrays["orientations"] = arrays["orientations"][:5]
+    with pytest.raises(ValueError, match="orientations"):
+        FlatLabels.from_arrays(arrays)
+
+
 def test_inconsistent_arrays_are_refused():
     flat = FlatLabels.from_lists(*lists(4))
     arrays = flat.arrays()

@@ -39,7 +39,7 @@ from utils.data import old_caches
 from utils.data.flat_labels import FlatLabels
 from utils.data.image_cache import StoreRequest, shared_image_store
 from utils.data.image_store import CacheError
-from utils.data.images import apply_orientation, exif_orientation, read_image
+from utils.data.images import apply_orientation, file_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
 from utils.dist import is_main_process
@@ -90,20 +90,20 @@ def read_jpeg(path: str, factor: int = 1, orientation: int | None = None) -> np.
     """Fast JPEG decode with the same result as ``read_image`` (at 1/``factor`` size when > 1).
 
     Decodes 8-bit BGR ignoring EXIF, then applies ``orientation`` with the images module's own
-    helper (read from the header when not given; callers cache it, since parsing the header with
+    helper (read from the header when not given; the scan records it, since parsing the header with
     PIL costs about as much as half a decode). DCT-scaled decoding (factor 2/4/8) is several times
     faster than decode + resize. Non-JPEG files and any failure go through ``read_image``.
     """
     if not str(path).lower().endswith(JPEG_SUFFIXES):
-        return read_image(path)
+        return read_image(path, orientation)
     flags = (_REDUCED_FLAGS[factor] if factor > 1 else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
     try:
         img = cv2.imdecode(np.fromfile(path, dtype=np.uint8), flags)
     except (OSError, cv2.error):
         img = None
     if img is None or img.size == 0:
-        return read_image(path)
-    orientation = exif_orientation(path) if orientation is None else orientation
+        return read_image(path, orientation)
+    orientation = file_orientation(path) if orientation is None else orientation
     return np.ascontiguousarray(apply_orientation(img, orientation))
 
 
@@ -277,7 +277,8 @@ class YoloDataset(Dataset):
         if rect:
             self.batch_shapes, self.batch = rect_batch_shapes(self.shapes, batch_size, self.imgsz, self.stride, pad)
         self.store = None  # the image cache (utils.data.image_store.ImageStore): resized BGR images
-        self.orientations = np.full(self.n, -1, np.int8)  # EXIF orientation, filled lazily in each process
+        # EXIF orientations from the scan (read-only, shared); a split given as lists has none: read lazily then
+        self.orientations = flat.orientations if (flat.orientations >= 0).all() else flat.orientations.copy()
         self.canvas = None  # mosaic buffer, one per process
         if cache:
             self.cache_images(cache)
@@ -351,12 +352,12 @@ class YoloDataset(Dataset):
         return height, width
 
     def decode(self, i: int, factor: int = 1) -> np.ndarray:
-        """Decode image i (JPEG: fast path with this process's cached EXIF orientation)."""
+        """Decode image i with its EXIF orientation from the scan (read from the header once per process when
+        the split came without one)."""
         path = self.flat.file(i)
-        if path.lower().endswith(JPEG_SUFFIXES) and self.orientations[i] < 0:
-            self.orientations[i] = exif_orientation(path)
-        orientation = int(self.orientations[i])
-        return read_jpeg(path, factor, orientation if orientation >= 0 else None)
+        if self.orientations[i] < 0:
+            self.orientations[i] = file_orientation(path)
+        return read_jpeg(path, factor, int(self.orientations[i]))
 
     def _load_resized(self, i: int):
         width0, height0 = (int(v) for v in self.shapes[i])

@@ -14,6 +14,8 @@ Layout (N images, M boxes, S polygons, P points), every ragged part as values + 
 - ``points`` float32 (P, 2) normalised, ``point_offsets`` (S + 1,): polygon k is points[po[k]:po[k + 1]]
 - ``segment_offsets`` (N + 1,): image i's polygons are k in segment_offsets[i]:segment_offsets[i + 1]
 - ``shapes`` int64 (N, 2) ``(width, height)`` after EXIF orientation
+- ``orientations`` int8 (N,): the EXIF orientation the image is read with (1..8, from the scan, so loading
+  never parses a header again; -1: not known, read when the image is first loaded)
 
 The names, offsets and shapes are read-only; ``im_files``, ``labels`` and ``segments`` are sequence views
 (``im_files[i]`` a str, ``labels[i]`` an (n, 5) array, ``segments[i]`` a list of (k, 2) arrays, [] for none), so
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 ARRAY_NAMES = ("names", "name_offsets", "boxes", "box_offsets", "points", "point_offsets", "segment_offsets",
-               "shapes")
+               "shapes", "orientations")
 
 
 def offsets_of(lengths) -> np.ndarray:
@@ -54,7 +56,8 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 class FlatLabels:
     """Everything the dataset needs to know about a split's images, except the pixels (see the module docstring)."""
 
-    def __init__(self, names, name_offsets, boxes, box_offsets, points, point_offsets, segment_offsets, shapes):
+    def __init__(self, names, name_offsets, boxes, box_offsets, points, point_offsets, segment_offsets, shapes,
+                 orientations=None):
         self.names = _read_only(np.ascontiguousarray(names, np.uint8).reshape(-1))
         self.name_offsets = _read_only(np.ascontiguousarray(name_offsets, np.int64).reshape(-1))
         self.boxes = np.ascontiguousarray(boxes, np.float32).reshape(-1, 5)  # writable: torch.from_numpy warns else
@@ -63,11 +66,16 @@ class FlatLabels:
         self.point_offsets = _read_only(np.ascontiguousarray(point_offsets, np.int64).reshape(-1))
         self.segment_offsets = _read_only(np.ascontiguousarray(segment_offsets, np.int64).reshape(-1))
         self.shapes = _read_only(np.ascontiguousarray(shapes, np.int64).reshape(-1, 2))
+        if orientations is None:
+            orientations = np.full(len(self.shapes), -1, np.int8)
+        self.orientations = _read_only(np.ascontiguousarray(orientations, np.int8).reshape(-1))
         self._check()
 
     def _check(self) -> None:
         """The offsets describe the arrays: ValueError otherwise (a cache file read back goes through here)."""
         count = len(self.shapes)
+        if len(self.orientations) != count or (self.orientations > 8).any() or (self.orientations < -1).any():
+            raise ValueError(f"orientations: {len(self.orientations)} values in -1..8 expected for {count} images")
         for offsets, values, what in ((self.name_offsets, self.names, "names"), (self.box_offsets, self.boxes, "boxes"),
                                       (self.point_offsets, self.points, "points"),
                                       (self.segment_offsets, self.point_offsets[1:], "segments")):
@@ -78,8 +86,9 @@ class FlatLabels:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def from_lists(cls, im_files, labels, segments, shapes) -> "FlatLabels":
-        """From per-image lists: file names, (n, 5) label arrays, lists of (k, 2) polygons ([] or empty for none)."""
+    def from_lists(cls, im_files, labels, segments, shapes, orientations=None) -> "FlatLabels":
+        """From per-image lists: file names, (n, 5) label arrays, lists of (k, 2) polygons ([] or empty for none),
+        (width, height) and EXIF orientations (None: not known)."""
         count = len(im_files)
         encoded = [os.fsencode(str(file)) for file in im_files]
         label_arrays = [np.asarray(lb, np.float32).reshape(-1, 5) for lb in labels]
@@ -92,7 +101,8 @@ class FlatLabels:
                    np.concatenate(label_arrays + [np.zeros((0, 5), np.float32)]),
                    offsets_of([len(lb) for lb in label_arrays]),
                    np.concatenate(polygons + [np.zeros((0, 2), np.float32)]), offsets_of([len(p) for p in polygons]),
-                   offsets_of([len(image) for image in segments]), np.asarray(shapes, np.int64).reshape(-1, 2))
+                   offsets_of([len(image) for image in segments]), np.asarray(shapes, np.int64).reshape(-1, 2),
+                   orientations)
 
     @classmethod
     def from_arrays(cls, arrays) -> "FlatLabels":
@@ -113,7 +123,8 @@ class FlatLabels:
         polygon_index, segment_offsets = gather_runs(self.segment_offsets, order)
         point_index, point_offsets = gather_runs(self.point_offsets, polygon_index)
         return FlatLabels(self.names[name_index], name_offsets, self.boxes[box_index], box_offsets,
-                          self.points[point_index], point_offsets, segment_offsets, self.shapes[order])
+                          self.points[point_index], point_offsets, segment_offsets, self.shapes[order],
+                          self.orientations[order])
 
     def with_files(self, im_files) -> "FlatLabels":
         """The same images under other names (``im_files``, one per image)."""
@@ -122,14 +133,14 @@ class FlatLabels:
             raise ValueError(f"{len(encoded)} names for {len(self)} images")
         return FlatLabels(np.frombuffer(b"".join(encoded), np.uint8), offsets_of([len(e) for e in encoded]),
                           self.boxes, self.box_offsets, self.points, self.point_offsets, self.segment_offsets,
-                          self.shapes)
+                          self.shapes, self.orientations)
 
     def with_one_class(self) -> "FlatLabels":
         """A copy whose every box has class 0 (--single-cls)."""
         boxes = self.boxes.copy()
         boxes[:, 0] = 0
         return FlatLabels(self.names, self.name_offsets, boxes, self.box_offsets, self.points, self.point_offsets,
-                          self.segment_offsets, self.shapes)
+                          self.segment_offsets, self.shapes, self.orientations)
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
@@ -184,7 +195,8 @@ def concatenate(parts: list[FlatLabels]) -> FlatLabels:
                       np.concatenate([part.points for part in parts]),
                       joined_offsets("point_offsets", [len(part.points) for part in parts]),
                       joined_offsets("segment_offsets", [len(part.point_offsets) - 1 for part in parts]),
-                      np.concatenate([part.shapes for part in parts]))
+                      np.concatenate([part.shapes for part in parts]),
+                      np.concatenate([part.orientations for part in parts]))
 
 
 class _View(Sequence):

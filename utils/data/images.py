@@ -13,6 +13,7 @@ import numpy as np
 from utils.errors import UserError
 
 IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
+ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # formats whose EXIF orientation we apply
 VID_EXTENSIONS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 
 # EXIF orientation tag value -> cv2 operations that make the pixels upright.
@@ -46,6 +47,11 @@ def exif_orientation(path: str | Path) -> int:
         return 1
 
 
+def file_orientation(path: str | Path) -> int:
+    """The orientation ``read_image`` applies to ``path``: its EXIF tag for ``ORIENTED_SUFFIXES``, else 1."""
+    return exif_orientation(path) if Path(path).suffix.lower() in ORIENTED_SUFFIXES else 1
+
+
 def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
     if orientation in (1, 0) or orientation not in _EXIF_OPS:
         return img
@@ -72,12 +78,14 @@ def to_bgr8(img: np.ndarray) -> np.ndarray:
     return img
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, orientation: int | None = None) -> np.ndarray:
     """Decode ``path`` to an upright uint8 BGR HxWx3 array, or raise ImageError(file, reason).
 
     Reads the bytes with numpy (so non-ASCII names work on every platform), decodes with OpenCV
     keeping the bit depth and alpha (``IMREAD_UNCHANGED`` ignores EXIF), then applies the EXIF
-    orientation from the file header, so scan, training, validation and detect all see the same pixels.
+    orientation (``file_orientation``; or ``orientation`` when the caller knows it already: reading
+    it costs a header parse, and for a PNG with PIL a second decode), so scan, training, validation
+    and detect all see the same pixels.
     """
     path = Path(path)
     try:
@@ -90,5 +98,5 @@ def read_image(path: str | Path) -> np.ndarray:
     if img is None or img.size == 0:
         raise ImageError(f"{path}: not a decodable image")
     img = to_bgr8(img)
-    orientation = exif_orientation(path) if path.suffix.lower() in (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png") else 1
+    orientation = file_orientation(path) if orientation is None else orientation
     return np.ascontiguousarray(apply_orientation(img, orientation))

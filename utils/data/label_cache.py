@@ -34,7 +34,7 @@ from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
-CACHE_VERSION = "verify-3"
+CACHE_VERSION = "verify-4"  # 4: EXIF orientations recorded
 FILE_KEYS = {"boxes": "labels", "box_offsets": "label_offsets"}  # names in the file, as earlier versions had them
 
 

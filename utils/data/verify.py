@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.flat_labels import FlatLabels, concatenate
-from utils.data.images import IMG_EXTENSIONS, is_image_file, read_image
+from utils.data.images import IMG_EXTENSIONS, ORIENTED_SUFFIXES, is_image_file, read_image
 from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
 
@@ -34,7 +34,6 @@ LOGGER = logging.getLogger(__name__)
 
 MIN_SIZE = 10  # pixels, both sides
 EPS = 1e-6  # tolerance on the [0, 1] range of coordinates
-ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # as read_image
 COUNT_KEYS = ("found", "missing", "empty", "corrupt", "duplicates", "images", "label_files")
 CHUNK = 256  # images per task of the scan's process pool (and the fewest images worth starting one for)
 
@@ -141,9 +140,10 @@ def list_image_files(sources: list[str] | str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- one image
-def image_size(path: str) -> tuple[int, int]:
-    """(width, height) after EXIF orientation; the pixel data must decode. Raises Problem. The file is read once:
-    its header and its pixel data are checked from the same bytes."""
+def image_size(path: str) -> tuple[int, int, int]:
+    """(width, height, orientation): the size after EXIF orientation and the orientation ``read_image``
+    applies (1..8), recorded so that loading never parses the header again; the pixel data must decode.
+    Raises Problem. The file is read once: its header and its pixel data are checked from the same bytes."""
     try:
         data = np.fromfile(path, dtype=np.uint8)
     except OSError as e:
@@ -151,19 +151,21 @@ def image_size(path: str) -> tuple[int, int]:
     if data.size == 0:
         raise Problem("empty image file", "empty image file (0 bytes)")
     header = _image_header(data)
-    if header is None:  # PIL does not know it: decode fully with the training decoder
+    if header is None:  # PIL does not know it: decode fully with the training decoder (no EXIF then)
         try:
-            height, width = read_image(path).shape[:2]
+            height, width = read_image(path, orientation=1).shape[:2]
         except ValueError:
             raise Problem("not an image", "not an image (unknown or corrupt format)") from None
         _check_size(width, height)
-        return width, height
+        return width, height, 1
     kind, width, height, orientation = header
     _check_size(width, height)
     _check_decodes(data, kind)
-    if orientation in (5, 6, 7, 8) and Path(path).suffix.lower() in ORIENTED_SUFFIXES:
+    if Path(path).suffix.lower() not in ORIENTED_SUFFIXES or not 1 <= orientation <= 8:
+        orientation = 1  # as read_image: not applied (unknown values are ignored by apply_orientation)
+    if orientation in (5, 6, 7, 8):
         width, height = height, width
-    return width, height
+    return width, height, orientation
 
 
 def _check_size(width: int, height: int) -> None:
@@ -291,10 +293,10 @@ def _to_labels(classes, boxes, polygons) -> tuple[np.ndarray, list[np.ndarray]]:
 def verify_one(item: tuple[str, str, int, bool]) -> dict:
     """Verify one (image, label file); returns a plain record (used or skipped, with reasons)."""
     im_file, label_file, nc, single_cls = item
-    record = {"file": im_file, "shape": None, "labels": None, "segments": [], "notes": [], "problem": None,
+    record = {"file": im_file, "shape": None, "orientation": 1, "labels": None, "segments": [], "notes": [], "problem": None,
               "missing": not os.path.isfile(label_file), "duplicates": 0}
     try:
-        record["shape"] = image_size(im_file)
+        *record["shape"], record["orientation"] = image_size(im_file)
         if record["missing"]:
             record["labels"] = np.zeros((0, 5), np.float32)
             return record
@@ -337,7 +339,7 @@ def _run_checks(items: list, workers: int, description: str) -> SplitLabels:
 
 def _collect(records: list[dict]) -> SplitLabels:
     stats = dict.fromkeys(COUNT_KEYS, 0)
-    problems, im_files, labels, segments, shapes = [], [], [], [], []
+    problems, im_files, labels, segments, shapes, orientations = [], [], [], [], [], []
     for record in records:
         stats["label_files"] += int(not record["missing"])
         problem = record["problem"]
@@ -354,8 +356,10 @@ def _collect(records: list[dict]) -> SplitLabels:
         stats["duplicates"] += record["duplicates"]
         im_files.append(record["file"]), labels.append(record["labels"])
         segments.append(record["segments"]), shapes.append(record["shape"])
+        orientations.append(record["orientation"])
     stats["images"] = len(im_files)
-    flat = FlatLabels.from_lists(im_files, labels, segments, np.asarray(shapes, np.int64).reshape(-1, 2))
+    flat = FlatLabels.from_lists(im_files, labels, segments, np.asarray(shapes, np.int64).reshape(-1, 2),
+                                 orientations)
     return SplitLabels(flat, stats, [problem_message(p) for p in problems], problems)
 
 
