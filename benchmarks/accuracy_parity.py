@@ -78,7 +78,9 @@ def cpu_name() -> str:
         extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags]
         name = fields.get("model name\t", "").strip() or platform.processor()
         family, model = fields.get("cpu family\t", "?").strip(), fields.get("model\t\t", "?").strip()
-        return f"{name} (family {family} model {model}; {' '.join(extras) or 'avx2'}), {os.cpu_count()} CPUs"
+        limits = [f"{var}={os.environ[var]}" for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(var)]
+        limited = f", limited to {' '.join(limits)}" if limits else ""  # an AVX2 CPU emulated on a newer one
+        return f"{name} (family {family} model {model}; {' '.join(extras) or 'avx2'}{limited}), {os.cpu_count()} CPUs"
     except OSError:
         return platform.processor() or "unknown"
 
