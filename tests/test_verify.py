@@ -387,3 +387,59 @@ def test_read_only_dataset_reached_two_ways_shares_the_user_cache(tmp_path, monk
         labels_parent.chmod(0o755)
     assert len(list((tmp_path / "user").glob("*.npz"))) == 1
     assert not (labels_parent / "train.cache.npz").exists()
+
+
+# ----------------------------------------------------------------------------- the clean-file fast path
+def random_label_text(rng: np.random.Generator) -> str:
+    """A label file that is clean or breaks one rule: duplicates, clipping, zero size, bad class, polygons..."""
+    rows = []
+    for _ in range(int(rng.integers(0, 8))):
+        cls = int(rng.integers(0, 4))
+        cx, cy = rng.uniform(0.05, 0.95, 2)
+        w, h = rng.uniform(0.0, 0.2, 2)
+        rows.append(f"{cls} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+    fault = int(rng.integers(0, 10))
+    if fault == 1 and rows:
+        rows.append(rows[0])  # duplicate
+    elif fault == 2:
+        rows.append("1 0.99 0.5 0.2 0.2")  # past the edge: clipped
+    elif fault == 3:
+        rows.append("2 0.5 0.5 0 0.1")  # zero size
+    elif fault == 4:
+        rows.append(f"{rng.choice(['7', '1.5', '-1', 'nan'])} 0.5 0.5 0.1 0.1")  # bad class / value
+    elif fault == 5:
+        rows.append("0 0.1 0.1 0.4 0.1 0.3 0.5")  # a polygon
+    elif fault == 6:
+        rows.append("0 0.5 0.5 0.1")  # wrong number of columns
+    elif fault == 7:
+        rows.insert(0, "")  # blank line
+    elif fault == 8:
+        rows.append("0 0.5 0.5 1.2 0.1")  # not normalised
+    return "\n".join(rows) + ("\n" if fault != 9 else "")
+
+
+def parsed(parse, text: str, nc: int, single_cls: bool):
+    try:
+        (labels, segments), notes, duplicates = parse(text, nc, single_cls)
+    except verify.Problem as problem:
+        return "problem", problem.category, problem.detail
+    return labels.tolist(), [s.tolist() for s in segments], [(n.category, n.detail) for n in notes], duplicates
+
+
+@pytest.mark.parametrize("single_cls", [False, True])
+def test_clean_files_parse_in_one_pass_to_the_same_labels(single_cls):
+    """The vectorised path takes only files needing no repair, and gives bit for bit what the row-by-row
+    parser gives; every other file (faults, notes, problems) goes to the row-by-row parser."""
+    rng = np.random.default_rng(3)
+    taken = 0
+    for _ in range(600):
+        text = random_label_text(rng)
+        fast = verify.clean_boxes(text, 4, single_cls)
+        slow = parsed(verify.parse_rows_one_by_one, text, 4, single_cls)
+        if fast is not None:
+            taken += 1
+            assert slow[2:] == ([], 0) and slow[1] == [], text
+            assert fast.dtype == np.float32 and fast.tolist() == slow[0], text
+        with_fast = parsed(lambda t, n, s: verify.parse_label_file_text(t, n, s), text, 4, single_cls)
+        assert with_fast == slow, text
+    assert 100 < taken < 500  # both paths exercised

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,32 +74,36 @@ def problem_message(problem: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- identity and place
-def real_paths(files: list[str], description: str = "") -> list[str]:
-    """The real path of each file (each folder resolved once; a symlinked file resolved itself)."""
+def resolve(files: list[str], description: str = "") -> tuple[list[str], list[str]]:
+    """(the real path of each file, its identity line) with one ``lstat`` per file: each folder resolved once,
+    a symlinked file resolved itself (and its target's identity taken)."""
     folders: dict[str, str] = {}
-    result = []
+    paths, identities = [], []
     for file in _progress(files, description):
         folder, name = os.path.split(file)
         if folder not in folders:
             folders[folder] = os.path.realpath(folder)
         path = os.path.join(folders[folder], name)
-        result.append(os.path.realpath(path) if os.path.islink(path) else path)
-    return result
+        try:
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                path = os.path.realpath(path)
+                info = os.stat(path)
+        except (OSError, ValueError):
+            info = None
+        paths.append(path)
+        identities.append(f"{path}\t-" if info is None else
+                          f"{path}\t{info.st_dev}\t{info.st_ino}\t{info.st_size}\t{info.st_mtime_ns}")
+    return paths, identities
 
 
-def _identity(path: str) -> str:
-    try:
-        stat = os.stat(path)
-    except (OSError, ValueError):
-        return f"{path}\t-"
-    return f"{path}\t{stat.st_dev}\t{stat.st_ino}\t{stat.st_size}\t{stat.st_mtime_ns}"
-
-
-def split_key(real_images: list[str], real_labels: list[str], nc: int, single_cls: bool) -> str:
+def split_key(real_images: list[str], image_identities: list[str], real_labels: list[str],
+              label_identities: list[str], nc: int, single_cls: bool) -> str:
     """Hash of every image and label file's identity (see the module docstring) and the options."""
     digest = hashlib.sha256(f"{CACHE_VERSION}\t{nc}\t{single_cls}\n".encode())
-    for image, label in _progress(sorted(zip(real_images, real_labels)), "checking the label cache"):
-        digest.update(f"{_identity(image)}\n{_identity(label)}\n".encode("utf-8", "surrogateescape"))
+    order = sorted(range(len(real_images)), key=lambda i: (real_images[i], real_labels[i]))
+    for i in order:
+        digest.update(f"{image_identities[i]}\n{label_identities[i]}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
@@ -120,14 +125,15 @@ class LabelCache:
     """The cache of one split as seen from one set of paths: ``load()`` and ``save(result)``."""
 
     def __init__(self, im_files: list[str], label_files: list[str], nc: int, single_cls: bool, cache_dir=None):
-        real_images = real_paths(im_files, "resolving image paths")
+        real_images, image_identities = resolve(im_files, "resolving image paths")
         self.identity = real_images == im_files  # the usual case: no link on the way, nothing to rename
         self.real_of = dict(zip(im_files, real_images))
         self.path_of = {real: path for path, real in self.real_of.items()}
         if len(self.path_of) != len(self.real_of):  # two paths to one file inside the split: no sharing
             self.real_of = self.path_of = {path: path for path in im_files}
             real_images, self.identity = im_files, True
-        self.key = split_key(real_images, real_paths(label_files, "resolving label paths"), nc, single_cls)
+        real_labels, label_identities = resolve(label_files, "resolving label paths")
+        self.key = split_key(real_images, image_identities, real_labels, label_identities, nc, single_cls)
         labels_folder = os.path.dirname(label_files[0])
         is_dataset = os.path.isdir(labels_folder) and any(os.path.isfile(file) for file in label_files)
         self.beside = Path(os.path.realpath(labels_folder) + ".cache.npz") if is_dataset else None

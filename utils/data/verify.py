@@ -246,12 +246,54 @@ def _rectangle(box: list[float]) -> np.ndarray:
     return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], dtype=np.float32)
 
 
+def clean_boxes(text: str, nc: int, single_cls: bool) -> np.ndarray | None:
+    """The (n, 5) labels of a file whose every line is a distinct box row that breaks no rule and needs no
+    repair, checked for all rows at once; None otherwise (then the row-by-row parser decides, with its
+    messages). Gives exactly what the row-by-row parser gives for such a file (the same float arithmetic)."""
+    rows = [line.split() for line in text.splitlines()]
+    rows = [tokens for tokens in rows if tokens]
+    if not rows or any(len(tokens) != 5 for tokens in rows):
+        return None
+    try:
+        values = np.array([[float(token) for token in tokens] for tokens in rows], np.float64)
+    except ValueError:
+        return None
+    cls, coords = values[:, 0], values[:, 1:]
+    if not (np.isfinite(values).all() and (cls == np.trunc(cls)).all() and (cls >= 0).all()
+            and (single_cls or (cls < nc).all()) and coords.max() <= 1 + EPS and coords.min() >= -EPS):
+        return None
+    if len({tuple(row) for row in values.tolist()}) != len(values):
+        return None  # duplicates: the row-by-row parser removes them with a note
+    half = coords[:, 2:] / 2
+    box = np.concatenate([coords[:, :2] - half, coords[:, :2] + half], 1)
+    inside = box.clip(0.0, 1.0)
+    if (np.abs(inside - box) > EPS).any() or (inside[:, 2] - inside[:, 0] <= 0).any() or (
+            inside[:, 3] - inside[:, 1] <= 0).any():
+        return None  # clipped or zero-size boxes: repaired with a note there
+    classes = np.zeros(len(cls)) if single_cls else cls
+    return _to_labels(classes.tolist(), inside.tolist(), [None] * len(inside))[0]
+
+
 def parse_label_file(path: str, nc: int, single_cls: bool = False):
     """((labels (n, 5) float32, segments), notes list[Problem], duplicates removed). Raises Problem."""
     try:
         text = Path(path).read_bytes().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise Problem("unreadable label file", f"cannot read label file {path} ({e})") from None
+    return parse_label_file_text(text, nc, single_cls)
+
+
+def parse_label_file_text(text: str, nc: int, single_cls: bool = False):
+    """``parse_label_file`` on a file's decoded text."""
+    labels = clean_boxes(text, nc, single_cls)  # the common case, in a few array operations
+    if labels is not None:
+        return (labels, []), [], 0
+    return parse_rows_one_by_one(text, nc, single_cls)
+
+
+def parse_rows_one_by_one(text: str, nc: int, single_cls: bool = False):
+    """``parse_label_file``'s result for any text: each row checked (Problem for the first broken rule) and
+    repaired (duplicates removed, boxes clipped, zero-size boxes dropped) with notes."""
     seen, boxes, classes, polygons = set(), [], [], []
     duplicates = clipped = zero = 0
     for number, values in _parse_rows(text):
@@ -293,8 +335,8 @@ def _to_labels(classes, boxes, polygons) -> tuple[np.ndarray, list[np.ndarray]]:
 def verify_one(item: tuple[str, str, int, bool]) -> dict:
     """Verify one (image, label file); returns a plain record (used or skipped, with reasons)."""
     im_file, label_file, nc, single_cls = item
-    record = {"file": im_file, "shape": None, "orientation": 1, "labels": None, "segments": [], "notes": [], "problem": None,
-              "missing": not os.path.isfile(label_file), "duplicates": 0}
+    record = {"file": im_file, "shape": None, "orientation": 1, "labels": None, "segments": [], "notes": [],
+              "problem": None, "missing": not os.path.isfile(label_file), "duplicates": 0}
     try:
         *record["shape"], record["orientation"] = image_size(im_file)
         if record["missing"]:
