@@ -96,12 +96,10 @@ def measure(trainer: str, python: str, cell: dict) -> dict | None:
     when it failed."""
     if trainer == "ours":
         command = [sys.executable, __file__, "--cell", json.dumps(cell)]
-        env = os.environ
     else:
         command = [python, str(REFERENCE), "--images", cell["images"], "--imgsz", str(cell["imgsz"]), "--workers",
                    str(cell["workers"]), "--seconds", str(cell["seconds"]), "--batch-size", str(cell["batch_size"])]
-        env = os.environ
-    completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
     if completed.returncode or not lines:
         print(f"  {trainer} failed (exit {completed.returncode}): {(completed.stderr or completed.stdout)[-600:]}")
