@@ -72,7 +72,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--cache", default="off", help="our --cache (YOLOv5 runs without a cache)")
-    parser.add_argument("--yolov5", default=str(Path.home() / ".cache" / "yolov5-ref-venv" / "bin" / "python"))
+    parser.add_argument("--yolov5", default=str(Path.home() / ".cache" / "yolov5-ref-venv" / "bin" / "python"),
+                        help="the YOLOv5 v7 environment's python ('' for our rows only)")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     data = make_dataset(Path(args.root), args.images)
@@ -87,7 +88,7 @@ def main() -> None:
     env = {**os.environ, "YOLO_TRAINER_CACHE": str(user_cache)}
     their_env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     runners = [("ours", ours, env, ROOT)]
-    if Path(args.yolov5).exists():
+    if args.yolov5 and Path(args.yolov5).exists():
         runners.append(("YOLOv5 v7", theirs, their_env, work))
     print(f"# time to the first training step: {args.images} images ({args.root}), imgsz {args.imgsz}, "
           f"{args.workers} workers, our --cache {args.cache}; {cpu_name()}")
