@@ -47,9 +47,15 @@ def exif_orientation(path: str | Path) -> int:
         return 1
 
 
+def applied_orientation(path: str | Path, tag: int) -> int:
+    """The orientation ``read_image`` applies to ``path`` whose EXIF tag is ``tag``: the tag (1..8) for
+    ``ORIENTED_SUFFIXES``, else 1 (other formats, and values outside 1..8, are not applied)."""
+    return tag if Path(path).suffix.lower() in ORIENTED_SUFFIXES and 1 <= tag <= 8 else 1
+
+
 def file_orientation(path: str | Path) -> int:
-    """The orientation ``read_image`` applies to ``path``: its EXIF tag for ``ORIENTED_SUFFIXES``, else 1."""
-    return exif_orientation(path) if Path(path).suffix.lower() in ORIENTED_SUFFIXES else 1
+    """The orientation ``read_image`` applies to ``path``, read from its header (only where one is applied)."""
+    return applied_orientation(path, exif_orientation(path)) if Path(path).suffix.lower() in ORIENTED_SUFFIXES else 1
 
 
 def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:

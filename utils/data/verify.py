@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.flat_labels import FlatLabels, concatenate
-from utils.data.images import IMG_EXTENSIONS, ORIENTED_SUFFIXES, is_image_file, read_image
+from utils.data.images import IMG_EXTENSIONS, applied_orientation, is_image_file, read_image
 from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
 
@@ -161,8 +161,7 @@ def image_size(path: str) -> tuple[int, int, int]:
     kind, width, height, orientation = header
     _check_size(width, height)
     _check_decodes(data, kind)
-    if Path(path).suffix.lower() not in ORIENTED_SUFFIXES or not 1 <= orientation <= 8:
-        orientation = 1  # as read_image: not applied (unknown values are ignored by apply_orientation)
+    orientation = applied_orientation(path, orientation)
     if orientation in (5, 6, 7, 8):
         width, height = height, width
     return width, height, orientation
@@ -270,8 +269,7 @@ def clean_boxes(text: str, nc: int, single_cls: bool) -> np.ndarray | None:
     if (np.abs(inside - box) > EPS).any() or (inside[:, 2] - inside[:, 0] <= 0).any() or (
             inside[:, 3] - inside[:, 1] <= 0).any():
         return None  # clipped or zero-size boxes: repaired with a note there
-    classes = np.zeros(len(cls)) if single_cls else cls
-    return _to_labels(classes.tolist(), inside.tolist(), [None] * len(inside))[0]
+    return _to_labels(np.zeros(len(cls)) if single_cls else cls, inside, [None] * len(inside))[0]
 
 
 def parse_label_file(path: str, nc: int, single_cls: bool = False):
@@ -321,7 +319,7 @@ def parse_rows_one_by_one(text: str, nc: int, single_cls: bool = False):
 
 
 def _to_labels(classes, boxes, polygons) -> tuple[np.ndarray, list[np.ndarray]]:
-    if not boxes:
+    if not len(boxes):
         return np.zeros((0, 5), np.float32), []
     xyxy = np.asarray(boxes, np.float64)
     xywh = np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
