@@ -5,15 +5,18 @@ the file holds (gray, RGBA, 16-bit, palette), or raises ``ImageError`` naming th
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from utils.data.headers import fast_header, pil_header
 from utils.errors import UserError
 
 IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
 ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # formats whose EXIF orientation we apply
+HEADER_BYTES = 1 << 18  # read for a header alone: JPEG headers (EXIF with its thumbnail) fit in far less
 VID_EXTENSIONS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 
 # EXIF orientation tag value -> cv2 operations that make the pixels upright.
@@ -36,26 +39,30 @@ def is_image_file(path: str | Path) -> bool:
     return Path(path).suffix[1:].lower() in IMG_EXTENSIONS
 
 
-def exif_orientation(path: str | Path) -> int:
-    """EXIF orientation (1..8) of a file, 1 when absent or unreadable. Reads only the header."""
+def exif_orientation(path: str | Path, data: np.ndarray | None = None) -> int:
+    """EXIF orientation tag of a file (1 when absent or unreadable), from its header: ``data`` when the caller
+    has read the file already, else the file's first HEADER_BYTES (PIL reads the file when those do not do)."""
     try:
-        from PIL import Image
-
-        with Image.open(path) as im:
-            return int(im.getexif().get(0x0112, 1) or 1)
-    except Exception:
+        if data is None:
+            with open(path, "rb") as file:
+                data = file.read(HEADER_BYTES)
+        header = fast_header(data) or pil_header(str(path))
+    except (OSError, ValueError):
         return 1
+    return header[3] if header else 1
 
 
 def applied_orientation(path: str | Path, tag: int) -> int:
     """The orientation ``read_image`` applies to ``path`` whose EXIF tag is ``tag``: the tag (1..8) for
     ``ORIENTED_SUFFIXES``, else 1 (other formats, and values outside 1..8, are not applied)."""
-    return tag if Path(path).suffix.lower() in ORIENTED_SUFFIXES and 1 <= tag <= 8 else 1
+    return tag if 1 <= tag <= 8 and os.path.splitext(path)[1].lower() in ORIENTED_SUFFIXES else 1
 
 
-def file_orientation(path: str | Path) -> int:
+def file_orientation(path: str | Path, data: np.ndarray | None = None) -> int:
     """The orientation ``read_image`` applies to ``path``, read from its header (only where one is applied)."""
-    return applied_orientation(path, exif_orientation(path)) if Path(path).suffix.lower() in ORIENTED_SUFFIXES else 1
+    if Path(path).suffix.lower() not in ORIENTED_SUFFIXES:
+        return 1
+    return applied_orientation(path, exif_orientation(path, data))
 
 
 def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
@@ -89,9 +96,8 @@ def read_image(path: str | Path, orientation: int | None = None) -> np.ndarray:
 
     Reads the bytes with numpy (so non-ASCII names work on every platform), decodes with OpenCV
     keeping the bit depth and alpha (``IMREAD_UNCHANGED`` ignores EXIF), then applies the EXIF
-    orientation (``file_orientation``; or ``orientation`` when the caller knows it already: reading
-    it costs a header parse, and for a PNG with PIL a second decode), so scan, training, validation
-    and detect all see the same pixels.
+    orientation (``file_orientation``, from the bytes already read; or ``orientation`` when the caller
+    knows it already), so scan, training, validation and detect all see the same pixels.
     """
     path = Path(path)
     try:
@@ -104,5 +110,5 @@ def read_image(path: str | Path, orientation: int | None = None) -> np.ndarray:
     if img is None or img.size == 0:
         raise ImageError(f"{path}: not a decodable image")
     img = to_bgr8(img)
-    orientation = file_orientation(path) if orientation is None else orientation
+    orientation = file_orientation(path, data) if orientation is None else orientation
     return np.ascontiguousarray(apply_orientation(img, orientation))

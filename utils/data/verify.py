@@ -13,7 +13,6 @@ identities, so every path to one dataset shares one cache).
 """
 from __future__ import annotations
 
-import io
 import logging
 import math
 import multiprocessing
@@ -26,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.flat_labels import FlatLabels, concatenate
+from utils.data.headers import image_header
 from utils.data.images import IMG_EXTENSIONS, applied_orientation, is_image_file, read_image
 from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
@@ -150,7 +150,7 @@ def image_size(path: str) -> tuple[int, int, int]:
         raise Problem("unreadable image", f"cannot read image ({e.strerror or e})") from None
     if data.size == 0:
         raise Problem("empty image file", "empty image file (0 bytes)")
-    header = _image_header(data)
+    header = image_header(data)
     if header is None:  # PIL does not know it: decode fully with the training decoder (no EXIF then)
         try:
             height, width = read_image(path, orientation=1).shape[:2]
@@ -170,18 +170,6 @@ def image_size(path: str) -> tuple[int, int, int]:
 def _check_size(width: int, height: int) -> None:
     if min(width, height) < MIN_SIZE:
         raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
-
-
-def _image_header(data: np.ndarray) -> tuple[str, int, int, int] | None:
-    """(format, width, height, EXIF orientation) from the file's header, None when PIL cannot tell."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            orientation = int(image.getexif().get(0x0112, 1) or 1)
-            return image.format or "", image.size[0], image.size[1], orientation
-    except Exception:  # PIL raises many types for foreign bytes
-        return None
 
 
 def _check_decodes(data: np.ndarray, kind: str) -> None:
@@ -275,7 +263,8 @@ def clean_boxes(text: str, nc: int, single_cls: bool) -> np.ndarray | None:
 def parse_label_file(path: str, nc: int, single_cls: bool = False):
     """((labels (n, 5) float32, segments), notes list[Problem], duplicates removed). Raises Problem."""
     try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
+        with open(path, "rb") as file:
+            text = file.read().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise Problem("unreadable label file", f"cannot read label file {path} ({e})") from None
     return parse_label_file_text(text, nc, single_cls)
