@@ -2,7 +2,7 @@
 ours against YOLOv5 v7 on the same files (a timing: run it on an otherwise idle machine).
 
     python benchmarks/bench_startup.py [--images 100000] [--root /tmp/yolo-bench-100k] [--workers 2] [--imgsz 640]
-        [--cache off] [--yolov5 ~/.cache/yolov5-ref-venv/bin/python] [--repeat 1]
+        [--cache off] [--yolov5 ~/.cache/yolov5-ref-venv/bin/python] [--repeat 1] [--cold]
 
 The dataset (``benchmarks/generated_dataset.py``: 96-px JPEGs with 1-3 boxes, and 500 validation images) is made
 once under ``--root``. Each run trains yolov5n from scratch, batch 16, 1 epoch, on the CPU, no AutoAnchor, no
@@ -65,6 +65,15 @@ def time_to_first_step(command: list[str], env: dict, cwd: Path) -> tuple[float 
     return elapsed, tail
 
 
+def drop_page_cache() -> None:
+    """Write back and drop the kernel's page cache (needs root)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        sys.exit(f"--cold: cannot drop the page cache ({e.strerror or e}); run as root or without --cold")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=100000)
@@ -75,6 +84,9 @@ def main() -> None:
     parser.add_argument("--yolov5", default=str(Path.home() / ".cache" / "yolov5-ref-venv" / "bin" / "python"),
                         help="the YOLOv5 v7 environment's python ('' for our rows only)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--cold", action="store_true",
+                        help="empty the page cache before each first start, so every trainer reads the files from disk "
+                             "(root only; without it whoever runs first pays the disk reads)")
     args = parser.parse_args()
     data = make_dataset(Path(args.root), args.images)
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -91,12 +103,15 @@ def main() -> None:
     if args.yolov5 and Path(args.yolov5).exists():
         runners.append(("YOLOv5 v7", theirs, their_env, work))
     print(f"# time to the first training step: {args.images} images ({args.root}), imgsz {args.imgsz}, "
-          f"{args.workers} workers, our --cache {args.cache}; {cpu_name()}")
+          f"{args.workers} workers, our --cache {args.cache}{', page cache dropped before each first start' if args.cold else ''}; "
+          f"{cpu_name()}")
     print("| round | trainer | first start (s) | restart (s) |")
     print("|---|---|---|---|")
     for round_number in range(1, args.repeat + 1):
         for name, command, environment, cwd in runners:
             clear_caches(data, user_cache)
+            if args.cold:
+                drop_page_cache()
             times = []
             for attempt in range(2):
                 seconds, tail = time_to_first_step(command + ["--name", f"{name[:4]}-{round_number}-{attempt}"],

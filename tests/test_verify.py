@@ -16,6 +16,7 @@ from tools import check_dataset
 from utils.data import verify
 from utils.data.images import read_image
 from utils.data.verify import DatasetError, img2label_paths, list_image_files, scan_split
+from utils.files import read_ahead
 
 # CASES.md file -> (outcome, boxes kept or reason fragment); "used" with None = as many boxes as label rows
 TRAIN_CASES = {
@@ -443,3 +444,28 @@ def test_clean_files_parse_in_one_pass_to_the_same_labels(single_cls):
         with_fast = parsed(lambda t, n, s: verify.parse_label_file_text(t, n, s), text, 4, single_cls)
         assert with_fast == slow, text
     assert 100 < taken < 500  # both paths exercised
+
+
+def test_read_ahead_changes_nothing_but_timing(badinputs, monkeypatch, tmp_path):
+    """verify_chunk announces files to the kernel ahead of their checks: the records are the same without it, and
+    missing or unreadable paths (the bad inputs have both, and a FIFO here) are left for verify_one to report."""
+    images = list_image_files([str(badinputs / "images" / "train")])
+    items = [(image, label, 3, False) for image, label in zip(images, img2label_paths(images))]
+    items.append((str(badinputs / "no_such_image.jpg"), str(badinputs / "no_such_label.txt"), 3, False))
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "pipe.jpg"
+        os.mkfifo(fifo)  # opening it to read would block: read_ahead must not
+        read_ahead([str(fifo)])
+    monkeypatch.setattr(verify, "READ_AHEAD", 4)  # several windows over the ~30 files
+    announced = []
+    real_read_ahead = verify._read_ahead
+    monkeypatch.setattr(verify, "_read_ahead", lambda chunk: (announced.extend(chunk), real_read_ahead(chunk)))
+    with_hints = verify.verify_chunk(items)
+    assert announced == items  # every item announced once, in order, before its check
+    monkeypatch.setattr(verify, "_read_ahead", lambda chunk: None)
+    without = verify.verify_chunk(items)
+    assert with_hints.stats == without.stats and with_hints.problems == without.problems
+    assert with_hints.messages == without.messages and len(with_hints.messages) > 5
+    assert list(with_hints.im_files) == list(without.im_files)
+    assert np.array_equal(with_hints.shapes, without.shapes)
+    assert all(np.array_equal(a, b) for a, b in zip(with_hints.labels, without.labels))

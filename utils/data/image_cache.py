@@ -346,6 +346,7 @@ def _fill_in_rounds(store: ImageStore | None, indices: np.ndarray, request: Stor
     from multiprocessing.pool import ThreadPool
 
     from utils.device import usable_cpus
+    from utils.files import read_ahead
 
     threads = max(1, usable_cpus() // max(processes, 1))
     per_round = threads * ROUND_IMAGES
@@ -361,6 +362,7 @@ def _fill_in_rounds(store: ImageStore | None, indices: np.ndarray, request: Stor
         while True:
             part = indices[position:position + per_round]
             if len(part):
+                read_ahead(request.files[int(i)] for i in part)  # on a cold disk, the round's reads overlap
                 pool.map(fill, part)
                 position += len(part)
             done, left = dist.all_reduce_sum(torch.tensor([len(part), len(indices) - position]),
