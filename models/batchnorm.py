@@ -22,31 +22,41 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 COLUMN_LIMIT = 16384  # k*C columns at most: the per-thread float32 sums of one row stay within 64 KiB
+ROW_LIMIT = 1024  # pixels summed per column of the rows view, at most (where a divisor allows)
+NATIVE_PIXELS = 4096  # at most this many pixels per channel: torch's own kernel (see uses_grouped_sums)
 
 
 @functools.lru_cache(maxsize=256)
 def pixel_group(pixels: int, channels: int) -> int:
-    """Largest divisor k of ``pixels`` with k * channels <= COLUMN_LIMIT (1 when channels alone exceed it)."""
+    """The divisor k of ``pixels`` that makes the rows view: the smallest with at most ROW_LIMIT rows (each column
+    sums that many pixels) and k * channels <= COLUMN_LIMIT, else the largest within COLUMN_LIMIT (1 when the
+    channels alone exceed it). Fewer, longer columns are faster: the kernels' per-column work (buffers, the
+    reduction across threads) costs more than their sums over rows; at 1024 rows the statistics and gradient
+    sums of yolov5n's maps ran 1.4-2.5x faster than at the most columns (AVX2, 2 threads)."""
     limit = max(COLUMN_LIMIT // channels, 1)
-    best = 1
+    divisors = set()
     divisor = 1
     while divisor * divisor <= pixels:
         if pixels % divisor == 0:
-            for candidate in (divisor, pixels // divisor):
-                if best < candidate <= limit:
-                    best = candidate
+            divisors.update((divisor, pixels // divisor))
         divisor += 1
-    return best
+    within = [k for k in divisors if k <= limit]
+    short = [k for k in within if pixels // k <= ROW_LIMIT]
+    return min(short) if short else max(within, default=1)
 
 
 def uses_grouped_sums(x: torch.Tensor) -> bool:
-    """True for the inputs whose native statistics lose precision: CPU float32 channels_last 4-D maps."""
+    """True for the inputs whose native statistics lose precision: CPU float32 channels_last 4-D maps with more
+    than NATIVE_PIXELS pixels per channel. The error of torch's kernel grows with that count, while this path
+    costs a fixed ~0.4 ms a call in small tensor operations, which is most of a small map's time: yolov5n at
+    192 px, batch 16, AVX2, 57 BatchNorms fwd + bwd took 44 ms grouped against 18 ms native, 35 of them on <=
+    2304 pixels. With small maps native, the median parameter-gradient error of a yolov5n step (batch 8, 320)
+    is 2.1e-5 against NCHW's 1.6e-5 (all grouped: 1.7e-5; all native: 3.5e-3)."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 4
-            and x.numel() > x.shape[1]  # one value per channel: nn.BatchNorm2d's own error message
+            and x.numel() > NATIVE_PIXELS * x.shape[1]
             and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
 
 
@@ -77,9 +87,9 @@ def gradient_sums(grad: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, group
 
 
 def channel_affine(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """x * scale[c] + shift[c] in one pass that keeps x's memory format (the eval-mode BatchNorm kernel)."""
-    zeros, ones = torch.zeros_like(scale), torch.ones_like(scale)
-    return F.batch_norm(x, zeros, ones, scale, shift, training=False, eps=0.0)
+    """x * scale[c] + shift[c] in one pass that keeps x's memory format (addcmul: twice as fast as the
+    eval-mode BatchNorm kernel on channels_last maps, AVX2)."""
+    return torch.addcmul(shift.view(1, -1, 1, 1), x, scale.view(1, -1, 1, 1))
 
 
 class GroupedBatchNorm(torch.autograd.Function):

@@ -104,9 +104,9 @@ def run_batchnorm(cls, x64, grad64, dtype, memory_format, **options):
 
 @pytest.mark.parametrize("shape, options", [
     ((4, 8, 64, 64), dict(eps=1e-3, momentum=0.03)),
-    ((3, 24, 13, 13), dict()),
-    ((2, 5, 40, 24), dict(momentum=None)),
-    ((2, 6, 32, 32), dict(affine=False)),
+    ((3, 24, 13, 13), dict()),  # 507 pixels a channel: torch's kernel, accurate at that count
+    ((2, 5, 80, 48), dict(momentum=None)),
+    ((2, 6, 64, 64), dict(affine=False)),
 ])
 def test_batchnorm_channels_last_matches_float64(shape, options):
     generator = torch.Generator().manual_seed(4)
@@ -140,19 +140,25 @@ def test_grouped_batchnorm_gradients_are_exact_in_float64():
 
 
 def test_pixel_group_divides_and_respects_the_column_limit():
-    from models.batchnorm import COLUMN_LIMIT
-    for pixels, channels in ((8 * 160 * 160, 16), (800, 256), (4 * 13 * 13, 24), (7, 3), (97, 1), (1000, 20000)):
+    from models.batchnorm import COLUMN_LIMIT, ROW_LIMIT
+    for pixels, channels in ((8 * 160 * 160, 16), (800, 256), (4 * 13 * 13, 24), (7, 3), (97, 1), (1000, 20000),
+                             (2 * 1031 * 1033, 8)):
         group = pixel_group(pixels, channels)
         assert pixels % group == 0 and (group * channels <= COLUMN_LIMIT or group == 1)
-    assert pixel_group(8 * 160 * 160, 16) == 1024  # the largest divisor of 204800 within 16384 // 16
+    assert pixel_group(8 * 160 * 160, 16) == 200  # the smallest divisor of 204800 leaving <= 1024 rows
+    assert pixel_group(800, 256) == 1 and 800 <= ROW_LIMIT  # short enough already
+    assert pixel_group(2 * 1031 * 1033, 8) == 1033  # no divisor leaves <= 1024 rows within 2048 columns: the largest
 
 
 def test_only_cpu_float32_channels_last_training_inputs_take_the_grouped_path():
-    x = torch.rand(2, 4, 8, 8)
+    from models.batchnorm import NATIVE_PIXELS
+    x = torch.rand(2, 4, 8, NATIVE_PIXELS // 16 + 1)  # just over the pixel count torch's kernel keeps accurate
     assert uses_grouped_sums(x.contiguous(memory_format=CHANNELS_LAST))
+    assert not uses_grouped_sums(x[..., :-1].contiguous(memory_format=CHANNELS_LAST))  # small map: native
     assert not uses_grouped_sums(x)  # NCHW: torch's kernel is accurate
     assert not uses_grouped_sums(x.to(torch.bfloat16).contiguous(memory_format=CHANNELS_LAST))
     assert not uses_grouped_sums(torch.rand(1, 4, 1, 1))
+    x = torch.rand(2, 4, 8, 8)
     bn = BatchNorm2d(4).eval()
     with torch.no_grad():
         expected = nn.BatchNorm2d.forward(bn, x)
