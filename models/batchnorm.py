@@ -6,16 +6,18 @@ the gradient sums (backward) grows with the number of pixels. Measured with torc
 AMD EPYC (Zen 4), one thread, batch 8 of 16 x 160 x 160 (yolov5n's first BatchNorm at --img 320): output
 and input-gradient relative error 2.4e-5 against float64, where the NCHW kernel gives 6e-8; through
 yolov5n's 57 BatchNorms the parameter gradients of one training step end up with a median relative
-error of 3.5e-3 instead of NCHW's 1.6e-5; with this class, 1.7e-5 (benchmarks/check_channels_last_numerics.py).
+error of 3.5e-3 instead of NCHW's 1.6e-5; with this class, 2.4e-5 (benchmarks/check_channels_last_numerics.py).
 
 ``BatchNorm2d`` runs the same native kernels on a view of the activation as rows of ``k`` pixels
-(shape ``(N*H*W / k, k*C)``): each of the ``k*C`` columns then sums only ``N*H*W / k`` pixels, and the
-``k`` partial results per channel are combined in float64. The forward reads and writes the
-activation as often as the native kernel (two reading passes for the statistics, one to normalise); the
-backward reads it once more and writes one extra temporary (the input gradient is formed in two
-element-wise passes instead of one); the per-channel arithmetic adds a few small tensor operations per
-call. Other inputs (NCHW, CUDA, bf16/fp16, eval mode) take ``nn.BatchNorm2d``'s own path unchanged,
-so validation, inference and fused models never reach this code.
+(shape ``(N*H*W / k, k*C)``): each of the ``k*C`` columns then sums only ``N*H*W / k`` pixels (at most
+ROW_LIMIT where a divisor allows), and the ``k`` partial results per channel are combined in float64. The
+forward reads and writes the activation as often as the native kernel (two reading passes for the
+statistics, one to normalise); the backward reads it once more and writes one extra temporary (the input
+gradient is formed in two element-wise passes instead of one); the per-channel arithmetic adds a few
+small tensor operations per call (~0.2 ms), so maps of at most NATIVE_PIXELS pixels a channel, where
+torch's kernel is nearly as accurate, keep torch's kernel. Other inputs (NCHW, CUDA, bf16/fp16, eval mode)
+take ``nn.BatchNorm2d``'s own path unchanged, so validation, inference and fused models never reach this
+code.
 """
 from __future__ import annotations
 
