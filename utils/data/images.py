@@ -55,14 +55,17 @@ def exif_orientation(path: str | Path, data: np.ndarray | None = None) -> int:
 def applied_orientation(path: str | Path, tag: int) -> int:
     """The orientation ``read_image`` applies to ``path`` whose EXIF tag is ``tag``: the tag (1..8) for
     ``ORIENTED_SUFFIXES``, else 1 (other formats, and values outside 1..8, are not applied)."""
-    return tag if 1 <= tag <= 8 and os.path.splitext(path)[1].lower() in ORIENTED_SUFFIXES else 1
+    return tag if 1 <= tag <= 8 and _oriented(path) else 1
+
+
+def _oriented(path: str | Path) -> bool:
+    """True for the formats whose EXIF orientation ``read_image`` applies (ORIENTED_SUFFIXES)."""
+    return os.path.splitext(path)[1].lower() in ORIENTED_SUFFIXES
 
 
 def file_orientation(path: str | Path, data: np.ndarray | None = None) -> int:
     """The orientation ``read_image`` applies to ``path``, read from its header (only where one is applied)."""
-    if Path(path).suffix.lower() not in ORIENTED_SUFFIXES:
-        return 1
-    return applied_orientation(path, exif_orientation(path, data))
+    return applied_orientation(path, exif_orientation(path, data)) if _oriented(path) else 1
 
 
 def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:

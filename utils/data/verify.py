@@ -344,9 +344,8 @@ def verify_chunk(items: list) -> SplitLabels:
     files READ_AHEAD items ahead are announced to the kernel first, so that on a cold disk their reads run
     while earlier files are checked instead of one at a time."""
     records = []
+    _read_ahead(items[:READ_AHEAD])
     for start in range(0, len(items), READ_AHEAD):
-        if start == 0:
-            _read_ahead(items[:READ_AHEAD])
         _read_ahead(items[start + READ_AHEAD:start + 2 * READ_AHEAD])
         records += [verify_one(item) for item in items[start:start + READ_AHEAD]]
     return _collect(records)
