@@ -13,6 +13,7 @@ import pytest
 from utils.data import verify
 from utils.data.dataset import LabelSet, YoloDataset
 from utils.data.flat_labels import FlatLabels, concatenate
+from utils.data.label_cache import SplitLabels
 
 
 def lists(count: int, seed: int = 0):
@@ -152,3 +153,46 @@ def test_folder_listing_keeps_rglobs_rules(tmp_path):
     files, ignored = verify.collect_image_files(str(images))
     assert files == sorted(str(images / name) for name in ("a.jpg", "sub/B.PNG", "linked.jpg"))
     assert ignored == [f"{images / name}: hidden file ignored" for name in (".cache/deep/c.jpg", "sub/.d.jpg")]
+
+
+def test_shared_labels_travel_as_handles_to_spawned_workers():
+    """After share_memory() the pickler of spawned loader workers (torch.multiprocessing's) sends handles to one
+    copy: its message does not grow with the images, whereas plain pickling still carries every value."""
+    from multiprocessing.reduction import ForkingPickler
+
+    def sent(count):
+        flat = FlatLabels.from_lists(*lists(count))
+        plain = pickle.dumps(flat)
+        assert not flat.is_shared and flat.share_memory() is flat and flat.is_shared
+        assert_holds(flat, *lists(count))
+        return flat, plain, bytes(ForkingPickler.dumps(flat))
+
+    (small, small_plain, small_sent), (large, large_plain, large_sent) = sent(50), sent(5000)
+    assert len(large_plain) > 50 * len(small_plain) / 2 and abs(len(large_sent) - len(small_sent)) < 100
+    assert len(large_sent) < 4000
+    mapped, copied = pickle.loads(large_sent), pickle.loads(pickle.dumps(large))  # a handle is taken once
+    for received in (mapped, copied):
+        assert_holds(received, *lists(5000))
+        assert not received.names.flags.writeable and not received.shapes.flags.writeable
+    assert mapped.is_shared and not copied.is_shared and large.share_memory().names is large.names  # moved once
+
+
+def test_a_dataset_for_spawned_workers_sends_its_labels_once_and_shared(tmp_path):
+    """The dataset a spawned worker receives: shapes and orientations come from its labels (not pickled twice),
+    and with shared labels the message is the same size for ten times the images."""
+    from multiprocessing.reduction import ForkingPickler
+
+    def dataset(count):
+        flat = FlatLabels.from_lists(*lists(count), orientations=np.ones(count))  # as the scan gives them
+        data = YoloDataset(SplitLabels(flat), imgsz=64, batch_size=4)
+        plain = pickle.dumps(data)
+        data.share_labels()
+        return data, plain, bytes(ForkingPickler.dumps(data))
+
+    (small, _, small_sent), (large, large_plain, large_sent) = dataset(30), dataset(3000)
+    assert large.flat.shapes.nbytes + large.flat.names.nbytes < len(large_plain) < 2 * large.flat.nbytes
+    assert abs(len(large_sent) - len(small_sent)) < 100
+    received = pickle.loads(large_sent)
+    assert received.shapes is received.flat.shapes and received.orientations is received.flat.orientations
+    assert_holds(received.flat, *lists(3000))
+    assert np.array_equal(received.shapes, lists(3000)[3])

@@ -64,6 +64,7 @@ def test_shared_cache_gives_the_same_pixels_as_no_cache(split, shm, method):
     assert cached.num_workers == 2 and dataset.in_ram and len(list(shm.iterdir())) == 1
     pickled = pickle.dumps(dataset)
     assert dataset.store[0].tobytes() not in pickled and len(pickled) < dataset.store.total / 4
+    assert dataset.flat.is_shared == (method != "fork")  # labels: shared memory only where workers unpickle them
     for (a, ta), (b, tb) in zip(batches(cached), batches(plain), strict=True):
         assert torch.equal(a, b) and torch.equal(ta, tb)
 

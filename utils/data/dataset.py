@@ -267,8 +267,7 @@ class YoloDataset(Dataset):
         if single_cls:
             flat = flat.with_one_class()
         self.n = len(flat)
-        self.indices = np.arange(self.n)
-        self.batch_shapes, self.batch = None, np.zeros(self.n, int)
+        self.batch_shapes, self.batch = None, None  # rect: each image's batch and the batches' shapes
         if rect:
             order = (flat.shapes[:, 1] / flat.shapes[:, 0]).argsort(kind="stable")
             flat = flat.take(order)
@@ -301,7 +300,26 @@ class YoloDataset(Dataset):
         cache as its file's name (``ImageStore`` pickles as one): never a copy of the pixels."""
         state = dict(self.__dict__)
         state["canvas"] = None
+        for name in ("shapes", "orientations"):  # views of flat's arrays: rebuilt from it, not pickled twice
+            if state[name] is getattr(self.flat, name):
+                state[name] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in ("shapes", "orientations"):
+            if state[name] is None:
+                setattr(self, name, getattr(self.flat, name))
+
+    def share_labels(self) -> None:
+        """Labels, file names and shapes into shared memory, for loader workers started by spawn or forkserver:
+        they receive this dataset pickled, and then map one copy instead of each unpickling its own
+        (``FlatLabels.share_memory``)."""
+        own_orientations = self.orientations is self.flat.orientations
+        self.flat.share_memory()
+        self.shapes = self.flat.shapes
+        if own_orientations:
+            self.orientations = self.flat.orientations
 
     def set_epoch(self, epoch: int) -> None:
         """Epoch used when items are requested by a bare index (workers get it with the index)."""

@@ -11,6 +11,7 @@ import functools
 import gc
 import logging
 import math
+import multiprocessing
 import random
 
 import cv2
@@ -170,6 +171,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
         auto_cache(dataset, prefix)
     if num_workers and cpus_busy and dataset.in_ram:
         num_workers = inline_loading(num_workers, prefix)
+    if num_workers and start_method(multiprocessing_context) != "fork":
+        dataset.share_labels()  # spawned workers map the labels instead of unpickling a copy each
     if shard == "batches":
         sampling = {"batch_sampler": BatchShardSampler(len(dataset), batch_size, rank, world_size)}
     else:
@@ -186,6 +189,14 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                             generator=generator, prefetch_factor=prefetch, slots=slots,
                             multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
     return loader, dataset
+
+
+def start_method(context) -> str:
+    """How loader workers start: ``context`` (a method name, a multiprocessing context or None for Python's
+    default; read without fixing the default, as DataLoader will when it starts them)."""
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return context if isinstance(context, str) else context.get_start_method()
 
 
 def inline_loading(num_workers: int, prefix: str = "") -> int:
