@@ -111,10 +111,12 @@ class Detect(nn.Module):
 
     @staticmethod
     def _make_grid(ny, nx, like):
-        y = torch.arange(ny, device=like.device, dtype=like.dtype)
-        x = torch.arange(nx, device=like.device, dtype=like.dtype)
+        """Built in float32, then cast: the values (k - 0.5, k < 2048) are exact in fp16 too, and a Range in fp16
+        breaks the ONNX exporter's constant folding ("tensor does not have a device", export --half on CUDA)."""
+        y = torch.arange(ny, device=like.device, dtype=torch.float32)
+        x = torch.arange(nx, device=like.device, dtype=torch.float32)
         yv, xv = torch.meshgrid(y, x, indexing="ij")
-        return (torch.stack((xv, yv), 2) - 0.5).view(1, 1, ny, nx, 2)
+        return (torch.stack((xv, yv), 2) - 0.5).view(1, 1, ny, nx, 2).to(like.dtype)
 
 
 # name in a YAML row -> (constructor, rule(args, RowInputs) -> (constructor args, c_out, repeats))

@@ -408,3 +408,23 @@ def test_yolov5n_exports_to_both_formats_within_tolerance(tmp_path, capsys):
         backend = load_backend(source.with_suffix(suffix))
         assert backend.nc == 80 and backend.stride == 32
         assert_close(backend(images)[0], eager_output(eager, images), 128)
+
+
+def test_fp16_model_traces_to_onnx_with_exact_grid(weights):
+    """export --half on CUDA: the fp16 graph traced to ONNX (a Range in fp16 once broke constant folding: "tensor
+    does not have a device", seen on an H200), traced here on the CPU; the decoding grid is exact in fp16."""
+    onnx = pytest.importorskip("onnx")
+    import io
+
+    model = for_inference(load_model(weights)).half()
+    detect = model.model[-1]
+    grid = detect._make_grid(20, 24, torch.empty(0, dtype=torch.float16))
+    assert grid.dtype == torch.float16
+    assert torch.equal(grid.float(), detect._make_grid(20, 24, torch.empty(0)))
+    assert grid[0, 0, 19, 23].tolist() == [22.5, 18.5]
+    buffer = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(export.PredictionOnly(model).eval(), (torch.rand(1, 3, IMGSZ, IMGSZ).half(),), buffer,
+                          dynamo=False, opset_version=17, do_constant_folding=True)
+    proto = onnx.load_from_string(buffer.getvalue())
+    assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from utils import rng
-from utils.rng import DEFAULT_CUDA_SEED, capture_rng, restore_rng, rng_kept
+from utils.rng import capture_rng, restore_rng, rng_kept
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,11 +75,14 @@ class FakeGenerator:
     def manual_seed(self, seed):
         self.seeds.append(int(seed))
 
+    def seed(self):  # torch: a nondeterministic seed, as a new default generator gets
+        self.seeds.append("fresh")
+
 
 @pytest.mark.skipif(torch.cuda.is_initialized(), reason="needs CUDA not yet initialised in this process")
 def test_rng_kept_reseeds_cuda_first_initialised_during_the_call(seed_queue, monkeypatch):
     """CUDA initialised inside the call (faked on the CPU): its generators get what an initialisation after the
-    call would give them: a new generator's seed, then the seeds the caller had queued, in order."""
+    call would give them: a new generator's (nondeterministic) seed, then the seeds the caller had queued, in order."""
     generators = [FakeGenerator(), FakeGenerator()]
     initialised = [False]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
@@ -89,14 +92,15 @@ def test_rng_kept_reseeds_cuda_first_initialised_during_the_call(seed_queue, mon
     with rng_kept():
         torch.manual_seed(123)  # the call seeds (queued: CUDA is not up yet) ...
         initialised[0] = True   # ... then brings CUDA up
-    assert [g.seeds for g in generators] == [[DEFAULT_CUDA_SEED, 5], [DEFAULT_CUDA_SEED, 5]]
+    assert [g.seeds for g in generators] == [["fresh", 5], ["fresh", 5]]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_cuda_initialised_inside_the_call_draws_as_a_fresh_process():
     """On a GPU: after a call that initialised CUDA and drew from it, the caller's first CUDA draws are those of a
-    process that never made the call (seeded before, and unseeded)."""
+    process that never made the call: the caller's seed's when it had seeded; when it had not, a fresh
+    nondeterministic seed (torch seeds a new default CUDA generator from the OS), never the call's stream."""
     script = """
 import sys, torch
 from utils.rng import rng_kept
@@ -107,9 +111,18 @@ if sys.argv[2] == "call":
     with rng_kept():
         torch.manual_seed(99)
         torch.randn(1000, device="cuda")
+elif sys.argv[2] == "continued":
+    torch.manual_seed(99)
+    torch.randn(1000, device="cuda")
 print(torch.randn(4, device="cuda").tolist())
 """
-    for seed in ("3", "none"):
-        outputs = [subprocess.run([sys.executable, "-c", script, seed, mode], cwd=ROOT, capture_output=True,
-                                  text=True, check=True).stdout for mode in ("call", "plain")]
-        assert outputs[0] == outputs[1]
+
+    def draw(seed, mode):
+        return subprocess.run([sys.executable, "-c", script, seed, mode], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert draw("3", "call") == draw("3", "plain")
+    unseeded = [draw("none", "call") for _ in range(2)]
+    assert unseeded[0] != unseeded[1]  # fresh seeds, as two fresh processes get
+    assert draw("none", "continued") not in unseeded  # not the call's generator carried on
+    assert draw("none", "plain") not in unseeded

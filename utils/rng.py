@@ -8,7 +8,9 @@ generators are as it left them.
 CUDA's generators exist only once CUDA is initialised; before that torch queues seeds
 (``torch.cuda.manual_seed_all``, also called by ``torch.manual_seed``) and applies them at initialisation.
 ``rng_kept()`` covers both sides: seeds the call queued are taken back, and generators the call brought
-into being are put where a fresh initialisation after the call would have put them.
+into being are put where a fresh initialisation after the call would have put them: a nondeterministic seed
+(torch seeds each default CUDA generator from the OS when it creates it; seen on an H200 with torch 2.11), then
+the seeds the caller had queued.
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ import torch
 
 LOGGER = logging.getLogger(__name__)
 
-DEFAULT_CUDA_SEED = 67280421310721  # c10's default_rng_seed_val: a CUDA generator's seed when it is created
 SEED_QUEUE_FIELDS = ("manual_seed_all_cb", "manual_seed_cb", "call_order")  # torch.cuda._LazySeedTracker
 
 
@@ -87,7 +88,7 @@ def _restore_uninitialised_cuda(queued: dict | None) -> None:
     initialised CUDA, give each device's generator the state that initialisation with those seeds gives."""
     if torch.cuda.is_initialized():
         for generator in torch.cuda.default_generators:
-            generator.manual_seed(DEFAULT_CUDA_SEED)  # a new generator: this seed, offset 0
+            generator.seed()  # what creating it does: a nondeterministic seed, offset 0
         for entry in (queued or {}).get("call_order", []):
             if entry is not None:
                 entry[0]()  # (seeding function, traceback) as torch queued it; applies now CUDA is up
