@@ -5,7 +5,7 @@
         [--workers 2] [--methods fork spawn forkserver] [--steps 12] [--repo PATH]
     # each loader worker's private memory (USS) at the start and the end of one epoch of a generated dataset
     python benchmarks/bench_memory.py workers [--images 50000] [--root /tmp/yolo-bench-50k] [--workers 2]
-        [--imgsz 128] [--repo PATH]
+        [--imgsz 128] [--method fork|spawn|forkserver] [--repo PATH]
 
 ``pss``: for each start method and each of ``--cache off`` / ``--cache ram``, ``torchrun --nproc_per_node N
 train.py`` on the dataset (yolov5n from scratch, batch 8 per process, fp32 on the CPU) through a wrapper that sets
@@ -19,7 +19,7 @@ PSS (a store's pages no process has touched yet are memory too: this is the hone
 difference is then divided by one copy of the resized images (train + val, at --imgsz, computed from the scan).
 
 ``workers``: the loader alone (no model) on a generated dataset of ``--images`` 96-px JPEGs, mosaic augmentation,
-``--cache off``, ``--workers`` forked workers: each worker's USS (Private_Clean + Private_Dirty) after the first
+``--cache off``, ``--workers`` workers started by ``--method`` (fork): each worker's USS (Private_Clean + Private_Dirty) after the first
 ``--warmup`` batches (10; the allocator's and libraries' own start-up, the same whatever the dataset's size) and
 after the last batch of the epoch.
 
@@ -261,10 +261,11 @@ def workers_command(args) -> None:
 
     images = str(Path(data).parent / "images" / "train")
     loader, dataset = create_dataloader(images, args.imgsz, 16, 32, hyp=Hyp(), augment=True, cache="off",
-                                        workers=args.workers, shuffle=True, names=["red", "green", "blue"])
+                                        workers=args.workers, shuffle=True, names=["red", "green", "blue"],
+                                        multiprocessing_context=args.method)
     set_loader_epoch(loader, 0)
     print(f"# loader workers' USS over one epoch: {len(dataset)} images ({args.root}), imgsz {args.imgsz}, "
-          f"{loader.num_workers} workers, --cache off, code: {Path(args.repo).resolve()}; {cpu_name()}")
+          f"{loader.num_workers} workers ({args.method}), --cache off, code: {Path(args.repo).resolve()}; {cpu_name()}")
     iterator = iter(loader)
     count = 0
     for _ in range(args.warmup):
@@ -304,6 +305,7 @@ def main() -> None:
     workers.add_argument("--root", default="/tmp/yolo-bench-50k")
     workers.add_argument("--workers", type=int, default=2)
     workers.add_argument("--imgsz", type=int, default=128)
+    workers.add_argument("--method", default="fork", choices=["fork", "spawn", "forkserver"])
     workers.add_argument("--warmup", type=int, default=10,
                          help="batches before the first reading (the allocator's and libraries' start-up)")
     workers.add_argument("--repo", default=str(ROOT))
