@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "count becomes what fits (at most --epochs when given; with --evolve: per generation)")
     parser.add_argument("--batch-size", type=train_batch_size, default=16,
                         help="total batch size over all processes, -1 for AutoBatch (CUDA)")
+    parser.add_argument("--nbs", type=cli.nominal_batch, default=64,
+                        help="nominal batch size: gradients are accumulated over about this many images per "
+                             "optimizer step and weight decay is scaled to it (YOLOv5: always 64)")
     parser.add_argument("--imgsz", "--img", "--img-size", type=image_size, default=640, help="train, val image size (pixels)")
     parser.add_argument("--rect", action="store_true", help="rectangular training")
     parser.add_argument("--resume", nargs="?", const=True, default=False,

@@ -47,9 +47,17 @@ def test_missing_hyp_file():
 
 
 def test_train_config_round_trip():
-    config = TrainConfig(epochs=3, freeze=[10], data="x.yaml")
+    config = TrainConfig(epochs=3, freeze=[10], data="x.yaml", nbs=16)
     again = TrainConfig.from_dict(config.to_dict())
     assert again == config
+
+
+def test_stored_options_without_nbs_get_yolov5s_64_and_a_bad_one_is_refused():
+    stored = TrainConfig().to_dict()
+    del stored["nbs"]  # options saved before --nbs existed, or by YOLOv5
+    assert TrainConfig.from_dict(stored).nbs == 64
+    with pytest.raises(ConfigError, match="option 'nbs'"):
+        TrainConfig.from_dict({**stored, "nbs": 0}, "last.pt")
 
 
 @pytest.mark.parametrize("argv,expected", [([], "auto"), (["--cache"], "ram"), (["--cache", "disk"], "disk"),

@@ -27,6 +27,18 @@ def test_accumulate_and_scaled_weight_decay():
     assert scaled_weight_decay(0.0005, 128, 1) == pytest.approx(0.001)
 
 
+def test_nominal_batch_sets_accumulation_decay_and_warmup_target():
+    """--nbs: the accumulation count, the weight-decay scale and the warmup's last accumulation follow it."""
+    assert accumulate_steps(16, 16) == 1
+    assert accumulate_steps(8, 16) == 2
+    assert accumulate_steps(16, 128) == 8
+    assert scaled_weight_decay(0.0005, 16, 1, 16) == pytest.approx(0.0005)
+    assert scaled_weight_decay(0.0005, 24, 1, 16) == pytest.approx(0.0005 * 24 / 16)
+    hyp, optimizer, lf = warmup_setup()
+    assert [apply_warmup(optimizer, step, 200, 0, lf, hyp, 16, nominal_batch=16) for step in (0, 100, 250)] == [1] * 3
+    assert [apply_warmup(optimizer, step, 200, 0, lf, hyp, 16, nominal_batch=128) for step in (0, 100, 250)] == [1, 4, 8]
+
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_parameter_groups_membership_and_decay(name):
     model = tiny_model()

@@ -76,7 +76,7 @@ def test_evolve_runs_generations_and_continues_counting(tiny):
 
 @pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--batch-size", "-2"), ("--epochs", "0"),
                                          ("--imgsz", "100000"), ("--workers", "-2"), ("--label-smoothing", "1.5"),
-                                         ("--save-every-min", "nan")])
+                                         ("--save-every-min", "nan"), ("--nbs", "0")])
 def test_bad_flag_values_are_refused_before_any_work(tmp_path, capsys, flag, value):
     assert train_script.main(["--project", str(tmp_path / "runs"), f"{flag}={value}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

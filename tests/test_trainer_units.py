@@ -135,3 +135,23 @@ def test_transfer_from_unrelated_weights_warns_naming_what_did_not_fit(caplog):
     caplog.clear()
     assert transfer_state(model, model.state_dict()) == (7, 7)
     assert "fit only" not in caplog.text
+
+
+@pytest.mark.parametrize("nbs, accumulate, decay", [(64, 4, 0.0005), (16, 1, 0.0005), (24, 2, 0.0005 * 32 / 24)])
+def test_build_step_takes_the_nominal_batch_from_the_config(tmp_path, nbs, accumulate, decay):
+    """--nbs reaches the optimizer: weight decay scaled to it, and the warmup ends at nbs / batch accumulation."""
+    from tests.conftest import TINY_MODEL_YAML
+    from utils.config import Hyp, TrainConfig
+    from utils.trainer.setup import build_training_model
+    from utils.trainer.trainer import build_step
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_MODEL_YAML)
+    model = build_training_model(str(cfg), "", 2, ["a", "b"])
+    config = TrainConfig(batch_size=16, nbs=nbs, epochs=3, channels_last="off")
+    data = SimpleNamespace(imgsz=64, batches_per_epoch=10)
+    info = SimpleNamespace(distributed=False, world_size=1)
+    step, _, warmup = build_step(model, config, Hyp(), data, torch.device("cpu"), info,
+                                 choose_precision("off", torch.device("cpu"), model))
+    assert step.optimizer.param_groups[1]["weight_decay"] == pytest.approx(decay)
+    assert warmup(0, 0) == 1 and warmup(500, 2) == accumulate

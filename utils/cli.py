@@ -98,6 +98,7 @@ non_negative_int = int_in_range(0, MAX_INT)
 probability = float_in_range(Range(0, 1))
 image_size = int_in_range(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
 batch_size = int_in_range(1, MAX_BATCH_SIZE)
+nominal_batch = int_in_range(1, MAX_BATCH_SIZE)  # train.py --nbs
 train_batch_size = IntBound(1, MAX_BATCH_SIZE, special=(AUTO_BATCH,))  # train.py --batch-size: -1 = AutoBatch
 workers = int_in_range(0, MAX_WORKERS)
 max_detections = int_in_range(1, MAX_DETECTIONS)

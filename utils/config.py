@@ -164,6 +164,7 @@ class TrainConfig:
     hyp: str = "data/hyps/hyp.scratch-low.yaml"
     epochs: int = 100
     batch_size: int = 16  # -1 (AutoBatch) is replaced by the chosen batch before the run is saved
+    nbs: int = 64  # nominal batch: gradients of about this many images per optimizer step (YOLOv5: always 64)
     imgsz: int = 640
     rect: bool = False
     resume: str | bool = False
@@ -278,6 +279,7 @@ OPTION_RULES = {
                      "single_cls", "sync_bn", "exist_ok", "quad", "cos_lr", "deterministic"), _flag),
     "epochs": cli.positive_int.check,
     "batch_size": cli.train_batch_size.check,
+    "nbs": cli.nominal_batch.check,
     "imgsz": cli.image_size.check,
     "resume": _resume_option,
     "evolve": _optional(cli.positive_int.check),

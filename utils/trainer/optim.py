@@ -6,8 +6,9 @@ Parameter groups, in ``optimizer.param_groups`` order (results.csv ``x/lr0, x/lr
 - group 1: other weights, e.g. conv weights (weight decay)
 - group 2: normalisation-layer weights, e.g. BatchNorm (no weight decay)
 
-Gradients are accumulated to a nominal batch of 64 images, and the hyp weight decay is scaled by
-``batch * accumulate / 64`` so the effective decay per image seen does not depend on the batch.
+Gradients are accumulated to a nominal batch of 64 images (``--nbs``; YOLOv5 has it fixed at 64), and the hyp
+weight decay is scaled by ``batch * accumulate / nbs`` so the effective decay per image seen does not depend on
+the batch.
 
 Resuming (``restore_optimizer``, ``restore_schedule``, ``restore_scaler``) takes only state from the
 checkpoint (momentum buffers, Adam moments and step counts, the fp16 loss scale); every setting (lr,

@@ -34,8 +34,9 @@ from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
-from utils.trainer.optim import (EpochSchedule, accumulate_steps, build_optimizer, lr_lambda, restore_optimizer,
-                                 restore_scaler, restore_schedule, scaled_weight_decay, warmup_iterations)
+from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps, build_optimizer, lr_lambda,
+                                 restore_optimizer, restore_scaler, restore_schedule, scaled_weight_decay,
+                                 warmup_iterations)
 from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import Recorder, epoch_values, fitness_of
@@ -188,7 +189,8 @@ class Trainer:
         lf = lr_lambda(self.epochs, self.hyp.lrf, cos=self.config.cos_lr)
         self.scheduler.retarget(lf)
         warmup_iters = warmup_iterations(self.hyp.warmup_epochs, self.data.batches_per_epoch)
-        self.warmup = make_warmup(self.step.optimizer, warmup_iters, lf, self.hyp, self.config.batch_size)
+        self.warmup = make_warmup(self.step.optimizer, warmup_iters, lf, self.hyp, self.config.batch_size,
+                                  self.config.nbs)
 
     def _length_text(self) -> str:
         if self.budget is not None and not self.state.planned_epochs:
@@ -401,8 +403,11 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
         model = model.to(memory_format=torch.channels_last)
     model = _sync_batchnorm(model, config, device, info)
     freeze_layers(model, config.freeze)
-    accumulate = accumulate_steps(config.batch_size)
-    weight_decay = scaled_weight_decay(hyp.weight_decay, config.batch_size, accumulate)
+    accumulate = accumulate_steps(config.batch_size, config.nbs)
+    weight_decay = scaled_weight_decay(hyp.weight_decay, config.batch_size, accumulate, config.nbs)
+    if config.nbs != NOMINAL_BATCH:
+        LOGGER.info("--nbs %d: an optimizer step every %d batch%s of %d after warmup, weight decay %.3g",
+                    config.nbs, accumulate, "es" * (accumulate > 1), config.batch_size, weight_decay)
     optimizer = build_optimizer(model, config.optimizer, hyp.lr0, hyp.momentum, weight_decay)
     lf = lr_lambda(config.epochs, hyp.lrf, cos=config.cos_lr)
     scheduler = EpochSchedule(optimizer, lf)
@@ -416,7 +421,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
             model, device_ids=[device.index] if device.type == "cuda" else None)
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last)
     warmup_iters = warmup_iterations(hyp.warmup_epochs, data.batches_per_epoch)
-    warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size)
+    warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size, config.nbs)
     return step, scheduler, warmup
 
 
