@@ -17,7 +17,8 @@ prints each side per seed and as mean +- standard deviation.
 
 Presets (ours only; each has its own CSV under benchmarks/results/ unless --csv is given):
   bccd        the README's BCCD command above (the default)
-  quickstart  the README's quick start: the embedded dataset, 256, 20 epochs, hyp.no-augmentation.yaml
+  quickstart  the README's quick start: the embedded dataset, 192, 16 epochs, --nbs 16, hyp.quickstart.yaml
+              (rows before 2026-11-26 09:00 in its CSV: 256, 20 epochs, hyp.no-augmentation.yaml, nbs 64)
   embedded25  the embedded dataset, 256, 25 epochs, the default hyp.scratch-low.yaml
 
 "best" is the epoch with the best fitness (0.1 mAP50 + 0.9 mAP50-95), read from each run's results.csv (both
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "accuracy_bccd.csv"
 # preset -> (our train.py's arguments besides seed/project/name/amp, CSV)
 PRESETS = {
-    "quickstart": (["--imgsz", "256", "--epochs", "20", "--hyp", "hyp.no-augmentation.yaml"], "accuracy_quickstart.csv"),
+    "quickstart": (["--imgsz", "192", "--epochs", "16", "--nbs", "16", "--hyp", "hyp.quickstart.yaml"],
+                   "accuracy_quickstart.csv"),
     "embedded25": (["--imgsz", "256", "--epochs", "25"], "accuracy_embedded25.csv"),
 }
 COLUMNS = ("side", "seed", "commit", "cpu", "epochs", "best_epoch", "map50", "map50_95", "first_epoch_map50_over_0.5",

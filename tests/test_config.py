@@ -7,10 +7,16 @@ from utils.config import ConfigError, Hyp, TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["scratch-low", "scratch-med", "scratch-high", "no-augmentation"])
+@pytest.mark.parametrize("name", ["scratch-low", "scratch-med", "scratch-high", "no-augmentation", "quickstart"])
 def test_shipped_hyps_load(name):
     hyp = Hyp.load(ROOT / f"data/hyps/hyp.{name}.yaml")
-    assert hyp.lr0 == 0.01 and hyp.anchor_t == 4.0
+    assert hyp.lr0 == (0.02 if name == "quickstart" else 0.01) and hyp.anchor_t == 4.0
+
+
+def test_quickstart_hyp_is_yolov5s_no_augmentation_but_lr0_and_cls():
+    quick, plain = Hyp.load("hyp.quickstart.yaml").to_dict(), Hyp.load("hyp.no-augmentation.yaml").to_dict()
+    assert {key for key in plain if quick[key] != plain[key]} == {"lr0", "cls"}
+    assert (quick["lr0"], quick["cls"]) == (0.02, 2.0)
 
 
 def test_preset_values_match_yolov5():
