@@ -346,6 +346,20 @@ def initialize_weights(model: nn.Module) -> None:
             module.inplace = True
 
 
+def activations_out_of_place(model: nn.Module) -> nn.Module:
+    """Turn off ``initialize_weights``' in-place activations, for the model that trains.
+
+    In place is right for inference (one pass over the BatchNorm's output, no new buffer), but when autograd
+    records, an in-place activation whose backward needs its input makes it copy that input first: a clone
+    plus the in-place pass, where out of place is one pass. The values and gradients are the same; the fp32
+    training step of yolov5n on AVX2 kernels took 0.95x the time (192 and 320 px, batch 16, 2 cores).
+    """
+    for module in model.modules():
+        if isinstance(module, (nn.Hardswish, nn.LeakyReLU, nn.ReLU, nn.ReLU6, nn.SiLU)):
+            module.inplace = False
+    return model
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 

@@ -366,3 +366,23 @@ def test_detect_from_a_single_layer():
     assert model.stride.tolist() == [4.0]
     with torch.no_grad():
         assert model(torch.rand(1, 3, 32, 32))[0].shape == (1, 2 * 8 * 8, 7)
+
+
+def test_out_of_place_activations_give_the_same_values_and_gradients(tmp_path):
+    """activations_out_of_place changes how the training step runs, not what it computes: bit for bit."""
+    import copy
+
+    from models.yolo import activations_out_of_place
+
+    torch.manual_seed(0)
+    in_place = DetectionModel(tiny_config(nc=3)).train()
+    out_of_place = activations_out_of_place(copy.deepcopy(in_place))
+    assert all(m.inplace for m in in_place.modules() if isinstance(m, torch.nn.SiLU))
+    images = torch.rand(2, 3, 64, 64)
+    results = []
+    for model in (in_place, out_of_place):
+        outputs = model(images)
+        sum(output.square().sum() for output in outputs).backward()
+        results.append(([o.detach() for o in outputs], [p.grad.clone() for p in model.parameters()]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))

@@ -137,9 +137,8 @@ def test_transfer_from_unrelated_weights_warns_naming_what_did_not_fit(caplog):
     assert "fit only" not in caplog.text
 
 
-@pytest.mark.parametrize("nbs, accumulate, decay", [(64, 4, 0.0005), (16, 1, 0.0005), (24, 2, 0.0005 * 32 / 24)])
-def test_build_step_takes_the_nominal_batch_from_the_config(tmp_path, nbs, accumulate, decay):
-    """--nbs reaches the optimizer: weight decay scaled to it, and the warmup ends at nbs / batch accumulation."""
+def tiny_step(tmp_path, **options):
+    """build_step on the tiny model, as the trainer calls it: (step, warmup)."""
     from tests.conftest import TINY_MODEL_YAML
     from utils.config import Hyp, TrainConfig
     from utils.trainer.setup import build_training_model
@@ -148,10 +147,25 @@ def test_build_step_takes_the_nominal_batch_from_the_config(tmp_path, nbs, accum
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY_MODEL_YAML)
     model = build_training_model(str(cfg), "", 2, ["a", "b"])
-    config = TrainConfig(batch_size=16, nbs=nbs, epochs=3, channels_last="off")
+    config = TrainConfig(batch_size=16, epochs=3, channels_last="off", **options)
     data = SimpleNamespace(imgsz=64, batches_per_epoch=10)
     info = SimpleNamespace(distributed=False, world_size=1)
     step, _, warmup = build_step(model, config, Hyp(), data, torch.device("cpu"), info,
                                  choose_precision("off", torch.device("cpu"), model))
+    return step, warmup
+
+
+@pytest.mark.parametrize("nbs, accumulate, decay", [(64, 4, 0.0005), (16, 1, 0.0005), (24, 2, 0.0005 * 32 / 24)])
+def test_build_step_takes_the_nominal_batch_from_the_config(tmp_path, nbs, accumulate, decay):
+    """--nbs reaches the optimizer: weight decay scaled to it, and the warmup ends at nbs / batch accumulation."""
+    step, warmup = tiny_step(tmp_path, nbs=nbs)
     assert step.optimizer.param_groups[1]["weight_decay"] == pytest.approx(decay)
     assert warmup(0, 0) == 1 and warmup(500, 2) == accumulate
+
+
+def test_the_training_model_activates_out_of_place_and_the_ema_in_place(tmp_path):
+    step, _ = tiny_step(tmp_path)
+    trained = [m.inplace for m in step.model.modules() if isinstance(m, torch.nn.SiLU)]
+    inferring = [m.inplace for m in step.ema.ema.modules() if isinstance(m, torch.nn.SiLU)]
+    assert trained and not any(trained)
+    assert inferring and all(inferring)

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from models.fused import FusedCopy
+from models.yolo import activations_out_of_place
 from utils import dist
 from utils.autoanchor import format_anchors, write_anchors_yaml
 from utils.autobatch import auto_batch_size
@@ -412,6 +413,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     lf = lr_lambda(config.epochs, hyp.lrf, cos=config.cos_lr)
     scheduler = EpochSchedule(optimizer, lf)
     ema = ModelEMA(model)  # on every process: each validates its share of the val set
+    activations_out_of_place(model)  # after the EMA's copy, which only infers and keeps them in place
     compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
                                world_size=info.world_size,
                                reduce_counts=_count_reducer() if info.distributed else None)
