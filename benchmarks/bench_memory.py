@@ -19,9 +19,9 @@ PSS (a store's pages no process has touched yet are memory too: this is the hone
 difference is then divided by one copy of the resized images (train + val, at --imgsz, computed from the scan).
 
 ``workers``: the loader alone (no model) on a generated dataset of ``--images`` 96-px JPEGs, mosaic augmentation,
-``--cache off``, ``--workers`` workers started by ``--method`` (fork): each worker's USS (Private_Clean + Private_Dirty) after the first
-``--warmup`` batches (10; the allocator's and libraries' own start-up, the same whatever the dataset's size) and
-after the last batch of the epoch.
+``--cache off``, ``--workers`` workers started by ``--method`` (default fork): each worker's USS (Private_Clean +
+Private_Dirty) after the first ``--warmup`` batches (10; the allocator's and libraries' own start-up, the same
+whatever the dataset's size) and after the last batch of the epoch.
 
 ``--repo PATH`` runs another checkout's code (e.g. ``git worktree add /tmp/before <commit>``) for a before/after
 comparison on the same machine. Say the CPU beside every figure (printed in the header).

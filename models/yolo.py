@@ -336,13 +336,16 @@ def check_anchor_order(detect: Detect) -> None:
         detect.anchors[:] = detect.anchors.flip(0)
 
 
+INPLACE_ACTIVATIONS = (nn.Hardswish, nn.LeakyReLU, nn.ReLU, nn.ReLU6, nn.SiLU)  # the ones with an ``inplace`` switch
+
+
 def initialize_weights(model: nn.Module) -> None:
     """YOLOv5's BatchNorm settings (eps 1e-3, momentum 0.03) and in-place activations."""
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
             module.eps = 1e-3
             module.momentum = 0.03
-        elif isinstance(module, (nn.Hardswish, nn.LeakyReLU, nn.ReLU, nn.ReLU6, nn.SiLU)):
+        elif isinstance(module, INPLACE_ACTIVATIONS):
             module.inplace = True
 
 
@@ -355,7 +358,7 @@ def activations_out_of_place(model: nn.Module) -> nn.Module:
     training step of yolov5n on AVX2 kernels took 0.95x the time (192 and 320 px, batch 16, 2 cores).
     """
     for module in model.modules():
-        if isinstance(module, (nn.Hardswish, nn.LeakyReLU, nn.ReLU, nn.ReLU6, nn.SiLU)):
+        if isinstance(module, INPLACE_ACTIVATIONS):
             module.inplace = False
     return model
 

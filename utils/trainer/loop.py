@@ -21,7 +21,7 @@ from tqdm import tqdm
 from utils import dist
 from utils.loggers import memory_string
 from utils.errors import TrainingDiverged
-from utils.trainer.optim import NOMINAL_BATCH, apply_warmup
+from utils.trainer.optim import apply_warmup
 from utils.trainer.state import RunState, StepCounters
 
 LOGGER = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     return stats
 
 
-def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, batch_size: int, nominal_batch: int = NOMINAL_BATCH):
+def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, batch_size: int, nominal_batch: int):
     """Bind the warmup schedule: returns callable(global_step, epoch) -> accumulate count for this step
     (lr, momentum and accumulation ramp during warmup; afterwards the full accumulation count)."""
     def warmup(global_step: int, epoch: int) -> int:
