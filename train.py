@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=cli.CACHE_MODES,
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
+    parser.add_argument("--mosaic-partners", default="batch", choices=cli.MOSAIC_PARTNERS,
+                        help="where a mosaic's other 3 images come from: the same batch (default: each image decoded "
+                             "once per batch) or the whole dataset (YOLOv5's way: ~3.6 decodes per image)")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")

@@ -8,7 +8,7 @@ YOLOv5 v7's loader on the same files in the same run (a timing: run it on an oth
 Kinds (``benchmarks/generated_dataset.py``, made once under ``--root``): ``coco`` 640x480 JPEGs, ``phone``
 12-megapixel JPEGs, ``png`` 640x480 PNGs. Workers: 1, 2, 4, ... up to the CPU count (``--workers`` to choose).
 Each row is one fresh process (``--cell``): batch 16, hyp.scratch-low, shuffle, no cache unless the row says
-so; the prefetched batches are drained, then images are counted over >= ``--seconds`` (loader_timing.py).
+so, mosaic partners from the batch (our default; ``--partners batch dataset`` adds rows with YOLOv5's way); the prefetched batches are drained, then images are counted over >= ``--seconds`` (loader_timing.py).
 "images per CPU-s" counts the CPU time of the main process and every worker: the per-core figure, so a
 machine with C cores makes about C times that many images a second. YOLOv5 runs in its own environment
 (benchmarks/reference/README.md, ``--yolov5``); without it only our rows are printed. The two alternate
@@ -62,7 +62,8 @@ def warm_page_cache(folder: Path) -> None:
             path.read_bytes()
 
 
-def our_loader(images: Path, nc: int, imgsz: int, workers: int, cache: str | None, batch_size: int):
+def our_loader(images: Path, nc: int, imgsz: int, workers: int, cache: str | None, batch_size: int,
+               partners: str = "batch"):
     """(loader, endless iterator of batch sizes) for our training loader."""
     from utils.config import Hyp
     from utils.data.loader import create_dataloader, set_loader_epoch
@@ -70,7 +71,8 @@ def our_loader(images: Path, nc: int, imgsz: int, workers: int, cache: str | Non
 
     split = scan_split([str(images)], nc)
     loader, _ = create_dataloader(None, imgsz, batch_size, 32, hyp=Hyp.load("hyp.scratch-low.yaml"), augment=True,
-                                  cache=cache, workers=workers, shuffle=True, seed=0, labels=split)
+                                  cache=cache, workers=workers, shuffle=True, seed=0, labels=split,
+                                  mosaic_partners=partners)
 
     def batches():
         epoch = 0
@@ -87,15 +89,16 @@ def run_cell(args) -> None:
     """One row, in this (fresh) process: prints one JSON line."""
     cell = json.loads(args.cell)
     loader, batches = our_loader(Path(cell["images"]), cell["nc"], cell["imgsz"], cell["workers"], cell["cache"],
-                                 cell["batch_size"])
+                                 cell["batch_size"], cell.get("partners", "batch"))
     print(json.dumps(time_loader(loader, batches, cell["seconds"])), flush=True)
 
 
 def measure(trainer: str, python: str, cell: dict) -> dict | None:
-    """Run one cell in a fresh process of ``trainer`` ("ours" or "YOLOv5 v7"); None (and the reason printed)
-    when it failed."""
-    if trainer == "ours":
-        command = [sys.executable, __file__, "--cell", json.dumps(cell)]
+    """Run one cell in a fresh process of ``trainer`` ("ours (PARTNERS)" or "YOLOv5 v7"); None (and the reason
+    printed) when it failed."""
+    if trainer.startswith("ours"):
+        partners = trainer[trainer.index("(") + 1:-1] if "(" in trainer else "batch"
+        command = [sys.executable, __file__, "--cell", json.dumps({**cell, "partners": partners})]
     else:
         command = [python, str(REFERENCE), "--images", cell["images"], "--imgsz", str(cell["imgsz"]), "--workers",
                    str(cell["workers"]), "--seconds", str(cell["seconds"]), "--batch-size", str(cell["batch_size"])]
@@ -121,7 +124,8 @@ STAGES = {  # label: (function name, file suffix)
 }
 
 
-def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batches: int) -> None:
+def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batches: int,
+            partners: str = "batch") -> None:
     """Where one worker's time goes: single process, single-threaded like a loader worker."""
     import cv2
     import torch
@@ -135,7 +139,7 @@ def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batc
     torch.set_num_threads(1)
     keep_freed_memory()
     dataset = YoloDataset(scan_split([str(images)], nc), imgsz=imgsz, batch_size=batch_size, augment=True,
-                          hyp=Hyp.load("hyp.scratch-low.yaml"))
+                          hyp=Hyp.load("hyp.scratch-low.yaml"), mosaic_partners=partners)
     for i in range(min(len(dataset), batch_size)):  # warm-up: buffers, imports
         dataset[(i, 1)]
     profiler = cProfile.Profile(time.process_time)  # CPU time: robust when others share the machine
@@ -143,13 +147,13 @@ def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batc
     profiler.enable()
     count = 0
     for b in range(batches):
-        items = [dataset[(int(i) % len(dataset), 0)] for i in range(b * batch_size, (b + 1) * batch_size)]
+        items = dataset.__getitems__([(int(i) % len(dataset), 0) for i in range(b * batch_size, (b + 1) * batch_size)])
         collate(items)
         count += len(items)
     profiler.disable()
     total = (time.process_time() - start) / count * 1e3
     stats = pstats.Stats(profiler).stats
-    print(f"\nprofile {label}, imgsz {imgsz}, 1 process, {count} images: {total:.2f} ms/image CPU "
+    print(f"\nprofile {label}, imgsz {imgsz}, mosaic partners from the {partners}, 1 process, {count} images: {total:.2f} ms/image CPU "
           "(cProfile overhead included)")
     cumulative = {name: sum(v[3] for k, v in stats.items() if k[2] == function and k[0].endswith(suffix))
                   for name, (function, suffix) in STAGES.items()}
@@ -170,6 +174,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="timed window per row")
     parser.add_argument("--rounds", type=int, default=1, help="alternations of ours and YOLOv5 per row")
     parser.add_argument("--cache-rows", action="store_true", help="add our --cache ram rows (most workers)")
+    parser.add_argument("--partners", nargs="+", default=["batch"], choices=("batch", "dataset"),
+                        help="our --mosaic-partners setting(s): a row of ours for each")
     parser.add_argument("--yolov5", default=str(Path.home() / ".cache/yolov5-ref-venv/bin/python"),
                         help="the YOLOv5 v7 environment's python ('' for our rows only)")
     parser.add_argument("--profile", action="store_true", help="print where one worker's time goes, per kind")
@@ -183,7 +189,8 @@ def main() -> None:
         datasets = [(Path(args.data).stem, Path(args.data))]
     else:
         datasets = [(kind, make_photo_dataset(Path(args.root) / kind, kind, KIND_IMAGES[kind])) for kind in args.kinds]
-    trainers = ["ours"] + (["YOLOv5 v7"] if args.yolov5 and Path(args.yolov5).exists() else [])
+    trainers = [f"ours ({partners})" for partners in args.partners]
+    trainers += ["YOLOv5 v7"] if args.yolov5 and Path(args.yolov5).exists() else []
     load = os.getloadavg()[0]
     print(f"# training loader, batch {args.batch_size}, hyp.scratch-low, >= {args.seconds:.0f} s per row, "
           f"{args.rounds} round(s); {cpu_name()}, load average {load:.2f} before the run")
@@ -201,7 +208,7 @@ def main() -> None:
                     "seconds": args.seconds, "batch_size": args.batch_size}
             per_core = {}
             for _ in range(args.rounds):
-                for trainer in trainers if cache is None else ["ours"]:
+                for trainer in trainers if cache is None else trainers[:1]:
                     result = measure(trainer, args.yolov5, cell)
                     if result is None:
                         continue
@@ -209,18 +216,22 @@ def main() -> None:
                     print(f"| {label} | {imgsz} | {workers} | {cache or 'none'} | {trainer} | "
                           f"{result['images_per_s']:.1f} | {result['cpu_ms']:.1f} ({result['system_ms']:.1f}, "
                           f"{result['main_ms']:.1f}) | {result['images_per_cpu_s']:.2f} |", flush=True)
-            if len(per_core) == 2:
-                ours, theirs = (statistics.median(per_core[t]) for t in trainers)
-                summary.append(f"| {label} | {imgsz} | {workers} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
+            theirs = statistics.median(per_core["YOLOv5 v7"]) if "YOLOv5 v7" in per_core else None
+            for trainer in trainers[:-1] if theirs else []:
+                if trainer in per_core:
+                    ours = statistics.median(per_core[trainer])
+                    summary.append(f"| {label} | {imgsz} | {workers} | {trainer} | {ours:.2f} | {theirs:.2f} | "
+                                   f"{ours / theirs:.2f}x |")
     if summary:
-        print("\n| data | imgsz | workers | ours images per CPU-s | YOLOv5 v7 | ours / YOLOv5 |")
-        print("|---|---|---|---|---|---|")
+        print("\n| data | imgsz | workers | ours (mosaic partners) | images per CPU-s | YOLOv5 v7 | ours / YOLOv5 |")
+        print("|---|---|---|---|---|---|---|")
         print("\n".join(summary))
     if args.profile:
         for label, data in datasets:
             images, nc = train_images(data)
             for imgsz in args.imgsz:
-                profile(label, images, nc, imgsz, args.batch_size, args.profile_batches)
+                for partners in args.partners:
+                    profile(label, images, nc, imgsz, args.batch_size, args.profile_batches, partners)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,7 @@ class TrainConfig:
     evolve: int | None = None
     cache: str | None = "auto"  # ram, disk, auto (RAM for small datasets), off / None
     image_weights: bool = False
+    mosaic_partners: str = "batch"  # batch or dataset (YOLOv5's): where a mosaic's other images come from
     device: str = ""
     multi_scale: bool = False
     single_cls: bool = False
@@ -202,6 +203,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_stored(cls, values: dict[str, Any], source: str = "<dict>") -> "TrainConfig":
+        """``from_dict`` for the options a run was saved with: an option added since takes the value that run had
+        in effect (``STORED_DEFAULTS``), not today's default, so a resumed run goes on as it began."""
+        return cls.from_dict({**STORED_DEFAULTS, **values}, source)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "<dict>") -> "TrainConfig":
@@ -272,6 +279,9 @@ def _plain_option(value):
 
 TIME_HOURS = cli.float_in_range(Range(0, 10 ** 6, low_open=True))  # train.py --time (hours)
 
+# Options whose default changed after they were first saved: the value a stored config without them ran with.
+STORED_DEFAULTS = {"mosaic_partners": "dataset"}
+
 # The bound of every TrainConfig field: the flag's own validator (utils.cli), applied to stored values too.
 OPTION_RULES = {
     **dict.fromkeys(("weights", "cfg", "data", "hyp", "device", "project", "name", "save_dir"), _text),
@@ -284,6 +294,7 @@ OPTION_RULES = {
     "resume": _resume_option,
     "evolve": _optional(cli.positive_int.check),
     "cache": _one_of(*cli.CACHE_MODES, None),
+    "mosaic_partners": _one_of(*cli.MOSAIC_PARTNERS),
     "optimizer": _one_of(*cli.OPTIMIZER_NAMES),
     "workers": cli.workers.check,
     "label_smoothing": cli.label_smoothing.check,

@@ -51,6 +51,7 @@ RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
 AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when the machine's one copy needs at most this many bytes
 AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
 CACHE_MODES = ("ram", "disk")
+MOSAIC_PARTNERS = ("batch", "dataset")  # where a mosaic's other three images come from (see YoloDataset.__getitems__)
 
 
 @dataclass
@@ -254,11 +255,16 @@ class YoloDataset(Dataset):
     """
 
     def __init__(self, source, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
-                 cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None):
+                 cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None,
+                 mosaic_partners="batch"):
         split = source if hasattr(source, "im_files") else self._scan(source, nc, prefix, single_cls)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self.hyp = hyp if hyp is not None else Hyp()
         self.mosaic = augment and not rect
+        if mosaic_partners not in MOSAIC_PARTNERS:
+            raise ValueError(f"{prefix}mosaic_partners must be one of {MOSAIC_PARTNERS}, got {mosaic_partners!r}")
+        self.mosaic_partners = mosaic_partners
+        self.decoded = None  # while a batch is built: its decoded images by index (see __getitems__)
         self.image_weights, self.seed, self.epoch, self.prefix = image_weights, seed, 0, prefix
         flat = split.flat if hasattr(split, "flat") else FlatLabels.from_lists(split.im_files, split.labels,
                                                                               split.segments, split.shapes)
@@ -299,7 +305,7 @@ class YoloDataset(Dataset):
         """What a spawned loader worker receives: no mosaic buffer (each process makes its own) and the image
         cache as its file's name (``ImageStore`` pickles as one): never a copy of the pixels."""
         state = dict(self.__dict__)
-        state["canvas"] = None
+        state["canvas"], state["decoded"] = None, None
         for name in ("shapes", "orientations"):  # views of flat's arrays: rebuilt from it, not pickled twice
             if state[name] is getattr(self.flat, name):
                 state[name] = None
@@ -361,7 +367,13 @@ class YoloDataset(Dataset):
         if self.store is not None:
             img = self.store[i]
             return img, (height0, width0), img.shape[:2]
+        if self.decoded is not None and i in self.decoded:
+            img = self.decoded[i]
+            return img, (height0, width0), img.shape[:2]
         img, _, size = self._load_resized(i)
+        if self.decoded is not None:  # kept for the batch's other mosaics: read-only, as a cached image
+            img.flags.writeable = False
+            self.decoded[i] = img
         return img, (height0, width0), size
 
     def resized_shape(self, i: int) -> tuple[int, int]:
@@ -387,16 +399,43 @@ class YoloDataset(Dataset):
             img = cv2.resize(img, (width, height), interpolation=interpolation)
         return img, (height0, width0), (height, width)
 
+    def __getitems__(self, items: list) -> list:
+        """One batch's items (the DataLoader asks for a batch at once, in its worker or in the main process).
+
+        With ``mosaic_partners="batch"`` (the default) a mosaic's three other images are drawn from the other
+        images of the same batch (three distinct positions, uniformly), and each image decoded for the batch
+        is kept until the batch is built: about one decode per item instead of the ~3.6 of partners drawn from
+        the whole dataset (YOLOv5's way, ``"dataset"``; the same for direct ``dataset[i]`` and for batches of
+        fewer than four). The batch is already a uniform random sample of the split, so each image still
+        appears in about four mosaics per epoch, once as the main image; the batch's order depends only on
+        (seed, epoch), so items stay independent of worker count and order. Decoding is most of what an
+        uncached loader does (docs/benchmarks.md, "The training loader at scale").
+        """
+        indices = np.array([int(item[0]) if isinstance(item, tuple) else int(item) for item in items], np.int64)
+        if not (self.mosaic and self.mosaic_partners == "batch" and len(indices) >= 4):
+            return [self[item] for item in items]
+        self.decoded = {} if self.store is None else None  # a cache already holds every image decoded
+        try:
+            return [self.item(item, np.delete(indices, position)) for position, item in enumerate(items)]
+        finally:
+            self.decoded = None
+
     def __getitem__(self, item):
+        return self.item(item)
+
+    def item(self, item, partners: np.ndarray | None = None):
+        """Item ``item`` (an index, or ``(index, epoch)``); a mosaic's other images are drawn from ``partners``
+        (indices) when given, else from the whole split."""
         index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
         index = int(index)
         rng = np.random.default_rng((self.seed, int(epoch), index))
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp.mosaic:
-            img, labels = self.load_mosaic(index, rng)
+            img, labels = self.load_mosaic(index, rng, partners)
             shapes = None
             if hyp.mixup and rng.random() < hyp.mixup:
-                img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(self.n)), rng), rng)
+                other = int(rng.choice(partners)) if partners is not None else int(rng.integers(self.n))
+                img, labels = mixup(img, labels, *self.load_mosaic(other, rng, partners), rng)
         else:
             img, labels, shapes = self.load_letterboxed(index, rng)
         if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV and to_rgb_tensor take both
@@ -423,8 +462,9 @@ class YoloDataset(Dataset):
                                                 hyp.perspective, rng=rng)
         return img, labels, shapes
 
-    def load_mosaic(self, index: int, rng):
-        """4-image mosaic on a 2*imgsz BGRA canvas, random centre, then random perspective back to imgsz.
+    def load_mosaic(self, index: int, rng, partners: np.ndarray | None = None):
+        """4-image mosaic on a 2*imgsz BGRA canvas, random centre, then random perspective back to imgsz. The
+        other three images: three distinct ones of ``partners`` (indices) when given, else any three of the split.
 
         The warp is drawn first, so that only the part of the canvas it reads is built and images
         wholly outside that part are not decoded (a third of the canvas on average with
@@ -432,7 +472,8 @@ class YoloDataset(Dataset):
         mirrored canvas): then the whole canvas is built.
         """
         s, hyp = self.imgsz, self.hyp
-        picks = [index, *(int(k) for k in rng.integers(0, self.n, 3))]
+        others = rng.choice(partners, 3, replace=False) if partners is not None else rng.integers(0, self.n, 3)
+        picks = [index, *(int(k) for k in others)]
         rng.shuffle(picks)
         centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
         out_size, projective = (s, s), hyp.perspective > 0

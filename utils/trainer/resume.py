@@ -104,7 +104,7 @@ def resolve_run(config: TrainConfig, explicit: dict) -> tuple[TrainConfig, Hyp, 
         raise RunFinished(finished_message(used, checkpoint))
     state = replace(training_state(checkpoint, used), identity=identities.get(used))  # read before: a change shows
     run_folder_of(used, config.project)  # after the file itself was found valid: its place is the next question
-    saved = stored_paths(TrainConfig.from_dict(state.config), used)
+    saved = stored_paths(TrainConfig.from_stored(state.config), used)
     changes = option_changes(explicit, saved)
     resumed = replace(saved, resume=str(used), save_dir="", **{dest: new for dest, (_, new) in changes.items()})
     resumed = disk_cache_when_asked(resumed, asked_cache, used)
