@@ -147,13 +147,15 @@ def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batc
     profiler.enable()
     count = 0
     for b in range(batches):
-        items = dataset.__getitems__([(int(i) % len(dataset), 0) for i in range(b * batch_size, (b + 1) * batch_size)])
+        batch = range(b * batch_size, (b + 1) * batch_size)
+        items = dataset.__getitems__([(int(i) % len(dataset), 0) for i in batch])
         collate(items)
         count += len(items)
     profiler.disable()
     total = (time.process_time() - start) / count * 1e3
     stats = pstats.Stats(profiler).stats
-    print(f"\nprofile {label}, imgsz {imgsz}, mosaic partners from the {partners}, 1 process, {count} images: {total:.2f} ms/image CPU "
+    print(f"\nprofile {label}, imgsz {imgsz}, mosaic partners from the {partners}, 1 process, {count} images: "
+          f"{total:.2f} ms/image CPU "
           "(cProfile overhead included)")
     cumulative = {name: sum(v[3] for k, v in stats.items() if k[2] == function and k[0].endswith(suffix))
                   for name, (function, suffix) in STAGES.items()}

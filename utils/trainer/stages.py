@@ -89,7 +89,8 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
     train_loader, dataset = create_dataloader(
         data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, rect=config.rect,
         workers=config.workers, image_weights=config.image_weights, prefix="train: ", shuffle=not config.rect,
-        seed=config.seed, mosaic_partners=config.mosaic_partners, labels=scan_labels(data_cfg.train, names, config.single_cls, "train: "), **common)
+        seed=config.seed, mosaic_partners=config.mosaic_partners,
+        labels=scan_labels(data_cfg.train, names, config.single_cls, "train: "), **common)
     labels = dataset.flat.boxes
     if len(labels) and labels[:, 0].max() >= len(names):
         raise ConfigError(f"{data_cfg.yaml_file}: label class {int(labels[:, 0].max())} exceeds nc={len(names)}")
