@@ -19,7 +19,8 @@ Image weights (``--image-weights``): the trainer computes per-class weights each
 ``class_weights(labels, nc)`` times ``(1 - maps) ** 2``) and calls
 ``utils.data.loader.set_loader_image_weights(loader, class_weights)``, which stores
 ``dataset.image_weights(class_weights)`` in the sampler; the sampler then draws indices with those
-weights (mosaic partners stay uniform).
+weights (mosaic partners: uniform over the split with ``mosaic_partners="dataset"``, else the batch's own images,
+drawn with those weights).
 """
 from __future__ import annotations
 
@@ -434,8 +435,13 @@ class YoloDataset(Dataset):
             img, labels = self.load_mosaic(index, rng, partners)
             shapes = None
             if hyp.mixup and rng.random() < hyp.mixup:
-                other = int(rng.choice(partners)) if partners is not None else int(rng.integers(self.n))
-                img, labels = mixup(img, labels, *self.load_mosaic(other, rng, partners), rng)
+                if partners is None:
+                    other, rest = int(rng.integers(self.n)), None
+                else:
+                    other = int(rng.choice(partners))
+                    rest = partners[partners != other]  # the second mosaic's own partners
+                    rest = rest if len(rest) >= 3 else None
+                img, labels = mixup(img, labels, *self.load_mosaic(other, rng, rest), rng)
         else:
             img, labels, shapes = self.load_letterboxed(index, rng)
         if self.augment:  # a mosaic is BGRA (faster warp) until here; HSV and to_rgb_tensor take both
