@@ -29,6 +29,7 @@ def lists(count: int, seed: int = 0):
 
 def assert_holds(flat: FlatLabels, files, labels, segments, shapes) -> None:
     assert len(flat) == len(files) and list(flat.im_files) == files and flat.im_files == files
+    assert [flat.im_files[i] for i in range(len(files))] == files  # item by item as iterated at once
     assert all(np.array_equal(a, b) for a, b in zip(flat.labels, labels, strict=True))
     for ours, theirs in zip(flat.segments, segments, strict=True):
         assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))

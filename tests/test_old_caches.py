@@ -77,3 +77,14 @@ def test_a_dataset_reports_the_yolov5_cache_beside_its_images(tmp_path, caplog):
     YoloDataset(split, imgsz=64, prefix="train: ")
     assert [record.getMessage().split(",")[0] for record in caplog.records if record.name == "utils.data.old_caches"] == [
         "train: WARNING: 4 YOLOv5 disk-cache files (a.npy beside a.jpg)"]
+
+
+def test_the_same_folder_written_differently_is_surveyed_once(tmp_path, monkeypatch):
+    """Images named relative to the working folder, absolutely and through '..' are one folder: each leftover is
+    found once."""
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    (tmp_path / "b.jpg").write_bytes(b"x")
+    (tmp_path / "a.npy").write_bytes(b"y" * 10)  # YOLOv5's cache of a.jpg
+    monkeypatch.chdir(tmp_path)
+    found = survey(["a.jpg", str(tmp_path / "b.jpg"), f"../{tmp_path.name}/a.jpg"])
+    assert found.yolov5.files == {str(tmp_path): ["a.npy"]} and found.yolov5.size == 10

@@ -77,16 +77,19 @@ def problem_message(problem: dict) -> str:
 def resolve(files: list[str], description: str = "") -> tuple[list[str], list[str]]:
     """(the real path of each file, its identity line) with one ``lstat`` per file: each folder resolved once,
     a symlinked file resolved itself (and its target's identity taken)."""
-    folders: dict[str, str] = {}
+    folders: dict[str, str] = {}  # a file's folder as written (with its trailing separator) -> real folder + separator
     paths, identities = [], []
+    lstat, is_link = os.lstat, stat.S_ISLNK
     for file in _progress(files, description):
-        folder, name = os.path.split(file)
-        if folder not in folders:
-            folders[folder] = os.path.realpath(folder)
-        path = os.path.join(folders[folder], name)
+        head, sep, name = file.rpartition(os.sep)  # string operations only: this loop runs once per file
+        folder = head + sep
+        real = folders.get(folder)
+        if real is None:
+            real = folders[folder] = os.path.join(os.path.realpath(folder or os.curdir), "")
+        path = real + name
         try:
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode):
+            info = lstat(path)
+            if is_link(info.st_mode):
                 path = os.path.realpath(path)
                 info = os.stat(path)
         except (OSError, ValueError):

@@ -58,21 +58,28 @@ class Survey:
 
 
 def survey(im_files) -> Survey:
-    """The .npy files beside the images ``im_files`` (one listing of each of their folders)."""
+    """The .npy files beside the images ``im_files`` (one listing of each of their folders). The per-image work
+    is grouping by folder (string operations: 100k images in ~0.1 s); the rest is per folder, and per image only in
+    a folder that holds .npy files."""
     found = Survey()
-    by_folder: dict[str, set[str]] = {}
+    by_head: dict[str, set[str]] = {}
     for file in im_files:
-        folder, name = os.path.split(os.path.abspath(file))
-        by_folder.setdefault(folder, set()).add(name)
+        head, sep, name = os.fspath(file).rpartition(os.sep)
+        by_head.setdefault(head + sep, set()).add(name)  # "dir/", "/" or "" (the working folder)
+    by_folder: dict[str, set[str]] = {}
+    for head, images in by_head.items():
+        by_folder.setdefault(os.path.abspath(head or os.curdir), set()).update(images)
     for folder, images in by_folder.items():
         try:
-            names = set(os.listdir(folder))
+            names = os.listdir(folder)
         except OSError:
             continue
+        npy = sorted(name for name in names if name.endswith(".npy"))
+        if not npy:
+            continue
+        names = set(names)
         suffix_of_stem = {os.path.splitext(name)[0]: os.path.splitext(name)[1] for name in sorted(images)}
-        for name in sorted(names):
-            if not name.endswith(".npy"):
-                continue
+        for name in npy:
             base = name[: -len(".npy")]
             suffix = Path(base).suffix
             if base in images:
