@@ -148,8 +148,8 @@ def auto_cache_fits(shapes: np.ndarray, imgsz: int) -> tuple[bool, int]:
     """--cache auto: (cache in RAM?, bytes of the cache). Small datasets only: the resized images within
     AUTO_CACHE_LIMIT and AUTO_CACHE_SHARE of the available memory, counted once: the RAM cache is one store
     per machine, shared by every training process and loader worker (utils.data.image_cache). Decoding is
-    most of a loader's work (each mosaic decodes four images), so a cache of a small dataset saves that work
-    every epoch for a little memory."""
+    most of a loader's work (about one decode per item with mosaic partners from the batch, ~3.6 from the
+    dataset), so a cache of a small dataset saves that work every epoch for a little memory."""
     need = ram_cache_bytes(shapes, imgsz)
     budget = min(AUTO_CACHE_LIMIT, AUTO_CACHE_SHARE * available_memory())
     return need <= budget, need
