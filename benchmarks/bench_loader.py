@@ -93,11 +93,10 @@ def run_cell(args) -> None:
     print(json.dumps(time_loader(loader, batches, cell["seconds"])), flush=True)
 
 
-def measure(trainer: str, python: str, cell: dict) -> dict | None:
-    """Run one cell in a fresh process of ``trainer`` ("ours (PARTNERS)" or "YOLOv5 v7"); None (and the reason
-    printed) when it failed."""
-    if trainer.startswith("ours"):
-        partners = trainer[trainer.index("(") + 1:-1] if "(" in trainer else "batch"
+def measure(partners: str | None, python: str, cell: dict) -> dict | None:
+    """Run one cell in a fresh process: ours with mosaic partners ``partners``, or YOLOv5 v7 (None); None (and the
+    reason printed) when it failed."""
+    if partners is not None:
         command = [sys.executable, __file__, "--cell", json.dumps({**cell, "partners": partners})]
     else:
         command = [python, str(REFERENCE), "--images", cell["images"], "--imgsz", str(cell["imgsz"]), "--workers",
@@ -191,8 +190,9 @@ def main() -> None:
         datasets = [(Path(args.data).stem, Path(args.data))]
     else:
         datasets = [(kind, make_photo_dataset(Path(args.root) / kind, kind, KIND_IMAGES[kind])) for kind in args.kinds]
-    trainers = [f"ours ({partners})" for partners in args.partners]
-    trainers += ["YOLOv5 v7"] if args.yolov5 and Path(args.yolov5).exists() else []
+    trainers = {f"ours ({partners})": partners for partners in args.partners}  # row label -> our partners
+    if args.yolov5 and Path(args.yolov5).exists():
+        trainers["YOLOv5 v7"] = None
     load = os.getloadavg()[0]
     print(f"# training loader, batch {args.batch_size}, hyp.scratch-low, >= {args.seconds:.0f} s per row, "
           f"{args.rounds} round(s); {cpu_name()}, load average {load:.2f} before the run")
@@ -210,8 +210,8 @@ def main() -> None:
                     "seconds": args.seconds, "batch_size": args.batch_size}
             per_core = {}
             for _ in range(args.rounds):
-                for trainer in trainers if cache is None else trainers[:1]:
-                    result = measure(trainer, args.yolov5, cell)
+                for trainer in list(trainers) if cache is None else list(trainers)[:1]:
+                    result = measure(trainers[trainer], args.yolov5, cell)
                     if result is None:
                         continue
                     per_core.setdefault(trainer, []).append(result["images_per_cpu_s"])
@@ -219,7 +219,7 @@ def main() -> None:
                           f"{result['images_per_s']:.1f} | {result['cpu_ms']:.1f} ({result['system_ms']:.1f}, "
                           f"{result['main_ms']:.1f}) | {result['images_per_cpu_s']:.2f} |", flush=True)
             theirs = statistics.median(per_core["YOLOv5 v7"]) if "YOLOv5 v7" in per_core else None
-            for trainer in trainers[:-1] if theirs else []:
+            for trainer in [label for label, partners in trainers.items() if partners] if theirs else []:
                 if trainer in per_core:
                     ours = statistics.median(per_core[trainer])
                     summary.append(f"| {label} | {imgsz} | {workers} | {trainer} | {ours:.2f} | {theirs:.2f} | "

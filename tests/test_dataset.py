@@ -136,11 +136,12 @@ def test_loader_seeding_is_reproducible(split, workers):
     assert not torch.equal(a[0][0], other[0][0])
 
 
-def test_worker_count_does_not_change_batches(split):
+@pytest.mark.parametrize("batch_size", [3, 4])  # 4: mosaic partners from the batch; 3: from the split
+def test_worker_count_does_not_change_batches(split, batch_size):
     batches = []
     for workers in (0, 2):
-        loader, _ = create_dataloader(None, 64, 3, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True,
-                                      seed=1, labels=split)
+        loader, _ = create_dataloader(None, 64, batch_size, 32, hyp=Hyp(), augment=True, workers=workers,
+                                      shuffle=True, seed=1, labels=split)
         set_loader_epoch(loader, 4)
         batches.append(next(iter(loader)))
     assert torch.equal(batches[0][0], batches[1][0]) and torch.equal(batches[0][1], batches[1][1])

@@ -1,5 +1,6 @@
 """--mosaic-partners: a mosaic's other three images from the same batch (default: each image decoded once per
-batch) or from the whole split (YOLOv5's draw); the option on the command line, in configs and on resume."""
+batch) or from the whole split (YOLOv5's draw); the option on the command line, in configs and on resume. That
+the worker count does not change such batches: tests/test_dataset.py."""
 from __future__ import annotations
 
 from collections import Counter
@@ -11,7 +12,6 @@ import torch
 from tests.test_dataset import SIZES, make_split
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset import YoloDataset
-from utils.data.loader import create_dataloader, set_loader_epoch
 
 BATCH = [0, 3, 5, 7, 9]
 
@@ -68,17 +68,6 @@ def test_dataset_partners_and_small_batches_draw_from_the_whole_split(split):
     assert not same_items(batch.__getitems__([(i, 1) for i in BATCH]), [whole[(i, 1)] for i in BATCH])
     with pytest.raises(ValueError, match="mosaic_partners"):
         YoloDataset(split, imgsz=64, augment=True, mosaic_partners="epoch")
-
-
-def test_batch_partners_do_not_depend_on_worker_count(split):
-    batches = []
-    for workers in (0, 2):
-        loader, _ = create_dataloader(None, 64, 4, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True,
-                                      seed=5, labels=split)
-        set_loader_epoch(loader, 1)
-        batches.append(list(loader))
-    for a, b in zip(*batches, strict=True):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
 
 
 def test_option_on_the_command_line_in_configs_and_on_resume():

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from utils.boxes import xywhn2xyxy
+from utils.cli import MOSAIC_PARTNERS
 from utils.config import Hyp
 from utils.data import old_caches
 from utils.data.flat_labels import FlatLabels
@@ -52,7 +53,6 @@ RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
 AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when the machine's one copy needs at most this many bytes
 AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
 CACHE_MODES = ("ram", "disk")
-MOSAIC_PARTNERS = ("batch", "dataset")  # where a mosaic's other three images come from (see YoloDataset.__getitems__)
 
 
 @dataclass
