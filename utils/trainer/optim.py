@@ -27,6 +27,7 @@ from torch import nn
 
 from utils.cli import OPTIMIZER_NAMES
 from utils.config import ConfigError, Hyp
+from utils.trainer.sgd import SGD
 
 LOGGER = logging.getLogger(__name__)
 
@@ -67,14 +68,15 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
 
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     weight_decay: float = 1e-5) -> torch.optim.Optimizer:
-    """SGD (Nesterov) / Adam / AdamW (betas = (momentum, 0.999)) over the three groups above.
+    """SGD (Nesterov; utils.trainer.sgd, torch.optim.SGD's update and state_dict) / Adam / AdamW (torch.optim's,
+    betas = (momentum, 0.999)) over the three groups above.
 
     ``weight_decay`` is applied to group 1 only; pass the already scaled value."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
     biases, weights, norm_weights = parameter_groups(model)
     if name == "SGD":
-        optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0)
+        optimizer = SGD(biases, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0)
     elif name == "Adam":
         optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
     else:
