@@ -82,6 +82,7 @@ def test_event_files_hold_the_results_csv_columns_and_the_plots(finished_run):
         suffix = ".jpg" if "batch" in tag else ".png"
         with Image.open(run / f"{tag}{suffix}") as plot:
             assert (image.step, image.width, image.height) == (step, *plot.size), tag
+        assert image.encoded_image_string == (run / f"{tag}{suffix}").read_bytes(), tag  # the file as it is
 
 
 def test_logger_writes_rows_and_images_and_a_resumed_run_replaces_later_rows(tmp_path, caplog):
@@ -89,14 +90,19 @@ def test_logger_writes_rows_and_images_and_a_resumed_run_replaces_later_rows(tmp
     run = tmp_path / "project" / "exp"
     run.mkdir(parents=True)
     Image.fromarray(np.full((20, 30, 3), (255, 0, 0), np.uint8)).save(run / "PR_curve.png")
+    Image.fromarray(np.full((8, 4), 7, np.uint8)).save(run / "labels.jpg")
+    Image.fromarray(np.full((8, 4), 7, np.uint8)).save(run / "odd.bmp")
     rows = [dict.fromkeys(RESULTS_KEYS, 0.5 + epoch) for epoch in range(3)]
     logger = TensorBoardLogger(run)
     for epoch, row in enumerate(rows):
         logger.log(epoch, row)
-    logger.log_images([run / "PR_curve.png", run / "missing.png"], 1)  # a missing file: a warning, not an error
+    # a missing file or another format: a warning each, not an error
+    logger.log_images([run / "PR_curve.png", run / "missing.png", run / "odd.bmp", run / "labels.jpg"], 1)
     logger.close()
     logger.close()  # closing twice is harmless
-    assert START_LINE.format(tmp_path / "project") in caplog.text and "cannot read" in caplog.text
+    assert START_LINE.format(tmp_path / "project") in caplog.text
+    assert "cannot read" in caplog.text and "missing.png" in caplog.text
+    assert "a BMP file, not a PNG or JPEG" in caplog.text
     resumed = TensorBoardLogger(run, purge_step=2)  # resumed from the checkpoint of epoch 1: epoch 2 again
     resumed.log(2, dict.fromkeys(RESULTS_KEYS, 9.0))
     resumed.close()
@@ -104,6 +110,11 @@ def test_logger_writes_rows_and_images_and_a_resumed_run_replaces_later_rows(tmp
     assert [(s.step, s.value) for s in events.Scalars("x/lr2")] == [(0, 0.5), (1, 1.5), (2, 9.0)]
     (image,) = events.Images("PR_curve")
     assert (image.step, image.width, image.height) == (1, 30, 20)  # before the resumed step: kept
+    with Image.open(io.BytesIO(image.encoded_image_string)) as shown:
+        assert shown.format == "PNG" and np.array_equal(np.asarray(shown), np.asarray(Image.open(run / "PR_curve.png")))
+    (gray,) = events.Images("labels")
+    assert (gray.width, gray.height) == (4, 8) and gray.encoded_image_string == (run / "labels.jpg").read_bytes()
+    assert "odd" not in events.Tags()["images"]
 
 
 def test_disabled_logger_writes_nothing(tmp_path, caplog):
