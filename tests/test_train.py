@@ -28,10 +28,29 @@ def run_train(tiny, *extra):
     return train_script.main(args)
 
 
+def record_plot_requests(monkeypatch) -> list:
+    """("epoch" | "final", plots) for each validation a run makes."""
+    from utils.trainer import stages, trainer
+
+    calls = []
+
+    def recorder(kind, validate):
+        def wrapped(*args, plots, **kwargs):
+            calls.append((kind, plots))
+            return validate(*args, plots=plots, **kwargs)
+        return wrapped
+    monkeypatch.setattr(trainer, "validate_epoch", recorder("epoch", stages.validate_epoch))
+    monkeypatch.setattr(stages, "validate_epoch", recorder("final", stages.validate_epoch))
+    return calls
+
+
 @pytest.mark.slow
-def test_two_epoch_run_writes_every_output(tiny):
+def test_two_epoch_run_writes_every_output(tiny, monkeypatch):
     root = tiny[0]
+    plot_requests = record_plot_requests(monkeypatch)
     assert run_train(tiny) == 0
+    # the plots are drawn once, by the final validation of best.pt (the last epoch's would be overwritten)
+    assert plot_requests == [("epoch", False), ("epoch", False), ("final", True)]
     save_dir = root / "runs" / "exp"
     missing = [f for f in EXPECTED_FILES if not (save_dir / f).exists()]
     assert not missing, f"missing outputs: {missing}"
@@ -45,6 +64,20 @@ def test_two_epoch_run_writes_every_output(tiny):
     # a second run never overwrites the first
     assert run_train(tiny, "--epochs", "1", "--noplots", "--image-weights", "--multi-scale") == 0
     assert (root / "runs" / "exp2" / "weights" / "last.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, epochs", [(("--nosave",), [("epoch", False), ("epoch", True)]),
+                                           (("--epochs", "1"), [("epoch", True)])])
+def test_last_epoch_draws_the_plots_when_best_pt_may_be_missing(tiny, monkeypatch, extra, epochs):
+    """--nosave writes best.pt at the last epoch only if it improved; a 1-epoch run has no best.pt before its last
+    epoch: that epoch's validation draws the plots, and the final validation runs (and draws) if best.pt exists."""
+    plot_requests = record_plot_requests(monkeypatch)
+    assert run_train(tiny, *extra, "--name", "plots") == 0
+    save_dir = sorted((tiny[0] / "runs").glob("plots*"), key=lambda p: p.stat().st_mtime)[-1]
+    final = [("final", True)] if (save_dir / "weights/best.pt").exists() else []
+    assert plot_requests == epochs + final
+    assert (save_dir / "PR_curve.png").exists() and (save_dir / "confusion_matrix.png").exists()
 
 
 @pytest.mark.slow
