@@ -62,6 +62,7 @@ def build(args):
     from utils.trainer.loop import TrainStep
     from utils.trainer.optim import accumulate_steps, build_optimizer, scaled_weight_decay
     from utils.trainer.setup import build_training_model, resolve_data
+    from models.yolo import activations_out_of_place
 
     hyp = Hyp.load("hyp.scratch-low.yaml")
     data = load_data_config(resolve_data(args.data))
@@ -79,8 +80,10 @@ def build(args):
     accumulate = accumulate_steps(args.batch_size)
     optimizer = build_optimizer(model, "SGD", hyp.lr0, hyp.momentum,
                                 scaled_weight_decay(hyp.weight_decay, args.batch_size, accumulate))
+    ema = ModelEMA(model)
+    activations_out_of_place(model)  # as utils.trainer.trainer.build_step: after the EMA's copy
     step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz),
-                     choose_precision(args.amp, torch.device("cpu"), model), ModelEMA(model), channels_last)
+                     choose_precision(args.amp, torch.device("cpu"), model), ema, channels_last)
     model.train()
     return step, accumulate, batches
 
