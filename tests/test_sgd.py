@@ -144,3 +144,26 @@ def test_training_step_does_not_import_torch_dynamo():
 def test_build_optimizer_sgd_is_ours_adam_stays_torchs():
     assert type(build_optimizer(tiny_model(), "SGD")) is SGD
     assert isinstance(build_optimizer(tiny_model(), "Adam"), torch.optim.Adam)
+
+
+def test_grad_scaler_unscales_skips_and_steps_it_like_torch_sgd():
+    """The fp16 path (CUDA AMP) drives the optimizer through torch's GradScaler: unscale_, skip on inf, step."""
+    results = []
+    for optimizer_class in (SGD, torch.optim.SGD):
+        model = tiny_model()
+        optimizer = three_groups(model, optimizer_class)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        x = torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+        for step in range(3):
+            scaler.scale(model(x).square().mean()).backward()
+            if step == 1:
+                model[0].weight.grad[0, 0, 0, 0] = float("inf")  # this step is skipped, the scale halved
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        results.append(([p.detach().clone() for p in model.parameters()], scaler.get_scale()))
+    (ours, our_scale), (theirs, their_scale) = results
+    assert our_scale == their_scale == 2.0 ** 7
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+    assert not torch.equal(ours[0], tiny_model()[0].weight)  # the finite steps moved the weights
