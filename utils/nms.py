@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torchvision
 
 from utils.boxes import xywh2xyxy
 
@@ -66,6 +65,9 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
     the first chunk survive) 0.94 instead of 1.62 ms per image (fp32), after 4 epochs 1.33 instead of 2.26
     (bf16); a trained one (~4,500 candidates, most suppressed) 2.21 against 2.15 (the stable order's cost).
     """
+    import torchvision  # here, not at import: it takes ~1.3 s (torch._dynamo through torchvision.ops), which
+    # detect.py --help and its argument errors would otherwise wait for (3.5 -> 1.8-2.2 s, 2-core Xeon)
+
     def nms(index: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
         """Greedy NMS of boxes[index] ranked by ``ranks``: the positions in ``index`` kept, in ascending order
         (class by class with torchvision's batched_nms, which on CPU compares only boxes of one class)."""
