@@ -89,18 +89,15 @@ class SGD:
             grads = torch._foreach_add(grads, params, alpha=weight_decay)
         if momentum != 0:
             states = [self.state[p] for p in params]
-            if all("momentum_buffer" in state for state in states):
-                buffers = [state["momentum_buffer"] for state in states]
-                torch._foreach_mul_(buffers, momentum)
-                torch._foreach_add_(buffers, grads)
-            else:
-                buffers = []
-                for state, grad in zip(states, grads):
-                    if "momentum_buffer" in state:
-                        state["momentum_buffer"].mul_(momentum).add_(grad)
-                    else:
-                        state["momentum_buffer"] = grad.detach().clone()
-                    buffers.append(state["momentum_buffer"])
+            moving = [(state["momentum_buffer"], grad) for state, grad in zip(states, grads)
+                      if "momentum_buffer" in state]
+            if moving:  # buf = momentum * buf + g
+                torch._foreach_mul_([buffer for buffer, _ in moving], momentum)
+                torch._foreach_add_([buffer for buffer, _ in moving], [grad for _, grad in moving])
+            for state, grad in zip(states, grads):  # a parameter's first step: buf = g
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = grad.detach().clone()
+            buffers = [state["momentum_buffer"] for state in states]
             if nesterov:
                 torch._foreach_add_(grads, buffers, alpha=momentum)
             else:
@@ -122,8 +119,8 @@ class SGD:
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Groups' settings and per-parameter state, as torch.optim loads them: momentum buffers moved to each
-        parameter's device and dtype, and copied (never shared with ``state_dict``'s tensors). Groups and parameter counts must match (checked before, for files, by
-        utils.checkpoint.checks)."""
+        parameter's device and dtype, and copied (never shared with ``state_dict``'s tensors). Groups and parameter
+        counts must match (checked before, for files, by utils.checkpoint.checks)."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(saved["params"]) != len(own["params"]) for saved, own in zip(groups, self.param_groups)):
