@@ -124,6 +124,17 @@ class GroupedBatchNorm(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
+@torch.no_grad()
+def update_running_stats(bn: nn.BatchNorm2d, mean: torch.Tensor, var: torch.Tensor, pixels: int) -> None:
+    """As nn.BatchNorm2d in training: exponential (or, momentum None, cumulative) average of the batch mean and
+    unbiased variance, ``pixels`` values a channel."""
+    bn.num_batches_tracked.add_(1)
+    factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    unbiased = var * pixels / max(pixels - 1, 1)
+    bn.running_mean.mul_(1 - factor).add_(mean.to(bn.running_mean.dtype), alpha=factor)
+    bn.running_var.mul_(1 - factor).add_(unbiased.to(bn.running_var.dtype), alpha=factor)
+
+
 class BatchNorm2d(nn.BatchNorm2d):
     """nn.BatchNorm2d (same parameters, buffers and state_dict keys); in training mode, CPU float32
     channels_last inputs get batch statistics and gradient sums accurate to float32 (see the module doc)."""
@@ -136,14 +147,5 @@ class BatchNorm2d(nn.BatchNorm2d):
         with torch.no_grad():
             mean, var = batch_statistics(x, group)
         if self.track_running_stats and self.running_mean is not None:
-            self._update_running_stats(mean, var, pixels)
+            update_running_stats(self, mean, var, pixels)
         return GroupedBatchNorm.apply(x, self.weight, self.bias, mean, var, self.eps, group)
-
-    @torch.no_grad()
-    def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, pixels: int) -> None:
-        """As nn.BatchNorm2d: exponential (or, momentum None, cumulative) average, unbiased variance."""
-        self.num_batches_tracked.add_(1)
-        factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-        unbiased = var * pixels / max(pixels - 1, 1)
-        self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype), alpha=factor)
-        self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from models.batchnorm import BatchNorm2d
+from models.bn_silu import bn_silu
+from models.bn_silu import usable as bn_silu_usable
 
 # The activation every Conv built with act=True uses. The parser installs one shared instance per
 # model (SiLU, or the YAML's `activation`), as YOLOv5 does with its class-level default.
@@ -100,6 +102,8 @@ class Conv(ScaledChannels, nn.Module):
                 and not torch.is_autocast_enabled("cpu")):
             return conv_silu(self.conv, x)
         x = self.conv(x)
+        if self.bn is not None and self.bn.training and bn_silu_usable(x, self.bn, self.act):
+            return bn_silu(x, self.bn)
         if self.bn is not None:
             x = self.bn(x)
         return self.act(x)

@@ -1,0 +1,116 @@
+"""Training-mode BatchNorm followed by SiLU in two passes each way over the map, with C kernels built at first use.
+
+With torch's operations a Conv's BatchNorm + SiLU reads or writes its map 6 times forward (statistics, the affine
+pass, the SiLU) and 10 times backward (SiLU backward, the gradient sums, two passes forming the input gradient);
+the CPU spends that time waiting for memory (on yolov5n at 320 they were a quarter of an fp32 training step on
+AVX2). ``models/native/bn_silu.c`` does the same arithmetic in 3 passes forward (statistics; normalise and SiLU in
+one) and 6 backward (SiLU gradient and both sums in one; the input gradient in one), and keeps only the
+BatchNorm's input for backward (the SiLU's input is recomputed in registers).
+
+``bn_silu(x, bn)`` is used by ``models.common.Conv`` in training for CPU float32 channels_last maps without
+autocast (``usable``). The statistics are summed in float over blocks of 256 pixels and in double across blocks,
+as accurate as ``models.batchnorm``'s grouped sums; the running statistics are updated as nn.BatchNorm2d does.
+Where the kernels are not built (``models.native``), the same module computes with torch's operations.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from models.batchnorm import BatchNorm2d, update_running_stats
+from models.native import DOUBLE_P, FLOAT_P, bn_silu_library
+
+
+def _float(tensor: torch.Tensor):
+    return ctypes.cast(tensor.data_ptr(), FLOAT_P)
+
+
+def _double(tensor: torch.Tensor):
+    return ctypes.cast(tensor.data_ptr(), DOUBLE_P)
+
+
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    return x.numel() // x.shape[1], x.shape[1]
+
+
+def _checked(code: int, name: str) -> None:
+    if code != 0:
+        raise MemoryError(f"{name}: the native kernel could not allocate its per-thread sums")
+
+
+def usable(x: torch.Tensor, bn: nn.Module, act: nn.Module) -> bool:
+    """The fused kernels apply: a training-mode affine BatchNorm2d with running statistics (not a synchronised
+    one), a plain SiLU, and a CPU float32 4-D channels_last map of more than one pixel a channel (torch refuses one)
+    outside autocast, where the kernels are built."""
+    return (bn.training and type(act) is nn.SiLU and type(bn) in (BatchNorm2d, nn.BatchNorm2d) and bn.affine
+            and bn.track_running_stats and bn.running_mean is not None and x.device.type == "cpu"
+            and x.dtype == torch.float32 and x.dim() == 4 and x.numel() > x.shape[1]
+            and x.is_contiguous(memory_format=torch.channels_last) and not torch.is_autocast_enabled("cpu")
+            and bn_silu_library() is not None)
+
+
+def batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and biased variance (float64) of a channels_last float32 map, with the C kernel."""
+    rows, channels = _rows(x)
+    mean = torch.empty(channels, dtype=torch.float64)
+    var = torch.empty(channels, dtype=torch.float64)
+    _checked(bn_silu_library().bn_stats(_float(x), rows, channels, _double(mean), _double(var),
+                                        torch.get_num_threads()), "bn_stats")
+    return mean, var
+
+
+class BatchNormSiLU(torch.autograd.Function):
+    """silu(batch_norm(x)) in training mode from given float64 batch statistics (their gradient terms included)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, var, eps):
+        library = bn_silu_library()
+        invstd = (var + eps).rsqrt()
+        gain = invstd * weight.detach().double()
+        shift = bias.detach().double() - mean * gain
+        scale32, shift32 = gain.float(), shift.float()
+        out = torch.empty_like(x, memory_format=torch.channels_last)
+        rows, channels = _rows(x)
+        library.bn_silu_forward(_float(x), _float(out), rows, channels, _float(scale32), _float(shift32),
+                                torch.get_num_threads())
+        ctx.save_for_backward(x, mean, invstd, gain, scale32, shift32)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        library = bn_silu_library()
+        x, mean, invstd, gain, scale32, shift32 = ctx.saved_tensors
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        rows, channels = _rows(x)
+        threads = torch.get_num_threads()
+        total = torch.empty(channels, dtype=torch.float64)
+        centred_dot = torch.empty(channels, dtype=torch.float64)
+        grad_x = torch.empty_like(x, memory_format=torch.channels_last)
+        mean32 = mean.float()  # every tensor handed to C is held by a name until the call returns
+        _checked(library.bn_silu_backward_sums(_float(grad), _float(x), _float(grad_x), rows, channels,
+                                               _float(scale32), _float(shift32), _float(mean32),
+                                               _double(total), _double(centred_dot), threads),
+                 "bn_silu_backward_sums")
+        if ctx.needs_input_grad[0]:
+            # dx = gain*dz + slope*(x - mean) - gain*mean(dz), slope = -gain*invstd^2*mean(dz*(x - mean))
+            slope = -gain * invstd ** 2 * centred_dot / rows
+            offset = -slope * mean - gain * total / rows
+            slope32, offset32 = slope.float(), offset.float()
+            library.bn_backward_input(_float(grad_x), _float(x), _float(grad_x), rows, channels, _float(scale32),
+                                      _float(slope32), _float(offset32), threads)
+        else:
+            grad_x = None
+        grad_weight = (centred_dot * invstd).float() if ctx.needs_input_grad[1] else None
+        grad_bias = total.float() if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
+def bn_silu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
+    """silu(bn(x)) for a training-mode BatchNorm2d (``usable(x, bn, act)`` must hold): the batch statistics from
+    the kernel, the running statistics updated as nn.BatchNorm2d updates them, then the fused pass."""
+    with torch.no_grad():
+        mean, var = batch_statistics(x)
+        update_running_stats(bn, mean, var, x.numel() // x.shape[1])
+    return BatchNormSiLU.apply(x, bn.weight, bn.bias, mean, var, bn.eps)

@@ -1,0 +1,180 @@
+/* Training-mode BatchNorm + SiLU over a channels_last float32 map, in as few passes over memory as the
+ * arithmetic allows (see models/native/__init__.py for how it is built and models/bn_silu.py for its use).
+ *
+ * A channels_last (N, C, H, W) map is `rows` = N*H*W rows of C floats. Per-channel sums are taken in float over
+ * blocks of BLOCK rows and added into double accumulators, one set per thread, combined in thread order after the
+ * parallel region: the result depends on the thread count (`threads`, torch's) only, never on scheduling.
+ *
+ *   bn_stats:             mean and biased variance of y per channel (one read of y)
+ *   bn_silu_forward:      out = silu(y * scale + shift) (one read, one write)
+ *   bn_silu_backward_sums: dz = g * silu'(y * scale + shift), written out, and per channel sum(dz) and
+ *                         sum(dz * (y - mean)) (two reads, one write)
+ *   bn_backward_input:    dy = gain * dz + slope * y + offset (two reads, one write; dy may be dz)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#define BLOCK 256
+#define SIG_FLOOR -80.0f /* below this, sigmoid(z) is taken as 0: exp(80) is still a normal float */
+
+static inline float sigmoid(float z) {
+    float e = expf(-fmaxf(z, SIG_FLOOR));
+    return z < SIG_FLOOR ? 0.0f : 1.0f / (1.0f + e);
+}
+
+static void thread_rows(int64_t rows, int64_t *begin, int64_t *end) {
+    int threads = omp_get_num_threads(), id = omp_get_thread_num();
+    int64_t share = rows / threads, extra = rows % threads;
+    *begin = id * share + (id < extra ? id : extra);
+    *end = *begin + share + (id < extra ? 1 : 0);
+}
+
+/* mean[c], var[c] (double) of y (rows x C); the sums are shifted by the first row's values */
+int bn_stats(const float *y, int64_t rows, int64_t C, double *mean, double *var, int threads) {
+    double *acc = calloc((size_t)threads * 2 * C, sizeof(double));
+    if (!acc || rows < 1) { free(acc); return -1; }
+    const float *pivot = y;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        int id = omp_get_thread_num();
+        int64_t begin, end;
+        thread_rows(rows, &begin, &end);
+        double *sum = acc + (size_t)id * 2 * C, *sq = sum + C;
+        float *part = malloc(2 * C * sizeof(float));
+        if (!part) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            float *psum = part, *psq = part + C;
+            for (int64_t start = begin; start < end; start += BLOCK) {
+                int64_t stop = start + BLOCK < end ? start + BLOCK : end;
+                memset(part, 0, 2 * C * sizeof(float));
+                for (int64_t r = start; r < stop; r++) {
+                    const float *row = y + r * C;
+#pragma omp simd
+                    for (int64_t c = 0; c < C; c++) {
+                        float d = row[c] - pivot[c];
+                        psum[c] += d;
+                        psq[c] += d * d;
+                    }
+                }
+                for (int64_t c = 0; c < C; c++) {
+                    sum[c] += psum[c];
+                    sq[c] += psq[c];
+                }
+            }
+            free(part);
+        }
+    }
+    if (!failed) {
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0.0, q = 0.0;
+            for (int t = 0; t < threads; t++) {
+                s += acc[(size_t)t * 2 * C + c];
+                q += acc[(size_t)t * 2 * C + C + c];
+            }
+            double m = s / (double)rows;
+            mean[c] = (double)pivot[c] + m;
+            double v = q / (double)rows - m * m;
+            var[c] = v > 0.0 ? v : 0.0;
+        }
+    }
+    free(acc);
+    return failed ? -1 : 0;
+}
+
+int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, const float *scale, const float *shift,
+                    int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t begin, end;
+        thread_rows(rows, &begin, &end);
+        for (int64_t r = begin; r < end; r++) {
+            const float *row = y + r * C;
+            float *o = out + r * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) {
+                float z = row[c] * scale[c] + shift[c];
+                o[c] = z * sigmoid(z);
+            }
+        }
+    }
+    return 0;
+}
+
+int bn_silu_backward_sums(const float *g, const float *y, float *dz, int64_t rows, int64_t C, const float *scale,
+                          const float *shift, const float *mean, double *total, double *dot, int threads) {
+    double *acc = calloc((size_t)threads * 2 * C, sizeof(double));
+    if (!acc) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        int id = omp_get_thread_num();
+        int64_t begin, end;
+        thread_rows(rows, &begin, &end);
+        double *sum = acc + (size_t)id * 2 * C, *cross = sum + C;
+        float *part = malloc(2 * C * sizeof(float));
+        if (!part) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            float *psum = part, *pcross = part + C;
+            for (int64_t start = begin; start < end; start += BLOCK) {
+                int64_t stop = start + BLOCK < end ? start + BLOCK : end;
+                memset(part, 0, 2 * C * sizeof(float));
+                for (int64_t r = start; r < stop; r++) {
+                    const float *grow = g + r * C, *yrow = y + r * C;
+                    float *drow = dz + r * C;
+#pragma omp simd
+                    for (int64_t c = 0; c < C; c++) {
+                        float z = yrow[c] * scale[c] + shift[c];
+                        float s = sigmoid(z);
+                        float d = grow[c] * (s * (1.0f + z * (1.0f - s)));
+                        drow[c] = d;
+                        psum[c] += d;
+                        pcross[c] += d * (yrow[c] - mean[c]);
+                    }
+                }
+                for (int64_t c = 0; c < C; c++) {
+                    sum[c] += psum[c];
+                    cross[c] += pcross[c];
+                }
+            }
+            free(part);
+        }
+    }
+    if (!failed) {
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0.0, x = 0.0;
+            for (int t = 0; t < threads; t++) {
+                s += acc[(size_t)t * 2 * C + c];
+                x += acc[(size_t)t * 2 * C + C + c];
+            }
+            total[c] = s;
+            dot[c] = x;
+        }
+    }
+    free(acc);
+    return failed ? -1 : 0;
+}
+
+int bn_backward_input(const float *dz, const float *y, float *dy, int64_t rows, int64_t C, const float *gain,
+                      const float *slope, const float *offset, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t begin, end;
+        thread_rows(rows, &begin, &end);
+        for (int64_t r = begin; r < end; r++) {
+            const float *drow = dz + r * C, *yrow = y + r * C;
+            float *o = dy + r * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++)
+                o[c] = gain[c] * drow[c] + slope[c] * yrow[c] + offset[c];
+        }
+    }
+    return 0;
+}
