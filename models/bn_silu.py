@@ -41,10 +41,10 @@ def _checked(code: int, name: str) -> None:
 
 
 def usable(x: torch.Tensor, bn: nn.Module, act: nn.Module) -> bool:
-    """The fused kernels apply: a training-mode affine BatchNorm2d with running statistics (not a synchronised
-    one), a plain SiLU, and a CPU float32 4-D channels_last map of more than one pixel a channel (torch refuses one)
-    outside autocast, where the kernels are built."""
-    return (bn.training and type(act) is nn.SiLU and type(bn) in (BatchNorm2d, nn.BatchNorm2d) and bn.affine
+    """The fused kernels apply: the project's training-mode affine BatchNorm2d with running statistics (not torch's
+    nn.BatchNorm2d, not a synchronised one), a plain SiLU, and a CPU float32 4-D channels_last map of more than one
+    pixel a channel (torch refuses one) outside autocast, where the kernels are built."""
+    return (bn.training and type(act) is nn.SiLU and type(bn) is BatchNorm2d and bn.affine
             and bn.track_running_stats and bn.running_mean is not None and x.device.type == "cpu"
             and x.dtype == torch.float32 and x.dim() == 4 and x.numel() > x.shape[1]
             and x.is_contiguous(memory_format=torch.channels_last) and not torch.is_autocast_enabled("cpu")
