@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 FAMILIES = (
     ("convolution backward", ("convolution_backward", "mkldnn_convolution_backward")),
     ("convolution", ("convolution", "conv2d", "mkldnn_convolution", "_convolution")),
+    ("BatchNorm + SiLU (C kernels)", ("BatchNormSiLU",)),
     ("BatchNorm", ("batch_norm", "GroupedBatchNorm", "native_batch_norm")),
     ("SiLU", ("silu",)),
     ("upsample / concat / pooling", ("upsample", "cat", "max_pool")),

@@ -1,4 +1,4 @@
-"""Training-mode BatchNorm followed by SiLU in two passes each way over the map, with C kernels built at first use.
+"""Training-mode BatchNorm followed by SiLU as two C kernels each way (built at first use), fewer passes over memory.
 
 With torch's operations a Conv's BatchNorm + SiLU reads or writes its map 6 times forward (statistics, the affine
 pass, the SiLU) and 10 times backward (SiLU backward, the gradient sums, two passes forming the input gradient);
@@ -10,7 +10,7 @@ BatchNorm's input for backward (the SiLU's input is recomputed in registers).
 ``bn_silu(x, bn)`` is used by ``models.common.Conv`` in training for CPU float32 channels_last maps without
 autocast (``usable``). The statistics are summed in float over blocks of 256 pixels and in double across blocks,
 as accurate as ``models.batchnorm``'s grouped sums; the running statistics are updated as nn.BatchNorm2d does.
-Where the kernels are not built (``models.native``), the same module computes with torch's operations.
+Where the kernels are not built (``models.native``), Conv computes as before: ``models.batchnorm`` and torch's SiLU.
 """
 from __future__ import annotations
 
@@ -62,12 +62,15 @@ def batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class BatchNormSiLU(torch.autograd.Function):
-    """silu(batch_norm(x)) in training mode from given float64 batch statistics (their gradient terms included)."""
+    """silu(bn(x)) in training mode: the batch statistics of x (their gradient terms included in backward), the
+    module's running statistics updated as nn.BatchNorm2d updates them."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mean, var, eps):
+    def forward(ctx, x, weight, bias, bn):
         library = bn_silu_library()
-        invstd = (var + eps).rsqrt()
+        mean, var = batch_statistics(x)
+        update_running_stats(bn, mean, var, x.numel() // x.shape[1])
+        invstd = (var + bn.eps).rsqrt()
         gain = invstd * weight.detach().double()
         shift = bias.detach().double() - mean * gain
         scale32, shift32 = gain.float(), shift.float()
@@ -104,13 +107,9 @@ class BatchNormSiLU(torch.autograd.Function):
             grad_x = None
         grad_weight = (centred_dot * invstd).float() if ctx.needs_input_grad[1] else None
         grad_bias = total.float() if ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias, None, None, None
+        return grad_x, grad_weight, grad_bias, None
 
 
 def bn_silu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
-    """silu(bn(x)) for a training-mode BatchNorm2d (``usable(x, bn, act)`` must hold): the batch statistics from
-    the kernel, the running statistics updated as nn.BatchNorm2d updates them, then the fused pass."""
-    with torch.no_grad():
-        mean, var = batch_statistics(x)
-        update_running_stats(bn, mean, var, x.numel() // x.shape[1])
-    return BatchNormSiLU.apply(x, bn.weight, bn.bias, mean, var, bn.eps)
+    """silu(bn(x)) for a training-mode BatchNorm2d; ``usable(x, bn, act)`` must hold."""
+    return BatchNormSiLU.apply(x, bn.weight, bn.bias, bn)

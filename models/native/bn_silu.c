@@ -20,8 +20,28 @@
 #define BLOCK 256
 #define SIG_FLOOR -80.0f /* below this, sigmoid(z) is taken as 0: exp(80) is still a normal float */
 
+/* exp(x) for x in [-87, 80], within ~2 ulp: x = n ln2 + r (|r| <= ln2/2, ln2 in two parts), a degree-6
+ * polynomial for exp(r) (the Cephes expf coefficients), 2^n from the exponent bits. Inline arithmetic only,
+ * so the compiler vectorises it with the loop around it (a libm call per vector costs twice as much). */
+static inline float exp_reduced(float x) {
+    float n = rintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
 static inline float sigmoid(float z) {
-    float e = expf(-fmaxf(z, SIG_FLOOR));
+    float e = exp_reduced(fmaxf(fminf(-z, -SIG_FLOOR), -87.0f));
     return z < SIG_FLOOR ? 0.0f : 1.0f / (1.0f + e);
 }
 
