@@ -189,3 +189,56 @@ def test_chunked_nms_suppresses_at_the_threshold_as_torchvision_does():
     expected = torchvision.ops.nms(boxes, scores, 0.6)
     assert expected.shape[0] == 100  # torchvision drops the twin
     assert torch.equal(_greedy_nms(boxes, scores, 0.6, 300), expected)
+
+
+@pytest.mark.parametrize("n", [40, 2500], ids=["offset-pass", "class-by-class"])
+def test_batched_nms_keeps_what_torchvision_batched_nms_keeps(n):
+    """Below 4,000 coordinates torchvision moves each class apart and runs one NMS, above it runs one NMS per
+    class; _batched_nms makes the same choice, so the kept set is torchvision's to the index."""
+    import torchvision
+
+    from utils.nms import _batched_nms, _torchvision_nms
+
+    boxes, scores, g = _clustered_boxes(n, max(n // 10, 2), 6.0, seed=n)
+    classes = torch.randint(0, 4, (n,), generator=g)
+    for iou_thres in (0.45, 0.7):
+        expected = torchvision.ops.batched_nms(boxes, scores, classes, iou_thres).sort().values
+        actual = _batched_nms(_torchvision_nms(), boxes, scores, classes, iou_thres).sort().values
+        assert torch.equal(actual, expected)
+    assert _batched_nms(_torchvision_nms(), boxes[:0], scores[:0], classes[:0], 0.5).shape == (0,)
+
+
+def test_nms_runs_without_importing_the_torchvision_package():
+    """torchvision's operator library is loaded directly: importing the package costs ~1.3-1.8 s (torch._dynamo)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from utils.nms import non_max_suppression\n"
+            "pred = torch.tensor([[[50., 50., 20., 20., 0.9, 1.0], [52., 50., 20., 20., 0.8, 1.0]]])\n"
+            "(det,) = non_max_suppression(pred)\n"
+            "assert det.shape[0] == 1, det\n"
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_nms_falls_back_to_the_torchvision_package(monkeypatch):
+    import importlib.util
+
+    import torchvision
+
+    import utils.nms as nms
+
+    nms._torchvision_nms.cache_clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    try:
+        assert nms._torchvision_nms() is torchvision.ops.nms
+        pred = make_pred([(50, 50, 20, 20, 0.9, 0, 1.0), (52, 50, 20, 20, 0.8, 0, 1.0)])
+        (det,) = non_max_suppression(pred)
+        assert det.shape[0] == 1
+    finally:
+        monkeypatch.undo()
+        nms._torchvision_nms.cache_clear()

@@ -7,6 +7,9 @@ confidence = objectness * class score, as in YOLOv5.
 """
 from __future__ import annotations
 
+import functools
+import importlib.machinery
+import importlib.util
 import math
 
 import torch
@@ -17,6 +20,7 @@ MAX_NMS = 30000  # candidates per image passed to NMS at most (highest confidenc
 NMS_CHUNK = 256  # candidates in the first greedy-NMS chunk at least (see _greedy_nms)
 NMS_GROWTH = 2  # a further chunk is at most this many times the previous one
 NMS_MIN_CHUNK = 32  # and at least this many candidates
+TORCHVISION_LIBRARIES = ("_C_stable", "_C")  # torchvision's operator library: its name since 0.29, and before
 
 
 def _check_thresholds(conf_thres: float, iou_thres: float) -> None:
@@ -50,6 +54,46 @@ def _best_first(scores: torch.Tensor, k: int) -> torch.Tensor:
     return index[scores[index].argsort(descending=True, stable=True)[:k]]
 
 
+@functools.lru_cache(maxsize=1)
+def _torchvision_nms():
+    """torchvision's compiled NMS operator (``torchvision::nms``). Its library is loaded without importing the
+    torchvision package: that import takes ~1.3-1.8 s (torch._dynamo, through torchvision.ops), paid by every
+    validation, detect.py run and training otherwise. Where the library cannot be found or loaded that way, the
+    package is imported and its own operator used."""
+    try:
+        spec = importlib.util.find_spec("torchvision")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        loader = (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES)
+        finder = importlib.machinery.FileFinder(folders[0], loader) if folders else None
+        for name in TORCHVISION_LIBRARIES:
+            found = finder.find_spec(name) if finder is not None else None
+            if found is not None and found.origin:
+                torch.ops.load_library(found.origin)
+                return torch.ops.torchvision.nms
+    except (ImportError, OSError, RuntimeError, AttributeError, ValueError):
+        pass
+    import torchvision
+
+    return torchvision.ops.nms
+
+
+def _batched_nms(nms_op, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
+                 iou_thres: float) -> torch.Tensor:
+    """Class-aware NMS as torchvision.ops.batched_nms computes it (the kept indices, in any order): one NMS per
+    class above 4,000 box coordinates on the CPU (20,000 elsewhere), else one NMS over boxes moved apart by
+    class (each class offset by the largest coordinate + 1)."""
+    if boxes.numel() > (4000 if boxes.device.type == "cpu" else 20000):
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        for cls in torch.unique(classes):
+            members = torch.where(classes == cls)[0]
+            keep[members[nms_op(boxes[members], scores[members], iou_thres)]] = True
+        return torch.where(keep)[0]
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    offsets = classes.to(boxes) * (boxes.max() + torch.tensor(1).to(boxes))
+    return nms_op(boxes + offsets[:, None], scores, iou_thres)
+
+
 def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max_det: int,
                 classes: torch.Tensor | None = None) -> torch.Tensor:
     """Indices kept by greedy NMS, best first, equal scores in candidate order (as one pass of torchvision's
@@ -65,18 +109,17 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
     the first chunk survive) 0.94 instead of 1.62 ms per image (fp32), after 4 epochs 1.33 instead of 2.26
     (bf16); a trained one (~4,500 candidates, most suppressed) 2.21 against 2.15 (the stable order's cost).
     """
-    import torchvision  # here, not at import: it takes ~1.3 s (torch._dynamo through torchvision.ops), which
-    # detect.py --help and its argument errors would otherwise wait for (3.5 -> 1.8-2.2 s, 2-core Xeon)
+    nms_op = _torchvision_nms()
 
     def nms(index: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
         """Greedy NMS of boxes[index] ranked by ``ranks``: the positions in ``index`` kept, in ascending order
-        (class by class with torchvision's batched_nms, which on CPU compares only boxes of one class)."""
+        (class by class as torchvision's batched_nms, which on CPU compares only boxes of one class)."""
         if classes is None:
-            kept = torchvision.ops.nms(boxes[index], ranks, iou_thres)
+            kept = nms_op(boxes[index], ranks, iou_thres)
         else:
-            kept = torchvision.ops.batched_nms(boxes[index], ranks, classes[index], iou_thres)
-        # batched_nms merges its classes in no stable order for equal ranks; ``index`` is in rank order
-        # (kept boxes, then candidates best first), so ascending positions are the stable order
+            kept = _batched_nms(nms_op, boxes[index], ranks, classes[index], iou_thres)
+        # ``index`` is in rank order (kept boxes, then candidates best first), so ascending positions are the
+        # stable order
         return kept.sort().values
 
     candidates = min(scores.shape[0], MAX_NMS)
