@@ -37,7 +37,7 @@ def _rows(x: torch.Tensor) -> tuple[int, int]:
 
 def _checked(code: int, name: str) -> None:
     if code != 0:
-        raise MemoryError(f"{name}: the native kernel could not allocate its per-thread sums")
+        raise MemoryError(f"{name}: the native kernel could not allocate its per-channel sums")
 
 
 def usable(x: torch.Tensor, bn: nn.Module, act: nn.Module) -> bool:
@@ -45,6 +45,7 @@ def usable(x: torch.Tensor, bn: nn.Module, act: nn.Module) -> bool:
     nn.BatchNorm2d, not a synchronised one), a plain SiLU, and a CPU float32 4-D channels_last map of more than one
     pixel a channel (torch refuses one) outside autocast, where the kernels are built."""
     return (bn.training and type(act) is nn.SiLU and type(bn) is BatchNorm2d and bn.affine
+            and bn.weight.dtype == torch.float32
             and bn.track_running_stats and bn.running_mean is not None and x.device.type == "cpu"
             and x.dtype == torch.float32 and x.dim() == 4 and x.numel() > x.shape[1]
             and x.is_contiguous(memory_format=torch.channels_last) and not torch.is_autocast_enabled("cpu")
@@ -63,51 +64,37 @@ def batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class BatchNormSiLU(torch.autograd.Function):
     """silu(bn(x)) in training mode: the batch statistics of x (their gradient terms included in backward), the
-    module's running statistics updated as nn.BatchNorm2d updates them."""
+    module's running statistics updated as nn.BatchNorm2d updates them. Every tensor handed to C is held by a name
+    until the call returns."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn):
-        library = bn_silu_library()
-        mean, var = batch_statistics(x)
-        update_running_stats(bn, mean, var, x.numel() // x.shape[1])
-        invstd = (var + bn.eps).rsqrt()
-        gain = invstd * weight.detach().double()
-        shift = bias.detach().double() - mean * gain
-        scale32, shift32 = gain.float(), shift.float()
-        out = torch.empty_like(x, memory_format=torch.channels_last)
         rows, channels = _rows(x)
-        library.bn_silu_forward(_float(x), _float(out), rows, channels, _float(scale32), _float(shift32),
-                                torch.get_num_threads())
-        ctx.save_for_backward(x, mean, invstd, gain, scale32, shift32)
+        out = torch.empty_like(x, memory_format=torch.channels_last)
+        mean, var = torch.empty(channels, dtype=torch.float64), torch.empty(channels, dtype=torch.float64)
+        scale, shift = torch.empty(channels), torch.empty(channels)
+        weight, bias = weight.detach().contiguous(), bias.detach().contiguous()
+        _checked(bn_silu_library().bn_silu_train_forward(
+            _float(x), _float(out), rows, channels, _float(weight), _float(bias), bn.eps, _double(mean), _double(var),
+            _float(scale), _float(shift), torch.get_num_threads()), "bn_silu_train_forward")
+        update_running_stats(bn, mean, var, rows)
+        ctx.save_for_backward(x, mean, var, scale, shift)
+        ctx.eps = bn.eps
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        library = bn_silu_library()
-        x, mean, invstd, gain, scale32, shift32 = ctx.saved_tensors
+        x, mean, var, scale, shift = ctx.saved_tensors
         grad = grad.contiguous(memory_format=torch.channels_last)
         rows, channels = _rows(x)
-        threads = torch.get_num_threads()
-        total = torch.empty(channels, dtype=torch.float64)
-        centred_dot = torch.empty(channels, dtype=torch.float64)
-        grad_x = torch.empty_like(x, memory_format=torch.channels_last)
-        mean32 = mean.float()  # every tensor handed to C is held by a name until the call returns
-        _checked(library.bn_silu_backward_sums(_float(grad), _float(x), _float(grad_x), rows, channels,
-                                               _float(scale32), _float(shift32), _float(mean32),
-                                               _double(total), _double(centred_dot), threads),
-                 "bn_silu_backward_sums")
-        if ctx.needs_input_grad[0]:
-            # dx = gain*dz + slope*(x - mean) - gain*mean(dz), slope = -gain*invstd^2*mean(dz*(x - mean))
-            slope = -gain * invstd ** 2 * centred_dot / rows
-            offset = -slope * mean - gain * total / rows
-            slope32, offset32 = slope.float(), offset.float()
-            library.bn_backward_input(_float(grad_x), _float(x), _float(grad_x), rows, channels, _float(scale32),
-                                      _float(slope32), _float(offset32), threads)
-        else:
-            grad_x = None
-        grad_weight = (centred_dot * invstd).float() if ctx.needs_input_grad[1] else None
-        grad_bias = total.float() if ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias, None
+        grad_x = torch.empty_like(x, memory_format=torch.channels_last)  # holds the SiLU's gradient in between
+        grad_weight, grad_bias = torch.empty(channels), torch.empty(channels)
+        _checked(bn_silu_library().bn_silu_train_backward(
+            _float(grad), _float(x), _float(grad_x), rows, channels, ctx.eps, _double(mean), _double(var),
+            _float(scale), _float(shift), _float(grad_weight), _float(grad_bias), int(ctx.needs_input_grad[0]),
+            torch.get_num_threads()), "bn_silu_train_backward")
+        return (grad_x if ctx.needs_input_grad[0] else None, grad_weight if ctx.needs_input_grad[1] else None,
+                grad_bias if ctx.needs_input_grad[2] else None, None)
 
 
 def bn_silu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:

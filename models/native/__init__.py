@@ -39,11 +39,10 @@ ISA_FLAGS = {  # torch's CPU capability -> the compiler's vector flags (x86-64);
 FLOAT_P, DOUBLE_P = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_double)
 SIGNATURES = {
     "bn_stats": (FLOAT_P, ctypes.c_int64, ctypes.c_int64, DOUBLE_P, DOUBLE_P, ctypes.c_int),
-    "bn_silu_forward": (FLOAT_P, FLOAT_P, ctypes.c_int64, ctypes.c_int64, FLOAT_P, FLOAT_P, ctypes.c_int),
-    "bn_silu_backward_sums": (FLOAT_P, FLOAT_P, FLOAT_P, ctypes.c_int64, ctypes.c_int64, FLOAT_P, FLOAT_P, FLOAT_P,
-                              DOUBLE_P, DOUBLE_P, ctypes.c_int),
-    "bn_backward_input": (FLOAT_P, FLOAT_P, FLOAT_P, ctypes.c_int64, ctypes.c_int64, FLOAT_P, FLOAT_P, FLOAT_P,
-                          ctypes.c_int),
+    "bn_silu_train_forward": (FLOAT_P, FLOAT_P, ctypes.c_int64, ctypes.c_int64, FLOAT_P, FLOAT_P, ctypes.c_double,
+                              DOUBLE_P, DOUBLE_P, FLOAT_P, FLOAT_P, ctypes.c_int),
+    "bn_silu_train_backward": (FLOAT_P, FLOAT_P, FLOAT_P, ctypes.c_int64, ctypes.c_int64, ctypes.c_double, DOUBLE_P,
+                               DOUBLE_P, FLOAT_P, FLOAT_P, FLOAT_P, FLOAT_P, ctypes.c_int, ctypes.c_int),
 }
 
 

@@ -5,11 +5,10 @@
  * blocks of BLOCK rows and added into double accumulators, one set per thread, combined in thread order after the
  * parallel region: the result depends on the thread count (`threads`, torch's) only, never on scheduling.
  *
- *   bn_stats:             mean and biased variance of y per channel (one read of y)
- *   bn_silu_forward:      out = silu(y * scale + shift) (one read, one write)
- *   bn_silu_backward_sums: dz = g * silu'(y * scale + shift), written out, and per channel sum(dz) and
- *                         sum(dz * (y - mean)) (two reads, one write)
- *   bn_backward_input:    dy = gain * dz + slope * y + offset (two reads, one write; dy may be dz)
+ * bn_silu_train_forward: the statistics (one read of y), then out = silu(y * scale + shift) (one read, one write).
+ * bn_silu_train_backward: dz = g * silu'(y * scale + shift) with per-channel sum(dz) and sum(dz * (y - mean))
+ *                         (two reads, one write), then the input gradient from dz and y (two reads, one write).
+ * The per-channel arithmetic between the passes is in double.
  */
 #include <math.h>
 #include <stdint.h>
@@ -107,8 +106,8 @@ int bn_stats(const float *y, int64_t rows, int64_t C, double *mean, double *var,
     return failed ? -1 : 0;
 }
 
-int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, const float *scale, const float *shift,
-                    int threads) {
+static int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, const float *scale,
+                           const float *shift, int threads) {
 #pragma omp parallel num_threads(threads)
     {
         int64_t begin, end;
@@ -126,8 +125,9 @@ int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, const f
     return 0;
 }
 
-int bn_silu_backward_sums(const float *g, const float *y, float *dz, int64_t rows, int64_t C, const float *scale,
-                          const float *shift, const float *mean, double *total, double *dot, int threads) {
+static int bn_silu_backward_sums(const float *g, const float *y, float *dz, int64_t rows, int64_t C,
+                                 const float *scale, const float *shift, const float *mean, double *total, double *dot,
+                                 int threads) {
     double *acc = calloc((size_t)threads * 2 * C, sizeof(double));
     if (!acc) return -1;
     int failed = 0;
@@ -182,8 +182,8 @@ int bn_silu_backward_sums(const float *g, const float *y, float *dz, int64_t row
     return failed ? -1 : 0;
 }
 
-int bn_backward_input(const float *dz, const float *y, float *dy, int64_t rows, int64_t C, const float *gain,
-                      const float *slope, const float *offset, int threads) {
+static int bn_backward_input(const float *dz, const float *y, float *dy, int64_t rows, int64_t C,
+                             const float *gain, const float *slope, const float *offset, int threads) {
 #pragma omp parallel num_threads(threads)
     {
         int64_t begin, end;
@@ -197,4 +197,52 @@ int bn_backward_input(const float *dz, const float *y, float *dy, int64_t rows, 
         }
     }
     return 0;
+}
+
+/* Forward of silu(batch_norm(y)) in training: mean and biased var of y (double, out), scale = weight / sqrt(var + eps)
+ * and shift = bias - mean * scale (float, out, kept for backward), then out = silu(y * scale + shift).
+ * 0, or -1 when memory for the per-thread sums could not be allocated. */
+int bn_silu_train_forward(const float *y, float *out, int64_t rows, int64_t C, const float *weight, const float *bias,
+                          double eps, double *mean, double *var, float *scale, float *shift, int threads) {
+    if (bn_stats(y, rows, C, mean, var, threads) != 0) return -1;
+    for (int64_t c = 0; c < C; c++) {
+        double gain = (double)weight[c] / sqrt(var[c] + eps);
+        scale[c] = (float)gain;
+        shift[c] = (float)((double)bias[c] - mean[c] * gain);
+    }
+    return bn_silu_forward(y, out, rows, C, scale, shift, threads);
+}
+
+/* Backward: from g = dL/d(out), the parameter gradients grad_weight = sum(dz * (y - mean)) / sqrt(var + eps) and
+ * grad_bias = sum(dz) (dz = g * silu'(y * scale + shift)) and, when input_gradient is set, into dx:
+ *   dx = scale * dz + slope * (y - mean) - scale * mean(dz),   slope = -scale * mean(dz * (y - mean)) / (var + eps)
+ * dx holds dz in between (it must be rows x C). 0, or -1 when memory could not be allocated. */
+int bn_silu_train_backward(const float *g, const float *y, float *dx, int64_t rows, int64_t C, double eps,
+                           const double *mean, const double *var, const float *scale, const float *shift,
+                           float *grad_weight, float *grad_bias, int input_gradient, int threads) {
+    float *channel = malloc(3 * C * sizeof(float));
+    double *sums = malloc(2 * C * sizeof(double));
+    if (!channel || !sums) {
+        free(channel);
+        free(sums);
+        return -1;
+    }
+    float *mean32 = channel, *slope = channel + C, *offset = channel + 2 * C;
+    double *total = sums, *dot = sums + C;
+    for (int64_t c = 0; c < C; c++) mean32[c] = (float)mean[c];
+    int failed = bn_silu_backward_sums(g, y, dx, rows, C, scale, shift, mean32, total, dot, threads);
+    if (!failed) {
+        for (int64_t c = 0; c < C; c++) {
+            double invstd = 1.0 / sqrt(var[c] + eps);
+            double s = -(double)scale[c] * invstd * invstd * dot[c] / (double)rows;
+            slope[c] = (float)s;
+            offset[c] = (float)(-s * mean[c] - (double)scale[c] * total[c] / (double)rows);
+            grad_weight[c] = (float)(dot[c] * invstd);
+            grad_bias[c] = (float)total[c];
+        }
+        if (input_gradient) bn_backward_input(dx, y, dx, rows, C, scale, slope, offset, threads);
+    }
+    free(channel);
+    free(sums);
+    return failed ? -1 : 0;
 }
