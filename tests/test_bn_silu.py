@@ -228,3 +228,13 @@ def test_built_once_then_loaded(tmp_path, monkeypatch):
     changed.write_text(native.SOURCE.read_text() + "\n/* another source, another file */\n")
     with pytest.raises(AssertionError, match="compiled again"):
         native.build(changed, tmp_path)
+
+
+@pytest.mark.skipif(native._compiler() is None, reason="no C compiler here")
+def test_a_library_others_may_write_is_not_loaded(tmp_path, caplog):
+    built = native.build(native.SOURCE, tmp_path)
+    assert built is not None and not built.stat().st_mode & 0o022
+    built.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="models.native"):
+        assert native.build(native.SOURCE, tmp_path) is None
+    assert "others may write it" in caplog.text

@@ -81,7 +81,8 @@ def _version(compiler: str) -> str:
 
 def build(source: Path, folder: Path) -> Path | None:
     """Compile ``source`` into ``folder`` (atomically: a temporary file renamed) unless it is there already;
-    the file's name is a hash of the source, compiler, its version and the flags. None when it cannot be built."""
+    the file's name is a hash of the source, compiler, its version and the flags. None when it cannot be built,
+    or when the file there is not this user's own or others may write it."""
     compiler = _compiler()
     if compiler is None:
         return None
@@ -91,7 +92,7 @@ def build(source: Path, folder: Path) -> Path | None:
                                      " ".join(flags).encode()])).hexdigest()[:20]
     target = folder / f"{source.stem}-{key}.so"
     if target.is_file():
-        return target
+        return target if _trusted(target) else None
     folder.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     os.close(handle)
@@ -102,6 +103,7 @@ def build(source: Path, folder: Path) -> Path | None:
             LOGGER.info("native kernels: %s could not build %s, training uses torch's operations: %s", compiler,
                         source.name, (done.stderr.strip().splitlines() or ["(no message)"])[-1])
             return None
+        os.chmod(temporary, 0o755)
         os.replace(temporary, target)
         return target
     except (OSError, subprocess.SubprocessError) as error:
@@ -109,6 +111,17 @@ def build(source: Path, folder: Path) -> Path | None:
         return None
     finally:
         Path(temporary).unlink(missing_ok=True)
+
+
+def _trusted(path: Path) -> bool:
+    """A library found in the cache is loaded only when this user owns it and nobody else may change it (a file
+    that others could have replaced would run their code in this process); otherwise torch's operations."""
+    info = path.stat()
+    if (hasattr(os, "getuid") and info.st_uid != os.getuid()) or info.st_mode & 0o022:
+        LOGGER.warning("native kernels: %s is not this user's own or others may write it: not loaded, training uses "
+                       "torch's operations (remove the file to rebuild it)", path)
+        return False
+    return True
 
 
 def _load(path: Path):
