@@ -17,7 +17,8 @@ gradient is formed in two element-wise passes instead of one); the per-channel a
 small tensor operations per call (~0.2 ms), so maps of at most NATIVE_PIXELS pixels a channel, where
 torch's kernel is nearly as accurate, keep torch's kernel. Other inputs (NCHW, CUDA, bf16/fp16, eval mode)
 take ``nn.BatchNorm2d``'s own path unchanged, so validation, inference and fused models never reach this
-code.
+code. Where ``models.native``'s kernels are built, a Conv's BatchNorm followed by SiLU does not reach it either:
+``models.bn_silu`` computes both, with sums as accurate; this class remains for the other cases.
 """
 from __future__ import annotations
 
