@@ -51,39 +51,33 @@ static void thread_rows(int64_t rows, int64_t *begin, int64_t *end) {
     *end = *begin + share + (id < extra ? 1 : 0);
 }
 
-/* mean[c], var[c] (double) of y (rows x C); the sums are shifted by the first row's values */
-int bn_stats(const float *y, int64_t rows, int64_t C, double *mean, double *var, int threads) {
+/* A block's share of two per-channel sums: rows [start, stop) added into first[C] and second[C] (float). */
+typedef void (*block_sums)(const void *args, int64_t start, int64_t stop, float *first, float *second);
+
+/* Two per-channel sums over all rows into first[C] and second[C] (double): each thread sums its rows in float
+ * blocks of BLOCK rows, each block added into the thread's double accumulators; the threads' sums are combined in
+ * thread order. 0, or -1 when memory could not be allocated. */
+static int channel_sums(int64_t rows, int64_t C, int threads, block_sums add_block, const void *args, double *first,
+                        double *second) {
     double *acc = calloc((size_t)threads * 2 * C, sizeof(double));
-    if (!acc || rows < 1) { free(acc); return -1; }
-    const float *pivot = y;
+    if (!acc) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        int id = omp_get_thread_num();
         int64_t begin, end;
         thread_rows(rows, &begin, &end);
-        double *sum = acc + (size_t)id * 2 * C, *sq = sum + C;
+        double *one = acc + (size_t)omp_get_thread_num() * 2 * C, *two = one + C;
         float *part = malloc(2 * C * sizeof(float));
         if (!part) {
 #pragma omp atomic write
             failed = 1;
         } else {
-            float *psum = part, *psq = part + C;
             for (int64_t start = begin; start < end; start += BLOCK) {
-                int64_t stop = start + BLOCK < end ? start + BLOCK : end;
                 memset(part, 0, 2 * C * sizeof(float));
-                for (int64_t r = start; r < stop; r++) {
-                    const float *row = y + r * C;
-#pragma omp simd
-                    for (int64_t c = 0; c < C; c++) {
-                        float d = row[c] - pivot[c];
-                        psum[c] += d;
-                        psq[c] += d * d;
-                    }
-                }
+                add_block(args, start, start + BLOCK < end ? start + BLOCK : end, part, part + C);
                 for (int64_t c = 0; c < C; c++) {
-                    sum[c] += psum[c];
-                    sq[c] += psq[c];
+                    one[c] += part[c];
+                    two[c] += part[C + c];
                 }
             }
             free(part);
@@ -91,19 +85,48 @@ int bn_stats(const float *y, int64_t rows, int64_t C, double *mean, double *var,
     }
     if (!failed) {
         for (int64_t c = 0; c < C; c++) {
-            double s = 0.0, q = 0.0;
+            double one = 0.0, two = 0.0;
             for (int t = 0; t < threads; t++) {
-                s += acc[(size_t)t * 2 * C + c];
-                q += acc[(size_t)t * 2 * C + C + c];
+                one += acc[(size_t)t * 2 * C + c];
+                two += acc[(size_t)t * 2 * C + C + c];
             }
-            double m = s / (double)rows;
-            mean[c] = (double)pivot[c] + m;
-            double v = q / (double)rows - m * m;
-            var[c] = v > 0.0 ? v : 0.0;
+            first[c] = one;
+            second[c] = two;
         }
     }
     free(acc);
     return failed ? -1 : 0;
+}
+
+struct stats_args {
+    const float *y, *pivot;
+    int64_t C;
+};
+
+static void stats_block(const void *args, int64_t start, int64_t stop, float *sum, float *squares) {
+    const struct stats_args *a = args;
+    for (int64_t r = start; r < stop; r++) {
+        const float *row = a->y + r * a->C;
+#pragma omp simd
+        for (int64_t c = 0; c < a->C; c++) {
+            float d = row[c] - a->pivot[c];
+            sum[c] += d;
+            squares[c] += d * d;
+        }
+    }
+}
+
+/* mean[c], var[c] (double) of y (rows x C); the sums are shifted by the first row's values */
+int bn_stats(const float *y, int64_t rows, int64_t C, double *mean, double *var, int threads) {
+    if (rows < 1) return -1;
+    struct stats_args args = {y, y, C};
+    if (channel_sums(rows, C, threads, stats_block, &args, mean, var) != 0) return -1;
+    for (int64_t c = 0; c < C; c++) {
+        double m = mean[c] / (double)rows, v = var[c] / (double)rows - m * m;
+        mean[c] = (double)y[c] + m;
+        var[c] = v > 0.0 ? v : 0.0;
+    }
+    return 0;
 }
 
 static int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, const float *scale,
@@ -125,61 +148,28 @@ static int bn_silu_forward(const float *y, float *out, int64_t rows, int64_t C, 
     return 0;
 }
 
-static int bn_silu_backward_sums(const float *g, const float *y, float *dz, int64_t rows, int64_t C,
-                                 const float *scale, const float *shift, const float *mean, double *total, double *dot,
-                                 int threads) {
-    double *acc = calloc((size_t)threads * 2 * C, sizeof(double));
-    if (!acc) return -1;
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        int id = omp_get_thread_num();
-        int64_t begin, end;
-        thread_rows(rows, &begin, &end);
-        double *sum = acc + (size_t)id * 2 * C, *cross = sum + C;
-        float *part = malloc(2 * C * sizeof(float));
-        if (!part) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            float *psum = part, *pcross = part + C;
-            for (int64_t start = begin; start < end; start += BLOCK) {
-                int64_t stop = start + BLOCK < end ? start + BLOCK : end;
-                memset(part, 0, 2 * C * sizeof(float));
-                for (int64_t r = start; r < stop; r++) {
-                    const float *grow = g + r * C, *yrow = y + r * C;
-                    float *drow = dz + r * C;
+struct backward_args {
+    const float *g, *y, *scale, *shift, *mean;
+    float *dz;
+    int64_t C;
+};
+
+/* dz = g * silu'(y * scale + shift) written out; sum(dz) and sum(dz * (y - mean)) */
+static void backward_block(const void *args, int64_t start, int64_t stop, float *total, float *dot) {
+    const struct backward_args *a = args;
+    for (int64_t r = start; r < stop; r++) {
+        const float *grow = a->g + r * a->C, *yrow = a->y + r * a->C;
+        float *drow = a->dz + r * a->C;
 #pragma omp simd
-                    for (int64_t c = 0; c < C; c++) {
-                        float z = yrow[c] * scale[c] + shift[c];
-                        float s = sigmoid(z);
-                        float d = grow[c] * (s * (1.0f + z * (1.0f - s)));
-                        drow[c] = d;
-                        psum[c] += d;
-                        pcross[c] += d * (yrow[c] - mean[c]);
-                    }
-                }
-                for (int64_t c = 0; c < C; c++) {
-                    sum[c] += psum[c];
-                    cross[c] += pcross[c];
-                }
-            }
-            free(part);
+        for (int64_t c = 0; c < a->C; c++) {
+            float z = yrow[c] * a->scale[c] + a->shift[c];
+            float s = sigmoid(z);
+            float d = grow[c] * (s * (1.0f + z * (1.0f - s)));
+            drow[c] = d;
+            total[c] += d;
+            dot[c] += d * (yrow[c] - a->mean[c]);
         }
     }
-    if (!failed) {
-        for (int64_t c = 0; c < C; c++) {
-            double s = 0.0, x = 0.0;
-            for (int t = 0; t < threads; t++) {
-                s += acc[(size_t)t * 2 * C + c];
-                x += acc[(size_t)t * 2 * C + C + c];
-            }
-            total[c] = s;
-            dot[c] = x;
-        }
-    }
-    free(acc);
-    return failed ? -1 : 0;
 }
 
 static int bn_backward_input(const float *dz, const float *y, float *dy, int64_t rows, int64_t C,
@@ -230,7 +220,8 @@ int bn_silu_train_backward(const float *g, const float *y, float *dx, int64_t ro
     float *mean32 = channel, *slope = channel + C, *offset = channel + 2 * C;
     double *total = sums, *dot = sums + C;
     for (int64_t c = 0; c < C; c++) mean32[c] = (float)mean[c];
-    int failed = bn_silu_backward_sums(g, y, dx, rows, C, scale, shift, mean32, total, dot, threads);
+    struct backward_args args = {g, y, scale, shift, mean32, dx, C};
+    int failed = channel_sums(rows, C, threads, backward_block, &args, total, dot);
     if (!failed) {
         for (int64_t c = 0; c < C; c++) {
             double invstd = 1.0 / sqrt(var[c] + eps);
