@@ -66,6 +66,7 @@ AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; s
 RESUME_TOLERANCE = {"map": 0.02, "loss": 0.05}  # without --deterministic: mAP50-95 absolute, final losses relative
 HALF_TOLERANCE = 0.01  # mAP50 and mAP50-95, --half against fp32 (the same weights)
 CROSS_TOLERANCE = 0.005  # mAP, the same fp32 weights validated on the CPU and on the GPU
+MIN_STEP_SECONDS = 20  # with --deadline: no step starts with less time than this left
 TRAIN_STEPS = ("train_n_amp", "train_n_fp32", "train_s_amp", "train_s_fp32")
 
 
@@ -168,19 +169,14 @@ def step_train(context: Context, name: str) -> dict:
     return figures
 
 
-def step_amp_accuracy(context: Context) -> dict:
-    figures = {}
-    for model in ("n", "s"):
-        fp16, fp32 = context.artifacts.get(f"train_{model}_amp"), context.artifacts.get(f"train_{model}_fp32")
-        if fp16 is None or fp32 is None:
-            continue
-        figures[f"yolov5{model} mAP50-95 fp16 / fp32"] = f"{fp16['map']:.4f} / {fp32['map']:.4f}"
-        if fp16["map"] < fp32["map"] - AMP_TOLERANCE:
-            raise StepFailed(f"yolov5{model}: fp16 mAP50-95 {fp16['map']:.4f} is below fp32 {fp32['map']:.4f} by "
-                             f"more than {AMP_TOLERANCE}")
-    if not figures:
-        raise StepSkipped("needs a train_*_amp and train_*_fp32 pair from this invocation")
-    return figures
+def step_amp_accuracy(context: Context, model: str) -> dict:
+    fp16, fp32 = context.artifacts.get(f"train_{model}_amp"), context.artifacts.get(f"train_{model}_fp32")
+    if fp16 is None or fp32 is None:
+        raise StepSkipped(f"needs train_{model}_amp and train_{model}_fp32 from this invocation")
+    if fp16["map"] < fp32["map"] - AMP_TOLERANCE:
+        raise StepFailed(f"yolov5{model}: fp16 mAP50-95 {fp16['map']:.4f} is below fp32 {fp32['map']:.4f} by "
+                         f"more than {AMP_TOLERANCE}")
+    return {f"yolov5{model} mAP50-95 fp16 / fp32": f"{fp16['map']:.4f} / {fp32['map']:.4f}"}
 
 
 def step_autobatch(context: Context) -> dict:
@@ -406,21 +402,25 @@ def step_reference(context: Context) -> dict:
 
 
 # ---------------------------------------------------------------------- the run and the report
-STEPS = {
+STEPS = {  # most valuable first: a short lease runs the head of this list (see --deadline and --state)
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
     "tests": step_tests,
     "scaler": step_scaler,
-    **{name: (lambda context, name=name: step_train(context, name)) for name in TRAIN_STEPS},
-    "amp_accuracy": step_amp_accuracy,
-    "autobatch": step_autobatch,
+    "train_n_amp": lambda context: step_train(context, "train_n_amp"),
+    "train_n_fp32": lambda context: step_train(context, "train_n_fp32"),
+    "amp_accuracy": lambda context: step_amp_accuracy(context, "n"),
     "torchrun_nccl": step_torchrun_nccl,
-    "gloo_cpu": step_gloo_cpu,
     "resume_deterministic": lambda context: step_resume(context, deterministic=True),
-    "resume_default": lambda context: step_resume(context, deterministic=False),
-    "cross_device": step_cross_device,
     "half": step_half,
     "export": step_export,
+    "autobatch": step_autobatch,
+    "train_s_amp": lambda context: step_train(context, "train_s_amp"),
+    "train_s_fp32": lambda context: step_train(context, "train_s_fp32"),
+    "amp_accuracy_s": lambda context: step_amp_accuracy(context, "s"),
+    "resume_default": lambda context: step_resume(context, deterministic=False),
+    "gloo_cpu": step_gloo_cpu,
+    "cross_device": step_cross_device,
     "loader": step_loader,
     "reference": step_reference,
 }
@@ -469,13 +469,21 @@ def step_line(result: StepResult) -> str:
     return f"{result.name:22s} {result.status:4s} {result.seconds:7.1f} s  {result.detail or figures}"
 
 
+def report_path(context: Context) -> Path:
+    """gpu_check.md (gpu_check2.md, ... if taken) in --out, else $OUT, else the work folder; chosen once a call."""
+    if "report" not in context.artifacts:
+        folder = Path(context.args.out or os.environ.get("OUT") or context.work)
+        folder.mkdir(parents=True, exist_ok=True)
+        path, number = folder / "gpu_check.md", 2
+        while path.exists():
+            path, number = folder / f"gpu_check{number}.md", number + 1
+        context.artifacts["report"] = path
+    return context.artifacts["report"]
+
+
 def write_report(context: Context, stopped: str = "") -> Path:
-    """gpu_check.md (gpu_check2.md, ... if taken) in --out, else $OUT, else the work folder."""
-    folder = Path(context.args.out or os.environ.get("OUT") or context.work)
-    folder.mkdir(parents=True, exist_ok=True)
-    path, number = folder / "gpu_check.md", 2
-    while path.exists():
-        path, number = folder / f"gpu_check{number}.md", number + 1
+    """The report as it stands: rewritten after every step, so a call cut off at its limit still leaves one."""
+    path = report_path(context)
     environment = context.results.get("environment")
     lines = ["# GPU check", "", f"`{' '.join(sys.argv)}` at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", ""]
     if environment is not None:
@@ -496,8 +504,42 @@ def write_report(context: Context, stopped: str = "") -> Path:
             if result.log is not None and result.log.exists():
                 tail = result.log.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
                 lines += [f"Last lines of {result.log}:", "", "```", *tail, "```", ""]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    temporary.replace(path)
     return path
+
+
+# ---------------------------------------------------------------------- the state kept across leases
+def read_state(path: str) -> dict:
+    """{step: {status, seconds, figures, detail, commit, device, date}} from --state, {} when there is none."""
+    if not path or not Path(path).is_file():
+        return {}
+    try:
+        steps = json.loads(Path(path).read_text(encoding="utf-8")).get("steps", {})
+    except (OSError, ValueError, AttributeError) as error:
+        print(f"gpu_check.py: error: --state {path}: not a state file ({error})", file=sys.stderr)
+        raise SystemExit(2)
+    return {name: entry for name, entry in steps.items() if name in STEPS and isinstance(entry, dict)}
+
+
+def write_state(context: Context, result: StepResult) -> None:
+    """Add one finished step to --state (and a copy beside the report): a later lease runs the steps it lacks."""
+    if not context.args.state:
+        return
+    steps = read_state(context.args.state)
+    environment = context.results.get("environment")
+    steps[result.name] = {"status": result.status, "seconds": round(result.seconds, 1), "figures": result.figures,
+                          "detail": result.detail, "date": time.strftime("%Y-%m-%d"),
+                          "commit": (environment.figures.get("commit", "") if environment else ""),
+                          "device": context.results["cuda"].figures.get("device", "") if "cuda" in context.results
+                          else ""}
+    text = json.dumps({"steps": {name: steps[name] for name in STEPS if name in steps}}, indent=1) + "\n"
+    for path in {Path(context.args.state), report_path(context).with_name("gpu_check_state.json")}:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -514,6 +556,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--limit-val", type=float, default=240, help="seconds per val/detect/export command")
     parser.add_argument("--limit-tests", type=float, default=480, help="seconds for pytest -m cuda")
     parser.add_argument("--limit-reference", type=float, default=900, help="seconds for YOLOv5 v7's training")
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="seconds from the start after which no step starts and no command runs on (0: none)")
+    parser.add_argument("--state", default="", help="a JSON file of finished steps: those that passed there are "
+                        "not run again (unless --only names them); each step's result is added as it ends")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--cfg", default="yolov5n", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -526,8 +572,12 @@ def main(argv=None) -> int:
         return 0
     steps = selected_steps(args.only, args.skip)
     context = Context(args, Path(args.work).resolve())
+    if args.deadline > 0:
+        context.deadline = time.monotonic() + args.deadline
     context.artifacts["steps"] = steps
     context.work.mkdir(parents=True, exist_ok=True)
+    earlier = read_state(args.state)
+    named = set(selected_steps(args.only, "")) if args.only else set()
     print(f"gpu_check: {len(steps)} steps; logs in {context.work / 'logs'}", flush=True)
     for name in steps:
         if name == "cuda":
@@ -541,7 +591,20 @@ def main(argv=None) -> int:
                 return EXIT_NO_CUDA
             context.results["cuda"] = StepResult("cuda", figures={"device": cuda_device_name()})
             continue
-        print(step_line(run_step(context, name)), flush=True)
+        entry = earlier.get(name)
+        if entry and entry.get("status") == "pass" and name not in named and name != "environment":
+            context.results[name] = StepResult(name, "done", detail=f"passed earlier ({entry.get('date', '?')}, "
+                                                                     f"{entry.get('commit', '?')}; --state)")
+            print(step_line(context.results[name]), flush=True)
+            continue
+        if context.seconds_left() < MIN_STEP_SECONDS:
+            context.results[name] = StepResult(name, "not run", detail=f"--deadline {args.deadline:g} s reached")
+            print(step_line(context.results[name]), flush=True)
+            continue
+        result = run_step(context, name)
+        print(step_line(result), flush=True)
+        write_state(context, result)
+        write_report(context)
     print(f"report: {write_report(context)}")
     return EXIT_FAILED if any(r.status == "fail" for r in context.results.values()) else 0
 

@@ -58,10 +58,14 @@ class Context:
     results: dict = field(default_factory=dict)
     artifacts: dict = field(default_factory=dict)  # what a step leaves for later ones (checkpoints, rates)
     commands: list = field(default_factory=list)
+    deadline: float | None = None  # time.monotonic() after which no command runs (--deadline)
 
     @property
     def data(self) -> str:
         return str(self.args.data)
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
 
 # ---------------------------------------------------------------------- subprocesses
@@ -70,6 +74,7 @@ def run_command(context: Context, step: str, command: list, limit: float, on_fra
     """Run ``command`` in its own process group, its output to <work>/logs/<step>.log, killed after ``limit``
     seconds. ``on_fragment(process, seconds, text)`` sees each line or progress-bar update as it comes."""
     log_path = context.work / "logs" / f"{step}.log"
+    limit = max(1.0, min(limit, context.seconds_left()))  # --deadline: a command never runs past it
     log_path.parent.mkdir(parents=True, exist_ok=True)
     context.commands.append(" ".join(map(str, command)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
