@@ -2,42 +2,49 @@
 
     python benchmarks/gpu_check.py [--data ../shared/datasets/bccd/data.yaml] [--out DIR] [--only A,B] [--skip A,B]
 
-Steps, in this order (``--only`` / ``--skip`` take these names, or ``train`` for the four training steps):
+Steps, most valuable first (``--only`` / ``--skip`` take these names, or ``train`` for the four training steps):
 
   environment   (CPU) versions, GPU, CPUs, commit, the dataset, a YOLOv5 v7 reference install
   cuda          stops here on a machine without CUDA: prints "no CUDA device: ..." and exits 3
-  tests         python -m pytest -m cuda (tests/test_cuda.py)
+  tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
+                is listed)
   scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
                 a NaN loss skipped; then training goes on
-  train_n_amp, train_n_fp32, train_s_amp, train_s_fp32
-                python train.py --device 0 on --data, yolov5n / yolov5s, 640, --epochs 10, batch 16, 8 workers,
+  train_n_amp, train_n_fp32
+                python train.py --device 0 on --data, yolov5n, 640, --epochs 10, batch 16, 8 workers,
                 --amp auto (fp16) and --amp off: wall, training images/s, GPU memory, mAP
   amp_accuracy  fp16 against fp32 mAP50-95 at the last epoch (AMP_TOLERANCE)
-  autobatch     train.py --batch-size -1 (yolov5s, 640, 1 epoch): the AutoBatch line, the memory the run used
   torchrun_nccl torchrun --nproc_per_node 1 train.py --device 0 --sync-bn: NCCL group, SyncBatchNorm, DDP
-  gloo_cpu      torchrun --nproc_per_node 2 train.py --device cpu (320, 1 epoch) on this machine's CPUs
-  resume_deterministic, resume_default
+  resume_deterministic
                 SIGTERM sent in the middle of epoch 2 of 3 (the run stops at the next optimizer step), --resume,
-                against the uninterrupted run: identical weights and results.csv with --deterministic;
-                RESUME_TOLERANCE without it (cuDNN)
-  cross_device  the GPU-trained best.pt by val.py / detect.py on the CPU, the CPU-trained one (gloo_cpu) on the GPU
+                against the uninterrupted run: identical weights and results.csv with --deterministic
   half          val.py / detect.py --half against fp32 (HALF_TOLERANCE)
   export        export.py --device 0 --half --include torchscript onnx, then val.py on both files
+  autobatch     train.py --batch-size -1 (yolov5s, 640, 1 epoch): the AutoBatch line, the memory the run used
+  train_s_amp, train_s_fp32, amp_accuracy_s
+                the same for yolov5s
+  resume_default
+                as resume_deterministic without --deterministic: RESUME_TOLERANCE (cuDNN)
+  gloo_cpu      torchrun --nproc_per_node 2 train.py --device cpu (320, 1 epoch) on this machine's CPUs
+  cross_device  the GPU-trained best.pt by val.py / detect.py on the CPU, the CPU-trained one (gloo_cpu) on the GPU
   loader        benchmarks/bench_loader.py at 640, 8 workers, no cache and --cache ram, against the GPU's
                 training step on batches already on the GPU (is the GPU starved?)
   reference     YOLOv5 v7 (benchmarks/reference/README.md) with train_n_amp's settings, when installed
 
 Each step is timed, has a time limit, and passes, fails or is skipped with its reason; train/val/detect/export
 run as subprocesses whose whole output goes to <work>/logs/<step>.log. The report (gpu_check.md) goes to --out,
-else $OUT, else the work folder (--work, default runs/gpu_check: a later call finds the earlier checkpoints).
+else $OUT, else the work folder (--work, default runs/gpu_check: a later call finds the earlier checkpoints); it
+is rewritten after every step, so a call cut off at its limit still leaves one.
 Exit status: 0 all passed or skipped, 1 a step failed, 3 no CUDA device (2: bad flags).
+
+Short leases (a GPU lent for minutes, its files lost afterwards): ``--deadline SECONDS`` starts no step, and lets
+no command run, past that many seconds; ``--state benchmarks/results/gpu_check_state.json`` skips the steps that
+passed in an earlier lease and adds each finished step as it ends (a copy goes beside the report: commit it,
+and the next lease runs what it lacks).
 
 On a GPU machine that gets a copy of the repository without ../shared: copy the dataset into an ignored folder
 of the repository first, e.g. ``mkdir -p .gpu && cp -r ../shared/datasets/bccd .gpu/`` with ``/.gpu/`` in
 .git/info/exclude, and pass ``--data .gpu/bccd/data.yaml --commit <sha>`` (without .git the commit cannot be read).
-Where one command may run only so long (10 minutes), split the run in two with the same --work:
-``--only tests,scaler,train,amp_accuracy,autobatch``, then ``--skip tests,scaler,train,amp_accuracy,autobatch``
-(the later steps find the training steps' checkpoints under --work).
 """
 from __future__ import annotations
 
@@ -124,14 +131,19 @@ def reference_python(given: str) -> str:
 
 # ---------------------------------------------------------------------- CUDA steps
 def step_tests(context: Context) -> dict:
-    completed = run_command(context, "tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p",
+    completed = run_command(context, "tests", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p",
                                                "no:cacheprovider"], context.args.limit_tests)
     summary = next((t for _, t in reversed(completed.fragments) if " in " in t and ("passed" in t or "failed" in t)),
                    "no summary line")
     checked(completed, f"pytest -m cuda: {summary.strip('= ')}")
-    if "skipped" in summary:
-        raise StepFailed(f"pytest -m cuda skipped tests on a CUDA machine: {summary.strip('= ')}")
-    return {"pytest -m cuda": summary.strip("= ")}
+    skips = [t for _, t in completed.fragments if t.startswith("SKIPPED")]
+    cuda_skips = [t for t in skips if "CUDA" in t or "cuda" in t]  # a module skipped for a missing package is not
+    if cuda_skips:                                                 # a CUDA test skipped
+        raise StepFailed(f"pytest -m cuda skipped CUDA tests on a CUDA machine: {cuda_skips[0]}")
+    figures = {"pytest -m cuda": summary.strip("= ")}
+    if skips:
+        figures["skipped (not CUDA)"] = "; ".join(t.split(": ", 1)[-1] for t in skips)
+    return figures
 
 
 def step_scaler(context: Context) -> dict:
@@ -354,7 +366,7 @@ def step_loader(context: Context) -> dict:
     command = python_command("benchmarks/bench_loader.py", "--data", context.data, "--imgsz", 640, "--workers", 8,
                              "--seconds", 20, "--cache-rows", "--yolov5", "")
     completed = checked(run_command(context, "loader", command, context.args.limit_train), "bench_loader.py")
-    rows = re.findall(r"\| 640 \| 8 \| (\S+) \| ours \| ([\d.]+) \|", completed.text)
+    rows = re.findall(r"\| 640 \| 8 \| (\S+) \| ours[^|]* \| ([\d.]+) \|", completed.text)
     figures = {f"loader 640, 8 workers, cache {cache}": f"{float(rate):.0f} img/s" for cache, rate in rows}
     for cfg in ("yolov5n", "yolov5s"):
         step = run_command(context, f"loader_step_{cfg}", [sys.executable, __file__, "--child", "step-rate",

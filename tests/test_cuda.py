@@ -494,3 +494,48 @@ def test_gpu_check_reads_the_training_and_validation_logs():
     assert val_figures(completed) == {"mAP50": 0.25, "mAP50-95": 1.2e-05,
                                       "speed": "0.1ms pre-process, 1.5ms inference, 0.9ms NMS"}
 
+
+
+def test_gpu_check_state_and_deadline_for_short_leases(tmp_path, capsys, monkeypatch):
+    """--state: a step that passed in an earlier lease is not run again (unless --only names it), each finished
+    step is added as it ends; --deadline: no step starts once the time is spent; the report is on disk after every
+    step, so a call cut off at its limit still brings one back."""
+    import json
+
+    from benchmarks import gpu_check
+
+    ran = []
+
+    def fake(name, outcome="pass"):
+        def step(context):
+            ran.append(name)
+            assert (tmp_path / "out" / "gpu_check.md").is_file() or name == "environment"
+            if outcome == "spend":
+                context.deadline = 0.0  # the lease's time is up after this step
+            return {"figure": name}
+        return step
+
+    steps = {"environment": fake("environment"), "cuda": None, "tests": fake("tests"), "scaler": fake("scaler"),
+             "train_n_amp": fake("train_n_amp", "spend"), "half": fake("half")}
+    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    monkeypatch.setattr(gpu_check, "no_cuda_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "cuda_device_name", lambda: "cuda:0 Fake GPU")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"steps": {"scaler": {"status": "pass", "date": "2026-01-01", "commit": "abc"},
+                                           "tests": {"status": "fail"}, "gone": {"status": "pass"}}}))
+    status = gpu_check.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--state", str(state),
+                             "--deadline", "600"])
+    assert status == 0 and ran == ["environment", "tests", "train_n_amp"]  # scaler passed earlier, half: no time
+    saved = json.loads(state.read_text())["steps"]
+    assert list(saved) == ["environment", "tests", "scaler", "train_n_amp"]  # in the steps' order, unknown dropped
+    assert saved["tests"]["status"] == "pass" and saved["train_n_amp"]["device"] == "cuda:0 Fake GPU"
+    assert saved["scaler"]["date"] == "2026-01-01"  # kept as it was
+    assert json.loads((tmp_path / "out" / "gpu_check_state.json").read_text())["steps"] == saved
+    report = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| scaler | done |" in report and "passed earlier (2026-01-01, abc; --state)" in report
+    assert "| half | not run |" in report and "--deadline 600 s reached" in report
+    ran.clear()
+    assert gpu_check.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--state", str(state),
+                           "--only", "scaler"]) == 0
+    assert ran == ["environment", "scaler"]  # named by --only: run again
+    assert (tmp_path / "out" / "gpu_check2.md").is_file()
