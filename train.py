@@ -63,9 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=cli.CACHE_MODES,
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
-    parser.add_argument("--mosaic-partners", default="batch", choices=cli.MOSAIC_PARTNERS,
-                        help="where a mosaic's other 3 images come from: the same batch (default: each image decoded "
-                             "once per batch) or the whole dataset (YOLOv5's way: ~3.6 decodes per image)")
+    parser.add_argument("--mosaic-partners", default="dataset", choices=cli.MOSAIC_PARTNERS,
+                        help="where a mosaic's other 3 images come from: the whole dataset (default, YOLOv5's way: "
+                             "~3.6 decodes per image) or 'batch': 3 other images of the same batch, each decoded once "
+                             "per batch (for uncached, decode-bound data; saves nothing with --cache ram). 'batch' "
+                             "changes the augmentation: small batches reuse the same few images in every mosaic, "
+                             "and under torchrun the batch is each process's share (16 x 4 is not 1 x 64)")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")

@@ -8,7 +8,9 @@ YOLOv5 v7's loader on the same files in the same run (a timing: run it on an oth
 Kinds (``benchmarks/generated_dataset.py``, made once under ``--root``): ``coco`` 640x480 JPEGs, ``phone``
 12-megapixel JPEGs, ``png`` 640x480 PNGs. Workers: 1, 2, 4, ... up to the CPU count (``--workers`` to choose).
 Each row is one fresh process (``--cell``): batch 16, hyp.scratch-low, shuffle, no cache unless the row says
-so, mosaic partners from the batch (our default; ``--partners batch dataset`` adds rows with YOLOv5's way); the prefetched batches are drained, then images are counted over >= ``--seconds`` (loader_timing.py).
+so, mosaic partners from the dataset (YOLOv5's draw, our default; ``--partners dataset batch`` adds rows with the
+``--mosaic-partners batch`` opt-in); the prefetched batches are drained, then images are counted over >= ``--seconds``
+(loader_timing.py).
 "images per CPU-s" counts the CPU time of the main process and every worker: the per-core figure, so a
 machine with C cores makes about C times that many images a second. YOLOv5 runs in its own environment
 (benchmarks/reference/README.md, ``--yolov5``); without it only our rows are printed. The two alternate
@@ -63,7 +65,7 @@ def warm_page_cache(folder: Path) -> None:
 
 
 def our_loader(images: Path, nc: int, imgsz: int, workers: int, cache: str | None, batch_size: int,
-               partners: str = "batch"):
+               partners: str = "dataset"):
     """(loader, endless iterator of batch sizes) for our training loader."""
     from utils.config import Hyp
     from utils.data.loader import create_dataloader, set_loader_epoch
@@ -89,7 +91,7 @@ def run_cell(args) -> None:
     """One row, in this (fresh) process: prints one JSON line."""
     cell = json.loads(args.cell)
     loader, batches = our_loader(Path(cell["images"]), cell["nc"], cell["imgsz"], cell["workers"], cell["cache"],
-                                 cell["batch_size"], cell.get("partners", "batch"))
+                                 cell["batch_size"], cell.get("partners", "dataset"))
     print(json.dumps(time_loader(loader, batches, cell["seconds"])), flush=True)
 
 
@@ -124,7 +126,7 @@ STAGES = {  # label: (function name, file suffix)
 
 
 def profile(label: str, images: Path, nc: int, imgsz: int, batch_size: int, batches: int,
-            partners: str = "batch") -> None:
+            partners: str = "dataset") -> None:
     """Where one worker's time goes: single process, single-threaded like a loader worker."""
     import cv2
     import torch
@@ -175,7 +177,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="timed window per row")
     parser.add_argument("--rounds", type=int, default=1, help="alternations of ours and YOLOv5 per row")
     parser.add_argument("--cache-rows", action="store_true", help="add our --cache ram rows (most workers)")
-    parser.add_argument("--partners", nargs="+", default=["batch"], choices=("batch", "dataset"),
+    parser.add_argument("--partners", nargs="+", default=["dataset"], choices=("dataset", "batch"),
                         help="our --mosaic-partners setting(s): a row of ours for each")
     parser.add_argument("--yolov5", default=str(Path.home() / ".cache/yolov5-ref-venv/bin/python"),
                         help="the YOLOv5 v7 environment's python ('' for our rows only)")

@@ -136,12 +136,13 @@ def test_loader_seeding_is_reproducible(split, workers):
     assert not torch.equal(a[0][0], other[0][0])
 
 
-@pytest.mark.parametrize("batch_size", [3, 4])  # 4: mosaic partners from the batch; 3: from the split
-def test_worker_count_does_not_change_batches(split, batch_size):
+# mosaic partners from the split, from the batch, and from the split again (a batch of 3 has too few images)
+@pytest.mark.parametrize("partners, batch_size", [("dataset", 4), ("batch", 4), ("batch", 3)])
+def test_worker_count_does_not_change_batches(split, partners, batch_size):
     batches = []
     for workers in (0, 2):
         loader, _ = create_dataloader(None, 64, batch_size, 32, hyp=Hyp(), augment=True, workers=workers,
-                                      shuffle=True, seed=1, labels=split)
+                                      shuffle=True, seed=1, labels=split, mosaic_partners=partners)
         set_loader_epoch(loader, 4)
         batches.append(next(iter(loader)))
     assert torch.equal(batches[0][0], batches[1][0]) and torch.equal(batches[0][1], batches[1][1])

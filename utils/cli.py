@@ -113,7 +113,7 @@ CACHE_MODES = ("ram", "disk", "auto", "off")
 OPTIMIZER_NAMES = ("SGD", "Adam", "AdamW")
 TRAIN_AMP_MODES = ("auto", "fp16", "bf16", "off")
 CHANNELS_LAST_MODES = ("auto", "on", "off")
-MOSAIC_PARTNERS = ("batch", "dataset")  # where a mosaic's other 3 images come from (YoloDataset.__getitems__)
+MOSAIC_PARTNERS = ("dataset", "batch")  # where a mosaic's other 3 images come from (YoloDataset.__getitems__)
 
 
 def add_device_flag(parser: argparse.ArgumentParser) -> None:

@@ -175,7 +175,7 @@ class TrainConfig:
     evolve: int | None = None
     cache: str | None = "auto"  # ram, disk, auto (RAM for small datasets), off / None
     image_weights: bool = False
-    mosaic_partners: str = "batch"  # batch or dataset (YOLOv5's): where a mosaic's other images come from
+    mosaic_partners: str = "dataset"  # dataset (YOLOv5's) or batch: where a mosaic's other images come from
     device: str = ""
     multi_scale: bool = False
     single_cls: bool = False
@@ -279,7 +279,8 @@ def _plain_option(value):
 
 TIME_HOURS = cli.float_in_range(Range(0, 10 ** 6, low_open=True))  # train.py --time (hours)
 
-# Options whose default changed after they were first saved: the value a stored config without them ran with.
+# Options added (or whose default changed) after runs were first saved: the value a stored config without them ran
+# with. mosaic_partners: runs saved before the option existed drew from the whole split (whatever today's default).
 STORED_DEFAULTS = {"mosaic_partners": "dataset"}
 
 # The bound of every TrainConfig field: the flag's own validator (utils.cli), applied to stored values too.

@@ -19,8 +19,8 @@ Image weights (``--image-weights``): the trainer computes per-class weights each
 ``class_weights(labels, nc)`` times ``(1 - maps) ** 2``) and calls
 ``utils.data.loader.set_loader_image_weights(loader, class_weights)``, which stores
 ``dataset.image_weights(class_weights)`` in the sampler; the sampler then draws indices with those
-weights (mosaic partners: uniform over the split with ``mosaic_partners="dataset"``, else the batch's own images,
-drawn with those weights).
+weights (mosaic partners: uniform over the split with ``mosaic_partners="dataset"``, the default; with "batch",
+the batch's distinct other images, which those weights drew).
 """
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ class YoloDataset(Dataset):
 
     def __init__(self, source, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
                  cache=None, single_cls=False, stride=32, pad=0.0, prefix="", seed=0, nc=None,
-                 mosaic_partners="batch"):
+                 mosaic_partners="dataset"):
         split = source if hasattr(source, "im_files") else self._scan(source, nc, prefix, single_cls)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self.hyp = hyp if hyp is not None else Hyp()
@@ -403,21 +403,25 @@ class YoloDataset(Dataset):
     def __getitems__(self, items: list) -> list:
         """One batch's items (the DataLoader asks for a batch at once, in its worker or in the main process).
 
-        With ``mosaic_partners="batch"`` (the default) a mosaic's three other images are drawn from the other
-        images of the same batch (three distinct positions, uniformly), and each image decoded for the batch
-        is kept until the batch is built: about one decode per item instead of the ~3.6 of partners drawn from
-        the whole dataset (YOLOv5's way, ``"dataset"``; the same for direct ``dataset[i]`` and for batches of
-        fewer than four). The batch is already a uniform random sample of the split, so each image still
-        appears in about four mosaics per epoch, once as the main image; the batch's order depends only on
-        (seed, epoch), so items stay independent of worker count and order. Decoding is most of what an
-        uncached loader does (docs/benchmarks.md, "The training loader at scale").
+        With ``mosaic_partners="dataset"`` (the default, YOLOv5's draw) each item is built as ``dataset[item]``: a
+        mosaic's three other images are any three of the split. ``"batch"`` (opt-in, for uncached data where
+        decoding is most of what the loader does: docs/benchmarks.md, "The training loader at scale") draws them
+        from the batch's distinct images (by index) other than the item's own (three distinct ones, uniformly),
+        and keeps each image decoded for the batch until the batch is built: about one decode per item instead
+        of ~3.6. A batch with fewer than four distinct images (batch sizes 1-3, or image weights drawing the
+        same images) cannot give every item three distinct others: all its items draw from the split then. What
+        ``"batch"`` changes: a mosaic only mixes images that share its batch, so small batches reuse the same few
+        images in every mosaic, and under torchrun the batch is each rank's share (16 processes of batch 4 do not
+        augment like one process of batch 64). With a RAM or disk cache it saves no decode. The batch's order
+        depends only on (seed, epoch), so items stay independent of worker count and order either way.
         """
         indices = np.array([int(item[0]) if isinstance(item, tuple) else int(item) for item in items], np.int64)
-        if not (self.mosaic and self.mosaic_partners == "batch" and len(indices) >= 4):
+        distinct = np.unique(indices)  # sorted: the same partners whatever the items' order
+        if not (self.mosaic and self.mosaic_partners == "batch" and len(distinct) >= 4):
             return [self[item] for item in items]
         self.decoded = {} if self.store is None else None  # a cache already holds every image decoded
         try:
-            return [self.item(item, np.delete(indices, position)) for position, item in enumerate(items)]
+            return [self.item(item, distinct[distinct != index]) for index, item in zip(indices, items)]
         finally:
             self.decoded = None
 
@@ -426,7 +430,8 @@ class YoloDataset(Dataset):
 
     def item(self, item, partners: np.ndarray | None = None):
         """Item ``item`` (an index, or ``(index, epoch)``); a mosaic's other images are drawn from ``partners``
-        (indices) when given, else from the whole split."""
+        (distinct indices, not the item's own, at least three) when given, else from the whole split. Mixup's
+        second mosaic is one of ``partners``, with the rest as its partners when three remain."""
         index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
         index = int(index)
         rng = np.random.default_rng((self.seed, int(epoch), index))

@@ -141,7 +141,7 @@ def worker_count(workers: int, batch_size: int, processes: int = 1) -> int:
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
-                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="batch"):
+                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset"):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
     ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
@@ -151,7 +151,7 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     ``cpus_busy``: the caller's compute keeps every CPU busy (CPU training, see ``utils.device.compute_fills_cpus``);
     then images cached in RAM load in the main process (see ``inline_loading``).
     ``multiprocessing_context``: the workers' start method ("fork", "spawn", "forkserver"; None: Python's default).
-    ``mosaic_partners``: "batch" or "dataset", see ``YoloDataset.__getitems__``.
+    ``mosaic_partners``: "dataset" (YOLOv5's draw) or "batch" (this rank's batch), see ``YoloDataset.__getitems__``.
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
     """
