@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ from torch import nn
 
 from utils.cli import OPTIMIZER_NAMES
 from utils.config import ConfigError, Hyp
-from utils.trainer.sgd import SGD
+from utils.trainer.sgd import SGD, TORCH_SGD_VARIABLE
 
 LOGGER = logging.getLogger(__name__)
 
@@ -68,15 +69,17 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
 
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     weight_decay: float = 1e-5) -> torch.optim.Optimizer:
-    """SGD (Nesterov; utils.trainer.sgd, torch.optim.SGD's update and state_dict) / Adam / AdamW (torch.optim's,
-    betas = (momentum, 0.999)) over the three groups above.
+    """SGD (Nesterov; utils.trainer.sgd, torch.optim.SGD's update and state_dict; torch.optim.SGD itself with
+    YOLO_TRAINER_TORCH_SGD=1) / Adam / AdamW (torch.optim's, betas = (momentum, 0.999)) over the three groups
+    above.
 
     ``weight_decay`` is applied to group 1 only; pass the already scaled value."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
     biases, weights, norm_weights = parameter_groups(model)
     if name == "SGD":
-        optimizer = SGD(biases, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0)
+        sgd = torch.optim.SGD if torch_sgd_requested() else SGD
+        optimizer = sgd(biases, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0)
     elif name == "Adam":
         optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
     else:
@@ -84,8 +87,18 @@ def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momen
     optimizer.add_param_group({"params": weights, "weight_decay": weight_decay})
     optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
     LOGGER.info("optimizer: %s(lr=%g) with parameter groups %d bias, %d weight(decay=%g), %d norm weight",
-                name, lr, len(biases), len(weights), weight_decay, len(norm_weights))
+                "torch.optim.SGD" if isinstance(optimizer, torch.optim.SGD) else name, lr, len(biases), len(weights),
+                weight_decay, len(norm_weights))
     return optimizer
+
+
+def torch_sgd_requested() -> bool:
+    """The switch back to torch.optim.SGD: YOLO_TRAINER_TORCH_SGD=1 (unset, empty or 0: utils.trainer.sgd's)."""
+    value = os.environ.get(TORCH_SGD_VARIABLE, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"environment variable {TORCH_SGD_VARIABLE}={value[:40]!r} is invalid: use 1 "
+                          "(torch.optim.SGD) or 0 (utils.trainer.sgd's)")
+    return value == "1"
 
 
 def lr_lambda(epochs: int, lrf: float, cos: bool = False) -> Callable[[float], float]:
