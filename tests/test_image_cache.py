@@ -1,16 +1,20 @@
 """The image cache: one store per machine (utils/data/image_store.py, image_cache.py). The same pixels as no cache
 in loader workers of every start method (none unpickles the pixels), the store removed when its run ends and a
-killed run's store removed by the next, --cache disk kept in the user cache folder (a restart decodes nothing, a
-read-only dataset folder trains), and two torchrun processes filling one store together."""
+killed run's store removed by the next (before anything is measured), room kept in shared memory for the loaders'
+batches, stores and their folders this user's alone, --cache disk kept in the user cache folder (a restart decodes
+nothing, a read-only dataset folder trains), and two torchrun processes filling one store together."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +23,12 @@ import torch
 
 from tests.conftest import ROOT, make_tiny_dataset, make_tiny_run
 from utils.config import Hyp
+from utils.data import dataset as dataset_module
 from utils.data import image_cache
+from utils.data.cache_folders import CacheFolderError
 from utils.data.dataset import YoloDataset
-from utils.data.image_store import CacheError, ImageStore, StoreMismatch, create_store
-from utils.data.loader import create_dataloader, set_loader_epoch
+from utils.data.image_store import PAGE, CacheError, ImageStore, StoreMismatch, create_store
+from utils.data.loader import create_dataloader, loader_shared_bytes, set_loader_epoch, worker_count
 from utils.data.verify import scan_split
 
 
@@ -39,6 +45,45 @@ def shm(tmp_path, monkeypatch):
 def user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("YOLO_TRAINER_CACHE", str(tmp_path / "user-cache"))
     return tmp_path / "user-cache"
+
+
+@pytest.fixture
+def small_shm(tmp_path, monkeypatch):
+    """A 4 MB tmpfs as the machine's shared memory (a container's /dev/shm in small); needs root to mount it."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "small-shm"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=1777", "tmpfs", str(folder)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    monkeypatch.setattr(image_cache, "RAM_FOLDER", folder)
+    yield folder
+    gc.collect()
+    if subprocess.run(["umount", str(folder)], capture_output=True, timeout=30).returncode != 0:
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def no_umask():
+    """Umask 0: the modes the tests see are the code's own, not the umask's."""
+    saved = os.umask(0)
+    yield
+    os.umask(saved)
+
+
+def killed_runs_store(folder: Path, nbytes: int) -> Path:
+    """A store of about ``nbytes`` as a killed run leaves it: unlocked, its name a run store's, an hour old."""
+    path = folder / f"{image_cache.RAM_PREFIX}0123456789abcdef0123-99999-deadbeef{image_cache.SUFFIX}"
+    create_store(path, "killed", np.array([[max((nbytes - 2 * PAGE) // (3 * 1024), 1), 1024]]))
+    past = time.time() - 3600
+    os.utime(path, (past, past))
+    return path
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 @pytest.fixture
@@ -138,6 +183,99 @@ image_cache.RAM_FOLDER = Path({shm!r})
 data = YoloDataset(pickle.loads(bytes.fromhex({split!r})), imgsz=64, cache="ram")
 os.kill(os.getpid(), signal.SIGKILL)
 '''
+
+
+def test_a_killed_runs_store_filling_shared_memory_is_removed_and_the_next_run_caches_in_ram(split, small_shm,
+                                                                                             user_cache):
+    """A killed run's store that fills /dev/shm (a 4 MB tmpfs here) is removed before the next run measures the free
+    space: that run's store goes to shared memory, not to the disk fallback."""
+    stale = killed_runs_store(small_shm, image_cache._free_bytes(small_shm))
+    request_bytes = image_cache.layout(YoloDataset(split, imgsz=64)._resized_shapes())[2]
+    assert image_cache._free_bytes(small_shm) < request_bytes * image_cache.RAM_MARGIN  # no room while it stays
+    data = YoloDataset(split, imgsz=64, cache="ram")
+    assert not stale.exists() and Path(data.store.path).parent == small_shm and data.in_ram
+    assert not (user_cache / "ram").exists()  # the fallback was never needed
+    path = Path(data.store.path)
+    del data
+    assert not path.exists()
+
+
+def test_killed_runs_stores_are_removed_before_free_space_and_memory_are_read(split, shm, user_cache, monkeypatch):
+    """Without root (no tmpfs to fill): the free space reported is small while the killed run's store exists, and
+    the memory check records whether it still did when it ran."""
+    stale = killed_runs_store(shm, 64 * 1024)
+    real = image_cache._free_bytes
+    monkeypatch.setattr(image_cache, "_free_bytes", lambda folder: 10 if stale.exists() else real(folder))
+    seen = []
+    monkeypatch.setattr(dataset_module, "check_ram_cache", lambda *args: seen.append(stale.exists()))
+    data = YoloDataset(split, imgsz=64, cache="ram")
+    assert seen == [False] and not stale.exists() and Path(data.store.path).parent == shm
+
+
+def test_shared_memory_keeps_room_for_the_loaders_batches(tmp_path, shm, user_cache, monkeypatch):
+    """/dev/shm must hold the store (RAM_MARGIN) and the loaders' batches: those of this split, and those of the
+    splits this process cached before (while their stores live)."""
+    request = image_cache.StoreRequest([str(tmp_path / "a.jpg")], np.array([[100, 100]]), lambda i: None, "64-area",
+                                       loader_bytes=50_000)
+    assert request.nbytes == 2 * PAGE + 30_000
+    gc.collect()
+    earlier = image_cache.shared_memory_need(0, 0)
+    need = request.nbytes * 1.05 + 50_000 + earlier
+    assert image_cache.shared_memory_need(request.nbytes, 50_000) == need
+    for free, folder in [(need, shm), (need - 1, user_cache / "ram")]:
+        monkeypatch.setattr(image_cache, "_free_bytes", lambda _, free=free: free)
+        assert image_cache.RamPlacement(request).folder() == folder
+    monkeypatch.undo()
+    request.load = lambda i: np.full((100, 100, 3), 5, np.uint8)
+    store = image_cache.shared_image_store(request, "ram")
+    path = Path(store.path)
+    assert image_cache.shared_memory_need(0, 0) == earlier + 50_000  # the next split keeps this one's room
+    del store
+    gc.collect()
+    assert image_cache.shared_memory_need(0, 0) == earlier and not path.exists()
+
+
+def test_loader_room_is_the_workers_batch_buffers(split, shm, monkeypatch):
+    """Each worker keeps PREFETCH + SPARE_SLOTS uint8 batches of 3 x side x side (a rect batch: its padded side),
+    on every process of the machine; create_dataloader hands that to the cache, 0 when loading stays inline."""
+    assert loader_shared_bytes(2, 16, 640, 32, processes=2) == 2 * 2 * 6 * (16 * 3 * 640 * 640 + 16)
+    assert loader_shared_bytes(3, 32, 640, 32, pad=0.5) == 3 * 6 * (32 * 3 * 672 * 672 + 16)
+    assert loader_shared_bytes(0, 16, 640, 32) == 0
+    given = []
+    real = dataset_module.shared_image_store
+    monkeypatch.setattr(dataset_module, "shared_image_store",
+                        lambda request, *args, **kwargs: (given.append(request.loader_bytes),
+                                                          real(request, *args, **kwargs))[1])
+    create_dataloader(None, 64, 3, 32, cache="ram", workers=2, labels=split)
+    create_dataloader(None, 64, 3, 32, cache="ram", workers=2, labels=split, cpus_busy=True)
+    assert given == [loader_shared_bytes(worker_count(2, 3), 3, 64, 32), 0]
+
+
+@pytest.mark.parametrize("mode", ["ram", "ram-fallback", "disk"])
+def test_stores_and_their_folders_are_this_users_alone(split, shm, user_cache, monkeypatch, no_umask, mode):
+    """Files 0600 and the user cache folders 0700 whatever the umask (0 here): others cannot read the pixels."""
+    if mode == "ram-fallback":
+        monkeypatch.setattr(image_cache, "_free_bytes", lambda folder: 10)
+    data = YoloDataset(split, imgsz=64, cache=mode.split("-")[0])
+    path = Path(data.store.path)
+    assert mode_of(path) == 0o600
+    assert path.parent == {"ram": shm, "ram-fallback": user_cache / "ram", "disk": user_cache / "images"}[mode]
+    if mode != "ram":
+        assert mode_of(path.parent) == 0o700 and mode_of(user_cache) == 0o700
+
+
+def test_an_existing_cache_folder_is_narrowed_and_anothers_refused(split, user_cache):
+    (user_cache / "images").mkdir(parents=True)
+    (user_cache / "images").chmod(0o755)
+    YoloDataset(split, imgsz=64, cache="disk")
+    assert mode_of(user_cache / "images") == 0o700
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    os.chown(user_cache / "images", 65534, 65534)
+    with pytest.raises(CacheFolderError, match=r"images: owned by user 65534, not by this user \(0\): set "
+                                               r"YOLO_TRAINER_CACHE to a folder of your own$") as error:
+        YoloDataset(split, imgsz=64, cache="disk")
+    assert "\n" not in str(error.value)
 
 
 def test_a_live_runs_store_is_never_removed(split, shm, monkeypatch):

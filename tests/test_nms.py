@@ -242,3 +242,76 @@ def test_nms_falls_back_to_the_torchvision_package(monkeypatch):
     finally:
         monkeypatch.undo()
         nms._torchvision_nms.cache_clear()
+
+
+def installed_metadata(monkeypatch, torch_version, torchvision_version):
+    """importlib.metadata reports these versions (None: no metadata) for torch and torchvision."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    versions = {"torch": torch_version, "torchvision": torchvision_version}
+
+    def version(name):
+        if name not in versions:
+            return real_version(name)
+        if versions[name] is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def nms_path(monkeypatch):
+    """('library', path) or ('package', None): how _torchvision_nms got the operator, and its result."""
+    import utils.nms as nms
+
+    loaded = []
+    real_load = torch.ops.load_library
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: (loaded.append(path), real_load(path)))
+    nms._torchvision_nms.cache_clear()
+    try:
+        operator = nms._torchvision_nms()
+        torch.manual_seed(0)
+        pred = torch.rand(2, 500, 8) * torch.tensor([100.0, 100.0, 30.0, 30.0, 1.0, 1.0, 1.0, 1.0])
+        return loaded, operator, non_max_suppression(pred, conf_thres=0.1, iou_thres=0.5)
+    finally:
+        nms._torchvision_nms.cache_clear()
+
+
+@pytest.mark.parametrize("torch_version, torchvision_version, name", [
+    ("2.14.1+cu130", "0.29.1+cu130", "_C_stable"), ("2.14.0", "0.29.0+cpu", "_C_stable"),
+    ("2.11.0+cpu", "0.26.0", "_C"), ("2.0.1", "0.15.2", "_C")])
+def test_known_version_pairs_name_the_library(monkeypatch, torch_version, torchvision_version, name):
+    from utils.nms import _library_name
+
+    installed_metadata(monkeypatch, torch_version, torchvision_version)
+    assert _library_name() == name
+
+
+@pytest.mark.parametrize("torch_version, torchvision_version", [
+    ("2.15.0", "0.30.0"), ("2.14.1", "0.28.0"), ("2.14.1", "0.30.0"), ("3.0.0", "0.30.0"), ("1.13.1", "0.14.1"),
+    ("2.14.1", None), (None, "0.29.1"), ("unknown", "0.29.1")])
+def test_unknown_version_pairs_or_no_metadata_name_no_library(monkeypatch, torch_version, torchvision_version):
+    from utils.nms import _library_name, _torchvision_library
+
+    installed_metadata(monkeypatch, torch_version, torchvision_version)
+    assert _library_name() is None
+    assert _torchvision_library() is None
+
+
+def test_known_pair_loads_the_library_unknown_pair_imports_the_package_same_detections(monkeypatch):
+    """The pinned pair (with a local suffix) loads torchvision's operator library from the installed package;
+    torch 2.15 with it is unknown, so torchvision is imported; both give the same detections."""
+    from pathlib import Path
+
+    import torchvision
+
+    installed_metadata(monkeypatch, "2.14.1+cu130", "0.29.1+cu130")
+    loaded, operator, library_detections = nms_path(monkeypatch)
+    assert len(loaded) == 1 and operator is torch.ops.torchvision.nms
+    assert Path(loaded[0]).parent == Path(torchvision.__file__).parent
+    installed_metadata(monkeypatch, "2.15.0", "0.29.1+cu130")
+    loaded, operator, package_detections = nms_path(monkeypatch)
+    assert loaded == [] and operator is torchvision.ops.nms
+    assert sum(det.shape[0] for det in library_detections) > 10
+    assert all(torch.equal(a, b) for a, b in zip(library_detections, package_detections))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import math
+import os
+import re
 
 import torch
 
@@ -20,7 +23,10 @@ MAX_NMS = 30000  # candidates per image passed to NMS at most (highest confidenc
 NMS_CHUNK = 256  # candidates in the first greedy-NMS chunk at least (see _greedy_nms)
 NMS_GROWTH = 2  # a further chunk is at most this many times the previous one
 NMS_MIN_CHUNK = 32  # and at least this many candidates
-TORCHVISION_LIBRARIES = ("_C_stable", "_C")  # torchvision's operator library: its name since 0.29, and before
+# The (torch, torchvision) releases whose operator library NMS loads without importing torchvision: torchvision's
+# compatibility table (its README) pairs torch 2.N with torchvision 0.(N + 15); listed up to torch 2.14 /
+# torchvision 0.29, the pair requirements.txt pins. Any other pair (or one without metadata) imports torchvision.
+TORCHVISION_FOR_TORCH = {(2, minor): (0, minor + 15) for minor in range(15)}
 
 
 def _check_thresholds(conf_thres: float, iou_thres: float) -> None:
@@ -54,23 +60,58 @@ def _best_first(scores: torch.Tensor, k: int) -> torch.Tensor:
     return index[scores[index].argsort(descending=True, stable=True)[:k]]
 
 
+def _release(version: str) -> tuple[int, int] | None:
+    """major.minor of a version string ('2.14.1+cu130' -> (2, 14)); None when it does not start that way."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _library_name() -> str | None:
+    """The name of torchvision's operator library (``_C_stable`` since 0.29, ``_C`` before) when the installed
+    torch and torchvision (their package metadata) are a pair in TORCHVISION_FOR_TORCH; else None."""
+    try:
+        torch_release, torchvision_release = (_release(importlib.metadata.version(name))
+                                              for name in ("torch", "torchvision"))
+    except (ImportError, ValueError):  # PackageNotFoundError: no metadata
+        return None
+    if torch_release is None or TORCHVISION_FOR_TORCH.get(torch_release) != torchvision_release:
+        return None
+    return "_C_stable" if torchvision_release >= (0, 29) else "_C"
+
+
+def _torchvision_library() -> str | None:
+    """The file of torchvision's operator library to load directly: only for a known pair (``_library_name``),
+    and only from the torchvision package Python would import when it is the distribution whose version was
+    read. Else None: import the package."""
+    name = _library_name()
+    if name is None:
+        return None
+    try:
+        distributed = importlib.metadata.distribution("torchvision").locate_file("torchvision")
+        spec = importlib.util.find_spec("torchvision")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        if not folders or not os.path.samefile(folders[0], distributed):
+            return None
+        loader = (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES)
+        found = importlib.machinery.FileFinder(folders[0], loader).find_spec(name)
+    except (ImportError, OSError, ValueError):  # metadata gone since, a folder that does not exist
+        return None
+    return found.origin if found is not None and found.origin else None
+
+
 @functools.lru_cache(maxsize=1)
 def _torchvision_nms():
     """torchvision's compiled NMS operator (``torchvision::nms``). Its library is loaded without importing the
-    torchvision package: that import takes ~1.3-1.8 s (torch._dynamo, through torchvision.ops), paid by every
-    validation, detect.py run and training otherwise. Where the library cannot be found or loaded that way, the
-    package is imported and its own operator used."""
+    torchvision package where ``_torchvision_library`` finds it: that import takes ~1.3-1.8 s (torch._dynamo,
+    through torchvision.ops), paid by every validation, detect.py run and training otherwise. For another
+    (torch, torchvision) pair, or where the library cannot be found or loaded that way, the package is imported
+    and its own operator used."""
     try:
-        spec = importlib.util.find_spec("torchvision")
-        folders = list(spec.submodule_search_locations or []) if spec is not None else []
-        loader = (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES)
-        finder = importlib.machinery.FileFinder(folders[0], loader) if folders else None
-        for name in TORCHVISION_LIBRARIES:
-            found = finder.find_spec(name) if finder is not None else None
-            if found is not None and found.origin:
-                torch.ops.load_library(found.origin)
-                return torch.ops.torchvision.nms
-    except (ImportError, OSError, RuntimeError, AttributeError, ValueError):
+        library = _torchvision_library()
+        if library is not None:
+            torch.ops.load_library(library)
+            return torch.ops.torchvision.nms
+    except (OSError, RuntimeError, AttributeError):
         pass
     import torchvision
 

@@ -339,14 +339,17 @@ class YoloDataset(Dataset):
         image_of_box = np.repeat(np.arange(self.n), np.diff(flat.box_offsets))
         return np.bincount(image_of_box, weights=weights[flat.boxes[:, 0].astype(int)], minlength=self.n)
 
-    def cache_images(self, cache: str) -> None:
+    def cache_images(self, cache: str, loader_bytes: int = 0) -> None:
         """Resize every image once into the split's image store (``utils.data.image_cache``): 'ram', one store in
         shared memory per machine for this run (after a memory check); 'disk', a store kept in the user cache
-        folder for later runs. Every process of a distributed run calls this together."""
+        folder for later runs. ``loader_bytes``: the shared memory this split's loaders hold on the machine, kept
+        free beside a RAM store (``utils.data.loader.loader_shared_bytes``). Every process of a distributed run
+        calls this together."""
         if cache not in CACHE_MODES:
             raise CacheError(f"{self.prefix}unknown cache mode {cache!r} (use ram or disk)")
         request = StoreRequest(self.im_files, self._resized_shapes(), lambda i: self._load_resized(i)[0],
-                               variant=f"{self.imgsz}-{'linear' if self.augment else 'area'}", prefix=self.prefix)
+                               variant=f"{self.imgsz}-{'linear' if self.augment else 'area'}", prefix=self.prefix,
+                               loader_bytes=loader_bytes)
         check = (lambda: check_ram_cache(self.shapes, self.imgsz, self.prefix)) if cache == "ram" else None
         self.store = shared_image_store(request, cache, check_memory=check)
         LOGGER.info("%s%d images cached (%s, %.2f GB): %s", self.prefix, self.n, cache, request.nbytes / 1e9,

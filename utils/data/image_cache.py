@@ -9,13 +9,20 @@ process group's collectives when there is one) and returns an ``ImageStore`` map
   fill it together, each its share with a thread per CPU it has (decoding and resizing release the GIL),
   and every process and loader worker maps it. Its creator holds a lock on it (``utils.files.FolderLock``)
   and removes it when the run ends (Ctrl-C and SIGTERM included: the interpreter's exit). A file left by a
-  process that was killed is unlocked: the next run on the machine removes it (``remove_stale``).
+  process that was killed is unlocked: the next run on the machine removes it (``remove_stale``) before it
+  measures anything, so a killed run's file never counts against the free shared memory or the available
+  memory. ``/dev/shm`` must hold the store (``RAM_MARGIN``) and the batches the split's loaders keep there
+  (``StoreRequest.loader_bytes``, plus those of the splits this process cached before): the loader's own
+  shared memory is what fails first in a container's 64 MB ``/dev/shm``.
 - ``--cache disk``: a file in ``user_cache_folder("images")`` named by the split's image files (their real
   paths), the image size and the resize method, and keyed by every image's identity (device, inode, size,
   mtime), so a restart finds it and a changed dataset gets a new one (the older one of the same files is
   then removed). Nothing is written in the dataset's folders, which may be read-only. It is filled under a
   temporary name and renamed when complete; machines sharing the folder may each fill one (the last rename
   wins; the files are identical).
+
+Every store is this user's alone: files 0600, and the user cache folders that hold them 0700
+(``utils.data.cache_folders.private_cache_folder``); a dataset's pixels are not for the machine's other users.
 
 Filling runs in rounds: after each round every process says how many images it has left (one small
 all-reduce), so a process with nothing (or nothing more) to do waits one round at most at a time, never
@@ -39,7 +46,7 @@ import torch
 from tqdm import tqdm
 
 from utils import dist
-from utils.data.cache_folders import RAM_FOLDER, user_cache_folder
+from utils.data.cache_folders import RAM_FOLDER, private_cache_folder, user_cache_folder
 from utils.data.image_store import CacheError, ImageStore, StoreMismatch, create_store, layout
 from utils.files import FolderBusy, FolderLock, fsync_folder
 
@@ -48,9 +55,10 @@ LOGGER = logging.getLogger(__name__)
 STORE_VERSION = 1
 RAM_PREFIX = "yolo-trainer-images-"  # run-scoped stores: <prefix><family>-<pid>-<random>.images
 SUFFIX = ".images"
+RAM_PATTERN = f"{RAM_PREFIX}*{SUFFIX}"
 TEMP_SUFFIX = ".filling"
 STALE_SECONDS = 60  # an unlocked store younger than this may be one its creator has not locked yet
-RAM_MARGIN = 1.05  # shared memory must have this many times the store's size free
+RAM_MARGIN = 1.05  # shared memory must have this many times the store's size free, plus the loaders' room
 ROUND_IMAGES = 32  # images per filling thread per round
 
 
@@ -58,12 +66,15 @@ ROUND_IMAGES = 32  # images per filling thread per round
 class StoreRequest:
     """What a split's cache holds: ``files`` (the image paths, a sequence of str), ``sizes_hw`` (N, 2) resized
     (height, width), ``load(i)`` -> image i resized, exactly of that size, ``variant`` (image size and resize
-    method: the same files cached differently), ``prefix`` (of log lines)."""
+    method: the same files cached differently), ``prefix`` (of log lines), ``loader_bytes``: the shared memory that
+    the split's loaders on this machine hold at most (``utils.data.loader.loader_shared_bytes``), kept free in
+    ``/dev/shm`` beside a RAM store."""
     files: object
     sizes_hw: np.ndarray
     load: Callable[[int], np.ndarray]
     variant: str
     prefix: str = ""
+    loader_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -135,10 +146,20 @@ def _claim(path: Path) -> FolderLock:
 
 
 # ---------------------------------------------------------------------------------------- placement
+_LOADER_ROOM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # this process's stores -> loader_bytes
+
+
+def shared_memory_need(store_bytes: int, loader_bytes: int) -> float:
+    """Free bytes ``/dev/shm`` must have for a RAM store of ``store_bytes``: the store with RAM_MARGIN, plus
+    ``loader_bytes`` kept for the loaders' batches (the split's, and those of the stores this process holds)."""
+    return store_bytes * RAM_MARGIN + loader_bytes + sum(_LOADER_ROOM.values())
+
+
 class Placement:
-    """Where one mode keeps its store: ``find()`` a usable one (disk only), ``create()`` a new one to fill (its
-    creator holds its lock), ``publish(path, store)`` once filled -> the path every process then opens,
-    ``adopt(store)`` / ``abandon()``: the creator's lock ends with its mapping of the store, or at once."""
+    """Where one mode keeps its store: ``clean()`` what killed runs left (before anything is measured), ``find()`` a
+    usable one (disk only), ``create()`` a new one to fill (its creator holds its lock), ``publish(path, store)``
+    once filled -> the path every process then opens, ``adopt(store)`` / ``abandon()``: the creator's lock ends
+    with its mapping of the store, or at once."""
 
     in_memory = False
 
@@ -148,6 +169,9 @@ class Placement:
         self.lock: FolderLock | None = None
 
     def folder(self) -> Path:
+        raise NotImplementedError
+
+    def clean(self) -> None:
         raise NotImplementedError
 
     def find(self) -> ImageStore | None:
@@ -188,21 +212,28 @@ class RamPlacement(Placement):
         self.key = self.family  # filled by this run: the file names are the whole key
         self._folder = None
 
+    def clean(self) -> None:
+        """Remove killed runs' stores from shared memory and from the fallback folder, before ``folder()`` reads the
+        free space and the memory check the available memory: those files' bytes would count against both."""
+        for folder in (RAM_FOLDER, user_cache_folder("ram")):
+            if folder.is_dir():
+                remove_stale(folder, RAM_PATTERN)
+
     def folder(self) -> Path:
         if self._folder is None:
-            need = self.request.nbytes * RAM_MARGIN
-            if RAM_FOLDER.is_dir() and _free_bytes(RAM_FOLDER) >= need:
+            need = shared_memory_need(self.request.nbytes, self.request.loader_bytes)
+            free = _free_bytes(RAM_FOLDER) if RAM_FOLDER.is_dir() else 0
+            if free >= need:
                 self._folder = RAM_FOLDER
             else:
-                self._folder = user_cache_folder("ram")
-                self._folder.mkdir(parents=True, exist_ok=True)
-                LOGGER.info("%s%s has %.2f GB free, the image cache needs %.2f GB: it is a mapped file in %s",
-                            self.request.prefix, RAM_FOLDER, _free_bytes(RAM_FOLDER) / 1e9, need / 1e9, self._folder)
+                self._folder = private_cache_folder("ram")
+                LOGGER.info("%s%s has %.2f GB free, the image cache needs %.2f GB (%.2f GB of it for the loaders' "
+                            "batches): it is a mapped file in %s", self.request.prefix, RAM_FOLDER, free / 1e9,
+                            need / 1e9, (need - self.request.nbytes * RAM_MARGIN) / 1e9, self._folder)
         return self._folder
 
     def create(self) -> Path:
         folder = self.folder()
-        remove_stale(folder, f"{RAM_PREFIX}*{SUFFIX}")
         path = folder / f"{RAM_PREFIX}{self.family}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
         create_store(path, self.key, self.request.sizes_hw)
         self.lock = _claim(path)
@@ -219,10 +250,14 @@ class DiskPlacement(Placement):
     def __init__(self, request: StoreRequest):
         super().__init__(request)
         self.key = content_key(request, self.family)
-        self.final = self.folder() / f"{self.family}-{self.key[:20]}{SUFFIX}"
+        self._folder = private_cache_folder("images")
+        self.final = self._folder / f"{self.family}-{self.key[:20]}{SUFFIX}"
 
     def folder(self) -> Path:
-        return user_cache_folder("images")
+        return self._folder
+
+    def clean(self) -> None:
+        remove_stale(self._folder, f"*{TEMP_SUFFIX}")  # what killed fills left, before free space is measured
 
     def find(self) -> ImageStore | None:
         if not self.final.is_file():
@@ -236,15 +271,13 @@ class DiskPlacement(Placement):
 
     def create(self) -> Path:
         folder = self.folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        remove_stale(folder, f"*{TEMP_SUFFIX}")
         need = self.request.nbytes
         if _free_bytes(folder) < need:
             raise CacheError(f"{self.request.prefix}--cache disk: {folder} has {_free_bytes(folder) / 1e9:.2f} GB "
                              f"free, the image cache needs {need / 1e9:.2f} GB; free some space, or use --cache ram "
                              "or no cache")
         path = folder / f"{self.final.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-        create_store(path, self.key, self.request.sizes_hw, mode=0o644)
+        create_store(path, self.key, self.request.sizes_hw)  # 0600: this user's alone
         self.lock = _claim(path)
         return path
 
@@ -277,8 +310,19 @@ def shared_image_store(request: StoreRequest, mode: str, check_memory: Callable[
                        ) -> ImageStore:
     """This process's mapping of the split's store (``mode`` "ram" or "disk"), filled once per machine. Every
     process of the run calls it at the same point. ``check_memory``: called by a store's creator before it
-    creates it (raises when the machine cannot hold it)."""
+    creates it (raises when the machine cannot hold it). What killed runs left is removed first, by every process,
+    before any of them measures free space or memory (the barrier: one process's removal is seen by all)."""
     placement = PLACEMENTS[mode](request)
+    placement.clean()
+    dist.barrier("remove the image caches of killed runs")
+    store = _agree_and_fill(placement, mode, check_memory)
+    _LOADER_ROOM[store] = request.loader_bytes  # kept in /dev/shm while this store lives (shared_memory_need)
+    return store
+
+
+def _agree_and_fill(placement: Placement, mode: str, check_memory: Callable[[], None] | None) -> ImageStore:
+    """The machines agree which of them fill a store; each such machine's processes fill it together."""
+    request = placement.request
     found = placement.find()
     rank = dist.get_rank()
     entries = dist.gather_object((machine_of(_existing(placement.folder())), found is not None),

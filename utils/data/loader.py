@@ -20,12 +20,15 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils import dist
-from utils.data.batch_slots import BatchSlots
+from utils.data.batch_slots import TRAILER, BatchSlots
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
 from utils.device import usable_cpus
 from utils.memory import keep_freed_memory
 
 LOGGER = logging.getLogger(__name__)
+
+PREFETCH = 4  # batches each worker prepares ahead (DataLoader's prefetch_factor)
+SPARE_SLOTS = 2  # reusable batch buffers per worker beyond those (utils.data.batch_slots)
 
 
 class EpochSampler(Sampler):
@@ -138,6 +141,16 @@ def worker_count(workers: int, batch_size: int, processes: int = 1) -> int:
     return max(0, min(workers, usable_cpus() // max(processes, 1), batch_size))
 
 
+def loader_shared_bytes(num_workers: int, batch_size: int, imgsz: int, stride: int, pad: float = 0.0,
+                        processes: int = 1) -> int:
+    """Shared memory that a split's loaders hold on a machine at most: ``processes`` loaders of ``num_workers``
+    workers, each worker PREFETCH + SPARE_SLOTS batch buffers (``utils.data.batch_slots``; fresh buffers from
+    ``default_collate`` when pinned are fewer), each a collated uint8 batch of ``batch_size`` images 3 x side x
+    side: side ``imgsz`` (a mosaic), or a rect batch's longest, padded side."""
+    side = math.ceil(imgsz / stride + pad) * stride
+    return processes * num_workers * (PREFETCH + SPARE_SLOTS) * (batch_size * 3 * side * side + TRAILER)
+
+
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
@@ -147,7 +160,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
     out like DistributedSampler) or "batches" (validation: whole unshuffled batches, see BatchShardSampler).
     ``cache``: None/"off", "ram", "disk", or "auto" (RAM for small datasets, see ``auto_cache``); a cache is one
-    store per machine (``utils.data.image_cache``): under a process group every process calls this together.
+    store per machine (``utils.data.image_cache``): under a process group every process calls this together. A RAM
+    store leaves room in ``/dev/shm`` for the loaders' own batches (``loader_shared_bytes``).
     ``cpus_busy``: the caller's compute keeps every CPU busy (CPU training, see ``utils.device.compute_fills_cpus``);
     then images cached in RAM load in the main process (see ``inline_loading``).
     ``multiprocessing_context``: the workers' start method ("fork", "spawn", "forkserver"; None: Python's default).
@@ -163,14 +177,18 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     nc = len(names) if names is not None else None
     dataset = YoloDataset(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
                           augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
-                          cache=cache if cache in ("ram", "disk") else None,
                           single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
                           mosaic_partners=mosaic_partners)
     batch_size = min(batch_size, len(dataset))
     processes_per_node = processes_per_node or world_size
     num_workers = worker_count(workers, batch_size, processes_per_node)
-    if cache == "auto":
-        auto_cache(dataset, prefix)
+    if cache in ("ram", "disk", "auto"):
+        inline = cpus_busy and cache != "disk"  # images cached in RAM then load in the main process (inline_loading)
+        room = loader_shared_bytes(0 if inline else num_workers, batch_size, imgsz, stride, pad, processes_per_node)
+        if cache == "auto":
+            auto_cache(dataset, prefix, room)
+        else:
+            dataset.cache_images(cache, loader_bytes=room)
     if num_workers and cpus_busy and dataset.in_ram:
         num_workers = inline_loading(num_workers, prefix)
     if num_workers and start_method(multiprocessing_context) != "fork":
@@ -182,9 +200,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                     "sampler": EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)}
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
-    prefetch = 4 if num_workers > 0 else None
+    prefetch = PREFETCH if num_workers > 0 else None
     pin_memory = torch.cuda.is_available()  # pinning copies each batch anyway: no buffer reuse then
-    slots = BatchSlots(num_workers, prefetch + 2) if num_workers > 0 and not pin_memory else None
+    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS) if num_workers > 0 and not pin_memory else None
     loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers,
                             collate_fn=functools.partial(collate, slots=slots), pin_memory=pin_memory,
                             persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
@@ -213,16 +231,17 @@ def inline_loading(num_workers: int, prefix: str = "") -> int:
     return 0
 
 
-def auto_cache(dataset: YoloDataset, prefix: str = "") -> None:
+def auto_cache(dataset: YoloDataset, prefix: str = "", loader_bytes: int = 0) -> None:
     """--cache auto (train.py's default): cache a small dataset's resized images in RAM, one copy per machine
     shared by every process and loader worker (``auto_cache_fits``). The main process decides for all: every
-    process must take the same path through the cache's collective steps."""
+    process must take the same path through the cache's collective steps. ``loader_bytes``: see
+    ``YoloDataset.cache_images``."""
     fits, need = auto_cache_fits(dataset.shapes, dataset.imgsz)
     fits = dist.broadcast_object(fits, phase="decide whether --cache auto caches the images")
     if fits:
         LOGGER.info("%s--cache auto: small dataset, caching its images in RAM (%.2f GB, one copy per machine; "
                     "--cache off to skip)", prefix, need / 1e9)
-        dataset.cache_images("ram")
+        dataset.cache_images("ram", loader_bytes=loader_bytes)
     else:
         LOGGER.info("%s--cache auto: not caching, %.2f GB is over the automatic limit (--cache ram or disk to "
                     "cache anyway)", prefix, need / 1e9)
