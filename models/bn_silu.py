@@ -18,6 +18,7 @@ import ctypes
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from models.batchnorm import BatchNorm2d, update_running_stats
 from models.native import DOUBLE_P, FLOAT_P, bn_silu_library
@@ -83,6 +84,7 @@ class BatchNormSiLU(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels' gradient is not itself differentiable: a double backward raises
     def backward(ctx, grad):
         x, mean, var, scale, shift = ctx.saved_tensors
         grad = grad.contiguous(memory_format=torch.channels_last)

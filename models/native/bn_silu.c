@@ -39,8 +39,13 @@ static inline float exp_reduced(float x) {
     return p * scale;
 }
 
+/* -z clamped to [-87, -SIG_FLOOR] by selects, which vectorise without -ffinite-math-only (fminf/fmaxf do not): a
+ * NaN z takes the upper bound, so z * sigmoid(z) stays NaN; z = +inf gives sigmoid 1, -inf gives 0. */
 static inline float sigmoid(float z) {
-    float e = exp_reduced(fmaxf(fminf(-z, -SIG_FLOOR), -87.0f));
+    float t = -z;
+    t = t < -SIG_FLOOR ? t : -SIG_FLOOR;
+    t = t > -87.0f ? t : -87.0f;
+    float e = exp_reduced(t);
     return z < SIG_FLOOR ? 0.0f : 1.0f / (1.0f + e);
 }
 
