@@ -272,7 +272,7 @@ def test_an_existing_cache_folder_is_narrowed_and_anothers_refused(split, user_c
     if os.geteuid() != 0:
         pytest.skip("giving a folder to another user needs root")
     os.chown(user_cache / "images", 65534, 65534)
-    with pytest.raises(CacheFolderError, match=r"images: owned by user 65534, not by this user \(0\): set "
+    with pytest.raises(CacheFolderError, match=r"images belongs to another user \(uid 65534\): set "
                                                r"YOLO_TRAINER_CACHE to a folder of your own$") as error:
         YoloDataset(split, imgsz=64, cache="disk")
     assert "\n" not in str(error.value)

@@ -10,10 +10,12 @@ Without POSIX ownership (Windows) the folder is created and returned as it is.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
 
+LOGGER = logging.getLogger(__name__)
 PRIVATE_MODE = 0o700
 
 
@@ -31,19 +33,18 @@ def private_folder(path: str | os.PathLike) -> Path:
     while not existing.exists():
         missing.append(existing)
         existing = existing.parent
-    for ancestor in (existing, *existing.parents):
+    if not missing:
+        _check_own(folder)
+    for ancestor in ((existing, *existing.parents) if missing else folder.parents):
         _check_above(ancestor)
     for created in reversed(missing):
         try:
             os.mkdir(created, PRIVATE_MODE)
-        except FileExistsError:  # made by a process beside this one: checked below like any other
+            os.chmod(created, PRIVATE_MODE)  # the umask may have taken bits away; never adds any
+        except FileExistsError:  # made by a process beside this one (or put there): checked below, links refused
             pass
-        os.chmod(created, PRIVATE_MODE)  # the umask may have taken bits away; never adds any
-    if not missing:
-        _check_own(folder)
-    else:
-        for created in reversed(missing):
-            _check_own(created)
+    for created in reversed(missing):
+        _check_own(created)
     return folder
 
 
@@ -69,3 +70,5 @@ def _check_own(folder: Path) -> None:
         raise UnsafeFolder(f"{folder} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})")
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.chmod(folder, PRIVATE_MODE)
+        LOGGER.info("%s: was mode %03o, others could read what is in it: now %03o (this user's alone)", folder,
+                    stat.S_IMODE(info.st_mode), PRIVATE_MODE)

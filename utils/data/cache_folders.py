@@ -10,18 +10,14 @@ caches hold a dataset's pixels and file names, which other users of the machine 
 """
 from __future__ import annotations
 
-import logging
 import os
-import stat
 from pathlib import Path
 
 from utils.errors import UserError
-
-LOGGER = logging.getLogger(__name__)
+from utils.private_folders import UnsafeFolder, private_folder
 
 CACHE_VARIABLE = "YOLO_TRAINER_CACHE"
 RAM_FOLDER = Path("/dev/shm")
-PRIVATE_MODE = 0o700
 
 
 class CacheFolderError(UserError):
@@ -35,18 +31,10 @@ def user_cache_folder(kind: str) -> Path:
 
 
 def private_cache_folder(kind: str) -> Path:
-    """``user_cache_folder(kind)``, created 0700 (its root too when made here; an existing root is left as it is),
-    whatever the umask. An existing one of this user's that others may enter is narrowed to 0700 (said once: it
-    stays so); one owned by another user is refused (CacheFolderError)."""
-    folder = user_cache_folder(kind)
-    folder.parent.mkdir(mode=PRIVATE_MODE, parents=True, exist_ok=True)
-    folder.mkdir(mode=PRIVATE_MODE, exist_ok=True)
-    info = folder.stat()
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise CacheFolderError(f"{folder}: owned by user {info.st_uid}, not by this user ({os.getuid()}): set "
-                               f"{CACHE_VARIABLE} to a folder of your own")
-    if stat.S_IMODE(info.st_mode) & ~PRIVATE_MODE:
-        os.chmod(folder, PRIVATE_MODE)
-        LOGGER.info("%s: was mode %03o, others could read the caches in it: now %03o (this user's alone)", folder,
-                    stat.S_IMODE(info.st_mode), PRIVATE_MODE)
-    return folder
+    """``user_cache_folder(kind)`` made this user's alone (``utils.private_folders``: created 0700 whatever the
+    umask, one of ours that others may read narrowed to 0700); one that others could change (another user's, or
+    writable by others, or below such a folder) is refused with CacheFolderError."""
+    try:
+        return private_folder(user_cache_folder(kind))
+    except UnsafeFolder as error:
+        raise CacheFolderError(f"{error}: set {CACHE_VARIABLE} to a folder of your own") from None
