@@ -61,7 +61,9 @@ def parse_args():
     parser.add_argument("--yolov5-data", default="", help="data YAML for YOLOv5 (absolute 'path:')")
     parser.add_argument("--preset", default="bccd", choices=("bccd", *PRESETS),
                         help="which command: the BCCD parity run or a run on the embedded dataset (ours only)")
-    parser.add_argument("--extra", nargs="*", default=[], help="more arguments for our train.py (label them: --commit)")
+    parser.add_argument("--extra", nargs="*", action="extend", default=[],
+                        help="more arguments for our train.py (label them: --commit); repeatable, and a value that "
+                        "starts with - as --extra=--cache=off")
     parser.add_argument("--csv", default="")
     parser.add_argument("--commit", default="", help="label for our code's version (e.g. a commit hash)")
     parser.add_argument("--amp", default="", choices=("", "auto", "bf16", "off"),
