@@ -38,6 +38,8 @@ from utils.errors import UserError, run_main
 from utils.inference import Detection, as_detections, class_name, describe, forward, input_size, prepare_image, \
     select_detections
 from utils.limits import MAX_CLASSES
+
+SAMPLE_IMAGES = Path(__file__).resolve().parent / "data" / "images"  # YOLOv5's default source, our own images
 from utils.paths import crop_folder, increment_path
 from utils.sources import SourceItem, Sources
 
@@ -52,8 +54,8 @@ class DetectError(UserError):
 
 @dataclass
 class DetectConfig:
-    weights: str = "yolov5s.pt"
-    source: str = "data/images"
+    weights: str | list = "yolov5s.pt"  # several: an ensemble
+    source: str = str(SAMPLE_IMAGES)
     data: str | None = None
     imgsz: tuple[int, int] = (640, 640)
     conf_thres: float = 0.25
@@ -107,8 +109,6 @@ def _now(device: torch.device) -> float:
 def _warn_unsupported(config: DetectConfig) -> None:
     if config.view_img:
         LOGGER.warning("--view-img: no display available with headless OpenCV; results are saved instead")
-    if config.augment:
-        LOGGER.warning("--augment (test-time augmentation) is not supported; ignored")
     if config.visualize:
         LOGGER.warning("--visualize (feature maps) is not supported; ignored")
     if config.dnn:
@@ -127,17 +127,22 @@ def _check_settings(config: DetectConfig) -> None:
 
 
 def _load_model(config: DetectConfig, device: torch.device):
-    """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py) and whether it runs fp16."""
-    from models.backends import load_backend
+    """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py; several .pt: an ensemble;
+    ``--augment``: test-time augmentation, models/composite.py) and whether it runs fp16."""
+    from models.composite import load_models
+    from utils.downloads import weights_file
 
-    weights = Path(config.weights)
-    if not weights.exists():  # a file, or an OpenVINO export folder
-        raise DetectError(f"weights not found: {weights} (nothing is downloaded; pass --weights "
-                          "path/to/weights.pt, e.g. runs/train/exp/weights/best.pt)")
+    paths = []
+    for given in ([config.weights] if isinstance(config.weights, (str, Path)) else config.weights):
+        weights = weights_file(given)  # a URL or a YOLOv5 release name is downloaded first
+        if not weights.exists():  # a file, or an OpenVINO export folder
+            raise DetectError(f"weights not found: {weights} (pass --weights path/to/weights.pt, e.g. "
+                              "runs/train/exp/weights/best.pt, a URL or a YOLOv5 release name such as yolov5s.pt)")
+        paths.append(weights)
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
-    model = load_backend(weights, device, half=half)
+    model = load_models(paths, device, half=half, augment=config.augment)
     anchors = model.anchors_text()
     if anchors:
         LOGGER.info("%s", anchors)
@@ -358,9 +363,10 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="detect.py", description="Detect objects in images and videos.")
     add = parser.add_argument
-    add("--weights", type=str, default="yolov5s.pt",
-        help="model: .pt (ours or YOLOv5's), .torchscript, .onnx or an OpenVINO folder / .xml")
-    add("--source", type=str, default="data/images", help="image, folder, glob, .txt list or video file")
+    add("--weights", nargs="+", type=str, default=["yolov5s.pt"],
+        help="model: .pt (ours or YOLOv5's; several: an ensemble), .torchscript, .onnx or an OpenVINO folder / .xml")
+    add("--source", type=str, default=str(SAMPLE_IMAGES),
+        help="image, folder, glob, .txt list or video file (default: the sample images in data/images)")
     add("--data", type=str, default=None, help="dataset YAML (optional; names come from the weights)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=image_size, default=[640],
         help="inference size h w (or one side)")
@@ -376,7 +382,7 @@ def build_parser() -> ArgumentParser:
     add("--classes", nargs="+", type=int_in_range(0, MAX_CLASSES - 1),
         help="filter by class: --classes 0, or --classes 0 2 3")
     add("--agnostic-nms", action="store_true", help="class-agnostic NMS")
-    add("--augment", action="store_true", help="augmented inference (not supported; ignored)")
+    add("--augment", action="store_true", help="augmented inference (TTA: 3 scales, a flip; checkpoints only)")
     add("--visualize", action="store_true", help="visualize features (not supported; ignored)")
     add_run_folder_flags(parser, "runs/detect")
     add("--line-thickness", default=3, type=int_in_range(1, 100), help="bounding box thickness (pixels)")
@@ -400,6 +406,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> DetectConfig:
     values = vars(args).copy()
     values["imgsz"] = tuple(values["imgsz"] * 2 if len(values["imgsz"]) == 1 else values["imgsz"][:2])
+    if isinstance(values["weights"], list) and len(values["weights"]) == 1:
+        values["weights"] = values["weights"][0]
     return DetectConfig(**values)
 
 

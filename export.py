@@ -124,7 +124,9 @@ def run(config: ExportConfig) -> list[ExportResult]:
     from utils.device import select_device
 
     formats = check_formats(config.include)
-    weights = Path(config.weights)
+    from utils.downloads import weights_file
+
+    weights = weights_file(config.weights)  # a URL or a YOLOv5 release name is downloaded first
     if not weights.is_file():
         raise ExportError(f"{weights}: weights file not found (--weights)")
     check_writable(weights.parent)

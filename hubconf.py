@@ -1,4 +1,4 @@
-"""torch.hub entry points: models from checkpoints on disk (nothing is ever downloaded).
+"""torch.hub entry points: models from checkpoints (ours or YOLOv5's) and export.py files.
 
     import torch
     model = torch.hub.load("path/to/this/repo", "custom", path="runs/train/exp/weights/best.pt", source="local")
@@ -6,9 +6,12 @@
     results.xyxy[0]                # (n, 6): x1, y1, x2, y2, confidence, class, in the image's pixels
     model.conf = 0.4               # NMS settings are attributes: conf, iou, classes, agnostic, max_det
 
-``yolov5n`` ... ``yolov5x`` load ``yolov5n.pt`` ... from the current folder (or ``path=``): YOLOv5's release
-weights or ours, wherever they came from; ``pretrained=False`` builds an untrained model from models/*.yaml.
-The returned model is described in utils/hub.py.
+``yolov5n`` ... ``yolov5x6`` load ``yolov5n.pt`` ... from the current folder (or ``path=``): YOLOv5's release
+weights or ours, wherever they came from; a missing release file is downloaded from YOLOv5's v7.0 release (or
+``$YOLO_TRAINER_MIRROR``, utils/downloads.py) and loaded through the same checks as any file from elsewhere.
+``pretrained=False`` builds an untrained model from models/*.yaml. The returned model is described in utils/hub.py.
+
+    python hubconf.py --model yolov5n     # as YOLOv5's: load the model and print what it finds in data/images
 """
 
 dependencies = ["torch", "numpy", "cv2", "yaml"]
@@ -32,10 +35,12 @@ def _named(name, pretrained, channels, classes, autoshape, device, path):
     if not pretrained:
         return untrained_hub_model(Path(__file__).resolve().parent / "models" / f"{name}.yaml", classes,
                                    autoshape=autoshape, device=device)
-    weights = Path(path) if path else Path.cwd() / f"{name}.pt"
+    from utils.downloads import weights_file
+
+    weights = weights_file(path if path else f"{name}.pt")  # YOLOv5's release file is fetched when it is missing
     if not weights.is_file():
-        raise UserError(f"{weights}: not found; nothing is downloaded: put {name}.pt (YOLOv5's release file or one "
-                        f"trained here) in {Path.cwd()}, or pass path='path/to/{name}.pt'")
+        raise UserError(f"{weights}: not found: put {name}.pt (YOLOv5's release file or one trained here) in "
+                        f"{Path.cwd()}, or pass path='path/to/{name}.pt'")
     model = load_hub_model(weights, autoshape=autoshape, device=device)
     found = len(model.names)
     if classes not in (80, found):
@@ -63,3 +68,47 @@ def yolov5l(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=Tr
 
 def yolov5x(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
     return _named("yolov5x", pretrained, channels, classes, autoshape, device, path)
+
+def yolov5n6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+    return _named("yolov5n6", pretrained, channels, classes, autoshape, device, path)
+
+def yolov5s6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+    return _named("yolov5s6", pretrained, channels, classes, autoshape, device, path)
+
+def yolov5m6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+    return _named("yolov5m6", pretrained, channels, classes, autoshape, device, path)
+
+def yolov5l6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+    return _named("yolov5l6", pretrained, channels, classes, autoshape, device, path)
+
+def yolov5x6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+    return _named("yolov5x6", pretrained, channels, classes, autoshape, device, path)
+
+
+def _main(argv=None) -> int:
+    """``python hubconf.py --model yolov5n``: load a named model and run it on the sample images in data/images."""
+    import argparse
+    from pathlib import Path
+
+    from utils.errors import run_main
+
+    def main(argv):
+        parser = argparse.ArgumentParser(prog="hubconf.py", description=_main.__doc__)
+        parser.add_argument("--model", default="yolov5s", help="a model name (yolov5n ... yolov5x6)")
+        parser.add_argument("--source", default=str(Path(__file__).resolve().parent / "data" / "images"))
+        args = parser.parse_args(argv)
+        if args.model not in MODEL_NAMES:
+            parser.error(f"--model {args.model}: not a model name ({', '.join(MODEL_NAMES)})")
+        model = globals()[args.model]()
+        images = sorted(p for p in Path(args.source).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        print(model([str(p) for p in images]))
+    return run_main("hubconf.py", main, argv)
+
+
+MODEL_NAMES = tuple(f"yolov5{size}{p6}" for p6 in ("", "6") for size in "nsmlx")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     from utils.config import TIME_HOURS
 
     parser = ArgumentParser(prog="train.py", description="Train a YOLOv5-style detector")
-    parser.add_argument("--weights", type=str, default="", help="initial weights path ('' to train from --cfg)")
+    parser.add_argument("--weights", type=str, default=None,
+                        help="initial weights: a path, a URL or a YOLOv5 release name (default: yolov5s.pt when "
+                             "--data is given, fetched if missing, as YOLOv5; '' trains from --cfg)")
     parser.add_argument("--cfg", type=str, default="", help="model YAML, e.g. models/yolov5n.yaml")
     parser.add_argument("--data", type=str, default="", help="dataset YAML ('' = the embedded default dataset)")
     parser.add_argument("--hyp", type=str, default="data/hyps/hyp.scratch-low.yaml", help="hyperparameters path")
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DEFAULT_EPOCHS = 100
+DEFAULT_WEIGHTS = "yolov5s.pt"  # --data without --weights fine-tunes it (fetched from YOLOv5's v7.0 release if missing)
 TIME_MAX_EPOCHS = 100_000  # --time without --epochs: the budget alone decides (ultralytics' time= overrides epochs)
 
 
@@ -118,6 +121,8 @@ def config_from_args(args: argparse.Namespace):
     from utils.config import TrainConfig
 
     values = vars(args).copy()
+    if values.get("weights") is None:  # YOLOv5's default: fine-tune yolov5s.pt; the embedded quick start: scratch
+        values["weights"] = DEFAULT_WEIGHTS if values.get("data") else ""
     return TrainConfig.from_dict(values)
 
 

@@ -8,7 +8,7 @@ Usage:
 From Python, ``val.run(data="data.yaml", weights="best.pt", imgsz=640)`` takes the same flags as keywords and
 returns the metrics (``utils.validation.ValResult``: overall and per class).
 
-``validate_weights(...)`` loads the model through ``models.backends.load_backend`` (a checkpoint, or a
+``validate_weights(...)`` loads the model through ``models.composite.load_models`` (a checkpoint, or a
 ``.torchscript`` / ``.onnx`` file from export.py), builds a rectangular-batch loader and calls
 ``utils.validation.validate`` (the loop the trainer also runs every epoch on the EMA model). A static-shape
 export only takes the input size it was exported at: it is validated on square letterboxed batches of that
@@ -41,13 +41,13 @@ class ValError(UserError):
     """A user mistake (missing file, mismatched data); val.py prints it as one line and exits 1."""
 
 
-def run(**options) -> ValResult | list[ValResult]:
+def run(**options) -> ValResult:
     """Python API: ``val.run(data="data.yaml", weights="best.pt", imgsz=640, batch_size=32)``.
 
     Keywords are val.py's flags with underscores for dashes, with the same defaults and checks (a bad value or an
     unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError), plus
     ``plots`` (default True; False writes no plots). Returns the ``ValResult`` (mp, mr, map50, map, per_class,
-    speed, save_dir); a list of them, one per file, when ``weights`` is a list.
+    speed, save_dir); several ``weights`` (a list) are validated as their ensemble, as YOLOv5's val.py does.
     """
     from utils.api import api_call, keyword_argv
     from utils.errors import ArgumentError
@@ -58,8 +58,7 @@ def run(**options) -> ValResult | list[ValResult]:
     values = vars(parse_args(keyword_argv(build_parser(), options)))
     weights = values.pop("weights")
     with api_call():
-        results = [validate_weights(weights=path, plots=plots, **values) for path in weights]
-    return results if isinstance(options.get("weights"), (list, tuple)) else results[0]
+        return validate_weights(weights=weights[0] if len(weights) == 1 else weights, plots=plots, **values)
 
 
 def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6,
@@ -71,24 +70,31 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
     (and the data/checkpoint/device errors, all ValueErrors) for user mistakes.
     """
-    from models.backends import load_backend
     from utils.data.loader import create_dataloader
     from utils.device import select_device
     from utils.paths import increment_path
 
-    _warn_unsupported(augment, save_hybrid, dnn)
+    from models.composite import load_models
+    from utils.downloads import weights_file
+
+    _warn_unsupported(save_hybrid, dnn)
     if task == "speed":
         conf_thres, iou_thres, save_json, plots = 0.25, 0.45, False, False
-    config = _load_data(data)
+    paths = []
+    for given in ([weights] if isinstance(weights, (str, Path)) or not weights else list(weights)):
+        path = weights_file(given) if given else given  # a URL or a YOLOv5 release name is downloaded first
+        if not path or not Path(path).exists():  # a file, or an OpenVINO export folder
+            raise ValError(f"{path}: weights file not found")
+        paths.append(Path(path))
+    weights = paths[0] if len(paths) == 1 else paths
+    config = _load_data(data, paths[0])
     split = "val" if task == "speed" else task
     sources = config.split(split)
     if not sources:
         raise ValError(f"{config.yaml_file}: no '{split}' split in the dataset YAML")
-    if not weights or not Path(weights).exists():  # a file, or an OpenVINO export folder
-        raise ValError(f"{weights}: weights file not found")
     device = select_device(device)
     half = half and device.type == "cuda"
-    model = load_backend(weights, device=device, half=half)
+    model = load_models(paths, device=device, half=half, augment=augment)
     anchors = model.anchors_text()
     if anchors:
         LOGGER.info("%s", anchors)
@@ -109,7 +115,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
         result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                           save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
                           save_json=save_json, save_txt=save_txt, save_conf=save_conf,
-                          json_name=f"{Path(weights).stem}_predictions.json")
+                          json_name=f"{paths[0].stem}_predictions.json")
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
         LOGGER.info("%d labels saved to %s", count, save_dir / "labels")
@@ -136,21 +142,48 @@ def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]
     return height, False, 0.0
 
 
-def _warn_unsupported(augment: bool, save_hybrid: bool, dnn: bool) -> None:
-    if augment:
-        LOGGER.warning("WARNING: --augment (test-time augmentation) is not supported; validating without it")
+def _warn_unsupported(save_hybrid: bool, dnn: bool) -> None:
     if save_hybrid:
         LOGGER.warning("WARNING: --save-hybrid is not supported; ignored")
     if dnn:
         LOGGER.info("--dnn ignored (.onnx files run on onnxruntime)")
 
 
-def _load_data(data):
+def _load_data(data, weights):
+    """``data``, else what YOLOv5 would use: the dataset a checkpoint of ours was trained on (its stored --data;
+    the embedded dataset when it was trained on that), else coco128.yaml (fetched on first use)."""
     from utils.data.dataset_yaml import load_data_config
     if data is None:
-        from utils.data.synthetic import ensure_default_dataset
-        data = ensure_default_dataset()
+        data = _trained_on(weights)
+        if data == "":
+            from utils.data.synthetic import ensure_default_dataset
+            data = ensure_default_dataset()
+        LOGGER.info("--data not given: %s (%s)", data, "the weights were trained on it" if data != "coco128.yaml"
+                    else "YOLOv5's default")
     return load_data_config(data)
+
+
+def _trained_on(weights) -> str:
+    """The --data a checkpoint of ours stores ('' for the embedded dataset) when that file is there, else
+    'coco128.yaml' (YOLOv5's checkpoints, exported files, and checkpoints whose dataset is elsewhere)."""
+    from utils.checkpoint import CheckpointError, load_checkpoint
+    from utils.data.dataset_yaml import DataConfigError, find_data_yaml
+
+    if Path(weights).suffix != ".pt":
+        return "coco128.yaml"
+    try:
+        stored = load_checkpoint(weights).get("config")
+    except CheckpointError:
+        return "coco128.yaml"  # the model's own loader reports the file's problem
+    data = stored.get("data") if isinstance(stored, dict) else None
+    if data == "":
+        return ""
+    if isinstance(data, str) and data:
+        try:
+            return str(find_data_yaml(data))
+        except DataConfigError:
+            pass
+    return "coco128.yaml"
 
 
 def _check_imgsz(imgsz, stride: int) -> int:
@@ -173,7 +206,9 @@ def _warmup(model, device, imgsz: int) -> None:
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="val.py", description="Validate a detector on a dataset split")
-    parser.add_argument("--data", type=str, default=None, help="dataset.yaml path (default: embedded dataset)")
+    parser.add_argument("--data", type=str, default=None,
+                        help="dataset.yaml path or name in data/ (default: the dataset the checkpoint was trained on, "
+                             "else coco128.yaml)")
     parser.add_argument("--weights", nargs="+", type=str, default=["yolov5s.pt"],
                         help="model path(s): .pt, .torchscript, .onnx or an OpenVINO folder / .xml")
     parser.add_argument("--batch-size", type=batch_size, default=32, help="batch size")
@@ -185,7 +220,7 @@ def build_parser() -> ArgumentParser:
     add_device_flag(parser)
     parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class dataset")
-    parser.add_argument("--augment", action="store_true", help="augmented inference (not supported)")
+    parser.add_argument("--augment", action="store_true", help="augmented inference (TTA: 3 scales, a flip; .pt only)")
     parser.add_argument("--verbose", action="store_true", help="report mAP by class")
     parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
     parser.add_argument("--save-hybrid", action="store_true", help="save label+prediction hybrid (not supported)")

@@ -99,7 +99,7 @@ class Conv(ScaledChannels, nn.Module):
 
     def forward(self, x):
         if (self.fused_silu and x.device.type == "cpu" and x.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu")):
+                and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()):  # traced: two plain ops
             return conv_silu(self.conv, x)
         x = self.conv(x)
         if self.bn is not None and self.bn.training and bn_silu_usable(x, self.bn, self.act):

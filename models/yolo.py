@@ -15,8 +15,12 @@ from __future__ import annotations
 import ast
 import logging
 import math
+import sys
 from copy import deepcopy
 from pathlib import Path
+
+if __name__ == "__main__" and str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # python models/yolo.py: the project's packages
 
 import torch
 import yaml
@@ -503,3 +507,9 @@ class DetectionModel(nn.Module):
 
 
 Model = DetectionModel  # YOLOv5's alias
+
+
+if __name__ == "__main__":  # python models/yolo.py --cfg yolov5n.yaml [--profile] [--line-profile] [--test]
+    from models.model_cli import main
+
+    sys.exit(main())

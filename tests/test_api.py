@@ -197,7 +197,7 @@ def test_train_run_leaves_the_callers_process_group_and_pyplot(tiny, callers_pro
 
     root, data, cfg = tiny
     pyplot = callers_pyplot()
-    result = train_script.run(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
+    result = train_script.run(data=data, cfg=cfg, weights="", imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
                               project=root / "in-group", noautoanchor=True, no_tensorboard=True)
     assert torch_dist.is_initialized() and torch_dist.group.WORLD is callers_process_group
     assert callers_pyplot() == pyplot
@@ -222,7 +222,7 @@ def test_multi_gpu_without_torchrun_is_refused_like_the_command_line():
 @pytest.mark.slow
 def test_train_run_twice_returns_the_runs_and_leaves_the_process_as_it_was(tiny):
     root, data, cfg = tiny
-    options = dict(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
+    options = dict(data=data, cfg=cfg, weights="", imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu",
                    project=root / "train", noautoanchor=True, noplots=True)
     before = process_state()
     first = train_script.run(**options)
@@ -261,7 +261,7 @@ def test_ctrl_c_in_train_run_saves_like_the_command_line_and_resume_finishes_it(
     before = process_state()
     monkeypatch.setattr(SaveControl, "install", install_then_ctrl_c)
     with pytest.raises(TrainingInterrupted) as stopped:
-        train_script.run(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=2, workers=0, device="cpu",
+        train_script.run(data=data, cfg=cfg, weights="", imgsz=64, batch_size=4, epochs=2, workers=0, device="cpu",
                          project=root / "interrupted", noautoanchor=True, noplots=True)
     monkeypatch.setattr(SaveControl, "install", install)
     assert process_state() == before  # the trainer's SIGINT handler is gone again
@@ -275,7 +275,7 @@ def test_ctrl_c_in_train_run_saves_like_the_command_line_and_resume_finishes_it(
 def test_train_run_raises_a_bad_data_file_as_an_exception(tiny, tmp_path):
     _, _, cfg = tiny
     with pytest.raises(UserError, match="nope.yaml"):
-        train_script.run(data=tmp_path / "nope.yaml", cfg=cfg, epochs=1, device="cpu", project=tmp_path / "runs")
+        train_script.run(data=tmp_path / "nope.yaml", cfg=cfg, weights="", epochs=1, device="cpu", project=tmp_path / "runs")
     assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
@@ -294,8 +294,8 @@ def test_val_run_twice_returns_overall_and_per_class_metrics(tiny, tiny_checkpoi
     assert np.mean([c["mAP50-95"] for c in first.per_class]) == pytest.approx(first.map)
     assert np.mean([c["mAP50"] for c in first.per_class]) == pytest.approx(first.map50)
     assert np.mean([c["precision"] for c in first.per_class]) == pytest.approx(first.mp)
-    both = val.run(**{**options, "weights": [tiny_checkpoint, tiny_checkpoint]})  # a list in, a list out
-    assert [result.map for result in both] == [first.map, first.map]
+    both = val.run(**{**options, "weights": [tiny_checkpoint, tiny_checkpoint]})  # several: their ensemble
+    assert both.map == pytest.approx(first.map, abs=1e-6)  # a model twice: its duplicate boxes fall to NMS
     with pytest.raises(UserError, match="missing.pt"):
         val.run(**{**options, "weights": root / "missing.pt"})
 

@@ -37,7 +37,7 @@ if mode == "val":
             project=folder / "val", plots=False)
 elif mode == "train":
     import train
-    train.run(data=data, cfg=cfg, imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu", project=folder / "train",
+    train.run(data=data, cfg=cfg, weights="", imgsz=64, batch_size=4, epochs=1, workers=0, device="cpu", project=folder / "train",
               noautoanchor=True, noplots=True, no_tensorboard=True)
 elif mode == "call":
     from utils.memory import kept_during_call

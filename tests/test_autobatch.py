@@ -163,7 +163,7 @@ def test_the_chosen_batch_is_saved_with_the_run(tmp_path, monkeypatch, multi_sca
     monkeypatch.setattr(autobatch, "training_step_probe", fake_factory)
     monkeypatch.setattr(trainer, "choose_precision", fp32_after_a_failed_self_check)
     monkeypatch.setattr("utils.device.cuda_memory", lambda device: (int(5 / 0.8 * GIB), 80 * GIB))
-    args = ["--data", str(data), "--cfg", str(cfg), "--imgsz", "60", "--batch-size", "-1", "--epochs", "1",
+    args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "60", "--batch-size", "-1", "--epochs", "1",
             "--device", "cpu", "--project", str(tmp_path / "runs"), "--noautoanchor", "--noplots", "--workers", "0"]
     assert train_script.main(args + (["--multi-scale"] if multi_scale else [])) == 0
     # the run's image size rounded up to the stride (64); --multi-scale draws up to 1.5 x 64 = 96

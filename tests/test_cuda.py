@@ -259,7 +259,7 @@ def test_torchrun_with_one_process_trains_in_a_process_group(device, tmp_path):
 
     data, cfg = make_tiny_run(tmp_path)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-               str(free_port()), str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--imgsz", "64",
+               str(free_port()), str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",
                "--batch-size", "4", "--epochs", "1", "--workers", "0", "--noautoanchor", "--noplots", "--sync-bn",
                "--device", "0" if device == "cuda" else "cpu", "--project", str(tmp_path / "runs")]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -402,7 +402,7 @@ def test_resume_on_the_gpu_is_bit_exact_with_deterministic(tmp_path, monkeypatch
     monkeypatch.setattr(stages, "strip_checkpoint", lambda path: None)
 
     def args(name):
-        return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "2", "--epochs", "4",
+        return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "2", "--epochs", "4",
                 "--device", "0", "--deterministic", "--workers", "0", "--project", str(tmp_path / "runs"),
                 "--name", name, "--noautoanchor", "--noplots"]
     assert train_script.main(args("straight")) == 0

@@ -91,15 +91,19 @@ def test_nc_without_names_gives_numbered_names(tmp_path):
     assert config.names == ["0", "1"] and config.nc == 2
 
 
-def test_download_key_is_warned_about_and_never_run(tmp_path, caplog):
+def test_download_code_is_never_run(tmp_path):
+    """A dataset that is there: its download: is not needed. One that is missing: a script is refused in one
+    line (only archives listed as data are fetched: tests/test_dataset_download.py); nothing is run either way."""
+    from utils.data.dataset_download import DatasetDownloadError
+
     make_dataset(tmp_path)
     marker = tmp_path / "executed"
-    file = write_yaml(tmp_path, "train: images/train\nval: images/val\nnames: [a]\n"
-                                f"download: |\n  import pathlib; pathlib.Path('{marker}').touch()\n")
-    with caplog.at_level(logging.WARNING):
-        load_data_config(file)
-    assert "'download' key ignored" in caplog.text
-    assert not marker.exists()
+    code = f"download: |\n  import pathlib; pathlib.Path('{marker}').touch()\n"
+    assert load_data_config(write_yaml(tmp_path, "train: images/train\nval: images/val\nnames: [a]\n" + code))
+    missing = write_yaml(tmp_path, "path: ../gone\ntrain: images/train\nval: images/val\nnames: [a]\n" + code)
+    with pytest.raises(DatasetDownloadError, match="scripts in a dataset YAML are never run") as error:
+        load_data_config(missing)
+    assert "\n" not in str(error.value) and not marker.exists() and not (tmp_path.parent / "gone").exists()
 
 
 def test_yaml_tags_are_not_constructed(tmp_path):

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
 
 def train_args(tiny, name, *extra, epochs=2, batch=8):
     root, data, cfg, _ = tiny
-    return [str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", str(batch),
+    return [str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", str(batch),
             "--epochs", str(epochs), "--workers", "0", "--device", "cpu", "--noautoanchor", "--noplots",
             "--project", str(root / "runs"), "--name", name, "--cache", "ram", *extra]
 

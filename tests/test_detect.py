@@ -162,7 +162,7 @@ def test_bad_flag_values_are_one_line_usage_errors(tmp_path, capsys, flags, expe
 def test_flags_and_defaults_match_yolov5():
     cfg = detect.config_from_args(detect.parse_args([]))
     assert (cfg.weights, cfg.source, cfg.imgsz, cfg.conf_thres, cfg.iou_thres, cfg.max_det) == \
-        ("yolov5s.pt", "data/images", (640, 640), 0.25, 0.45, 1000)
+        ("yolov5s.pt", str(detect.SAMPLE_IMAGES), (640, 640), 0.25, 0.45, 1000)
     assert (cfg.project, cfg.name, cfg.line_thickness, cfg.vid_stride) == ("runs/detect", "exp", 3, 1)
     cfg = detect.config_from_args(detect.parse_args(["--img", "320", "480", "--classes", "0", "2", "--half"]))
     assert cfg.imgsz == (320, 480) and cfg.classes == [0, 2] and cfg.half

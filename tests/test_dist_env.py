@@ -72,7 +72,7 @@ def test_train_py_under_a_schedulers_rank_variables_trains_as_one_process(tmp_pa
     """End to end: ``RANK=0 WORLD_SIZE=1 python train.py ...`` (no LOCAL_RANK, no MASTER_ADDR) trains one process."""
     data, cfg = make_tiny_run(tmp_path, num_train=4, num_val=2)
     environment = {name: value for name, value in os.environ.items() if name not in LAUNCH_VARIABLES}
-    done = subprocess.run([sys.executable, "train.py", "--data", str(data), "--cfg", str(cfg), "--imgsz", "64",
+    done = subprocess.run([sys.executable, "train.py", "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",
                            "--batch-size", "4", "--epochs", "1", "--workers", "0", "--device", "cpu", "--noautoanchor",
                            "--noplots", "--no-tensorboard", "--project", str(tmp_path / "runs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,

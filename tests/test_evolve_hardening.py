@@ -317,9 +317,9 @@ def test_a_mistake_in_the_command_stops_before_any_generation(tmp_path, capsys, 
     data, cfg = make_tiny_run(tmp_path)
     bad_cfg = tmp_path / "bad.yaml"
     bad_cfg.write_text("nc: 2\nbackbone: [[-1, 1, NoSuchBlock, [16]]]\nhead: []\n")
-    options = {"data": ["--data", str(tmp_path / "missing.yaml"), "--cfg", str(cfg)],
-               "cfg": ["--data", str(data), "--cfg", str(bad_cfg)],
-               "autobatch": ["--data", str(data), "--cfg", str(cfg), "--batch-size", "-1"]}[mistake]
+    options = {"data": ["--data", str(tmp_path / "missing.yaml"), "--cfg", str(cfg), "--weights", ""],
+               "cfg": ["--data", str(data), "--cfg", str(bad_cfg), "--weights", ""],
+               "autobatch": ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--batch-size", "-1"]}[mistake]
     assert train_script.main(evolve_args(tmp_path, *options)) == status
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train.py: error: ") and expected in err[0], err
@@ -365,7 +365,7 @@ def test_autobatch_is_decided_once_for_the_whole_evolution(tmp_path, monkeypatch
     monkeypatch.setattr(autobatch, "training_step_probe", fake_factory)
     monkeypatch.setattr("utils.device.cuda_memory", lambda device: (int(5 / 0.8 * GIB), 80 * GIB))
     monkeypatch.setattr(trainer, "build_data", recording_build_data)
-    args = evolve_args(tmp_path, "--data", str(data), "--cfg", str(cfg), "--batch-size", "-1", "--noplots")
+    args = evolve_args(tmp_path, "--data", str(data), "--cfg", str(cfg), "--weights", "", "--batch-size", "-1", "--noplots")
     args[1] = "2"
     assert train_script.main(args) == 0
     assert probed == [64] and batches == [4, 4]  # (5 - 0.5) / 1 GiB per image = 4.5

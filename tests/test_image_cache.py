@@ -348,7 +348,7 @@ def test_a_read_only_dataset_folder_trains_with_cache_disk(tmp_path):
             folder.chmod(0o555)
     before = sorted(root.rglob("*"))
     env = {**os.environ, "YOLO_TRAINER_CACHE": str(tmp_path / "user-cache")}
-    command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--imgsz", "64",
+    command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",
                "--batch-size", "2", "--epochs", "1", "--workers", "0", "--device", "cpu", "--noautoanchor",
                "--noplots", "--project", str(tmp_path / "runs"), "--cache", "disk"]
     bind = read_only_bind_mount(root)

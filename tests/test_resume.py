@@ -29,7 +29,7 @@ def tiny(tmp_path_factory):
 
 def train_args(tiny, name, *extra):
     root, data, cfg = tiny
-    return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "2", "--epochs", str(EPOCHS),
+    return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "2", "--epochs", str(EPOCHS),
             "--device", "cpu", "--project", str(root / "runs"), "--name", name, "--noautoanchor", "--noplots", *extra]
 
 

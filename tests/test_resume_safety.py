@@ -51,7 +51,7 @@ def base(tmp_path_factory):
     and best.pt; the run was started from ``root`` with ``--data data/data.yaml``."""
     root = tmp_path_factory.mktemp("resume_safety")
     make_tiny_run(root, num_train=8, num_val=4)
-    args = ["--data", "data/data.yaml", "--cfg", "tiny.yaml", "--imgsz", "64", "--batch-size", "4", "--epochs",
+    args = ["--data", "data/data.yaml", "--cfg", "tiny.yaml", "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs",
             str(EPOCHS), "--device", "cpu", "--project", "runs", "--name", "base", "--noautoanchor", "--noplots",
             "--workers", "0", "--cache", "off", "--save-period", "1"]
     here = os.getcwd()

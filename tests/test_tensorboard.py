@@ -36,7 +36,7 @@ def read_events(folder: Path) -> event_accumulator.EventAccumulator:
 
 
 def tiny_args(root: Path, data: Path, cfg: Path, *extra: str) -> list[str]:
-    return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "4", "--workers", "0",
+    return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--workers", "0",
             "--device", "cpu", "--project", str(root / "runs"), "--noautoanchor", *extra]
 
 

@@ -168,7 +168,7 @@ def test_time_flag_bounds_resume_and_state_compatibility(capsys):
 # ---------------------------------------------------------------------- tiny runs
 
 def tiny_args(root, data, cfg, name, *extra):
-    return ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "4", "--epochs", "50",
+    return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs", "50",
             "--workers", "0", "--cache", "off", "--device", "cpu", "--project", str(root / "runs"), "--name", name,
             "--noautoanchor", *extra]
 

@@ -23,7 +23,7 @@ def tiny(tmp_path_factory):
 
 def run_train(tiny, *extra):
     root, data, cfg = tiny
-    args = ["--data", str(data), "--cfg", str(cfg), "--imgsz", "64", "--batch-size", "4", "--epochs", "2",
+    args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs", "2",
             "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), "--noautoanchor", *extra]
     return train_script.main(args)
 
@@ -126,7 +126,7 @@ def test_evolve_is_refused_under_torchrun(monkeypatch):
 
 def test_bad_data_yaml_is_one_line_error(tiny, capsys, tmp_path):
     root, _, cfg = tiny
-    code = train_script.main(["--data", str(tmp_path / "nope.yaml"), "--cfg", str(cfg), "--epochs", "1",
+    code = train_script.main(["--data", str(tmp_path / "nope.yaml"), "--cfg", str(cfg), "--weights", "", "--epochs", "1",
                               "--device", "cpu", "--project", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "nope.yaml" in err[0]  # a bad input file: exit 1
@@ -156,7 +156,7 @@ def test_autoanchor_fits_a_count_yaml_and_the_anchors_travel_with_the_weights(ti
     text = cfg.read_text()
     start, end = text.index("anchors:"), text.index("backbone:")
     counted.write_text(text[:start] + "anchors: 3\n" + text[end:])
-    args = ["--data", str(data), "--cfg", str(counted), "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
+    args = ["--data", str(data), "--cfg", str(counted), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
             "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), "--name", "anchors", "--noplots"]
     assert train_script.main(args) == 0
     out = capsys.readouterr().out

@@ -7,8 +7,9 @@
 
 Inputs: a file path (read like detect.py: EXIF orientation applied), a PIL image, a numpy HxWx3 uint8 array
 in RGB order as YOLOv5's AutoShape takes it (``model(image, bgr=True)`` for ``cv2.imread`` arrays; gray and
-4-channel arrays are converted), a list of these, or a float (B, 3, H, W) tensor in [0, 1] with sides that are
-multiples of the model's stride (run as given, without letterboxing; boxes in the tensor's pixels).
+4-channel arrays are converted), or a list of these. A float (B, 3, H, W) tensor in [0, 1] with sides that are
+multiples of the model's stride is run as given and returns the model's raw output, ``(pred, ...)`` with pred
+``(B, N, 5 + nc)`` before NMS, as YOLOv5's AutoShape returns it, so ``torch.jit.trace(model, [im])`` works.
 Each image runs through detect.py's own steps (utils/inference.py): letterbox to ``size`` with minimal padding,
 the precision val.py and detect.py use (``--amp auto``: bf16 autocast on CPUs with native bf16, else fp32),
 NMS with the model's ``conf``, ``iou``, ``classes``, ``agnostic``, ``multi_label`` and ``max_det`` attributes,
@@ -55,14 +56,20 @@ class HubModel(nn.Module):
         parameter = next(self.model.parameters(), None)
         return parameter.device if parameter is not None else torch.device(getattr(self.model, "device", "cpu"))
 
-    def forward(self, images, size=640, bgr: bool = False) -> "Detections":
-        """Detect in ``images`` (see the module docstring); ``size``: letterbox size (one side or (h, w))."""
+    def forward(self, images, size=640, augment: bool = False, bgr: bool = False) -> "Detections":
+        """Detect in ``images`` (see the module docstring); ``size``: letterbox size (one side or (h, w));
+        ``augment``: test-time augmentation (checkpoints only, models/composite.py)."""
         start = time.perf_counter()
         device = self.device
         kind = getattr(self.model, "kind", "pytorch")
         autocast = inference_autocast(device, False, self.amp, "" if kind == "pytorch" else kind)
+        model = self.model
+        if augment:
+            from models.composite import AugmentedBackend
+
+            model = AugmentedBackend(self.model)
         if isinstance(images, torch.Tensor):
-            return self._tensor_batch(images, autocast, start)
+            return self._tensor_batch(model, images, autocast, start)
         items = list(images) if isinstance(images, (list, tuple)) else [images]
         sizes = list(size) if isinstance(size, (list, tuple)) else [size]
         imgsz, auto = input_size(self, sizes * 2 if len(sizes) == 1 else sizes, option="size")
@@ -70,13 +77,14 @@ class HubModel(nn.Module):
         for index, item in enumerate(items):
             name, image = load_image(item, index, bgr)
             tensor = prepare_image(image, imgsz, self.stride, device, False, auto)
-            output = forward(self.model, tensor, autocast)
+            output = forward(model, tensor, autocast)
             results.append(self._select(output, tensor.shape[2:], [image.shape])[0].cpu())
             files.append(name)
             shapes.append(image.shape[:2])
         return Detections(results, files, shapes, self.names, time.perf_counter() - start)
 
-    def _tensor_batch(self, images: torch.Tensor, autocast, start: float) -> "Detections":
+    def _tensor_batch(self, model, images: torch.Tensor, autocast, start: float):
+        """The raw output for a BCHW tensor (module doc), as YOLOv5's AutoShape; traceable (no inference mode)."""
         if images.dim() == 3:
             images = images[None]
         if images.dim() != 4 or images.shape[1] != 3 or not images.is_floating_point():
@@ -86,11 +94,8 @@ class HubModel(nn.Module):
         if height % self.stride or width % self.stride:
             raise InferenceError(f"a tensor input's sides must be multiples of the stride {self.stride}, got "
                                  f"{height}x{width} (or pass images or arrays, which are letterboxed)")
-        output = forward(self.model, images.to(self.device, torch.float32), autocast)
-        shapes = [(height, width)] * images.shape[0]
-        results = [det.cpu() for det in self._select(output, (height, width), shapes)]
-        files = [f"tensor{i}" for i in range(len(results))]
-        return Detections(results, files, shapes, self.names, time.perf_counter() - start)
+        with torch.no_grad(), autocast:
+            return model(images.to(self.device, torch.float32).contiguous(memory_format=torch.channels_last))
 
     def _select(self, output, input_shape, original_shapes) -> list[torch.Tensor]:
         return select_detections(output, input_shape, original_shapes, self.conf, self.iou, self.classes,
@@ -193,10 +198,15 @@ def load_hub_model(path, autoshape: bool = True, device=None):
     from models.backends import load_backend
     from utils.device import select_device
 
-    path = Path(path)
+    from utils.downloads import RELEASE_WEIGHTS, weights_file
+
+    if not Path(path).suffix and f"{Path(path).name}.pt" in RELEASE_WEIGHTS and not Path(path).exists():
+        path = f"{path}.pt"  # custom(path='yolov5n'), as YOLOv5's hub takes it
+    path = weights_file(path)  # a URL or a YOLOv5 release name is downloaded first
     if not path.exists():
-        raise UserError(f"{path}: model file not found (nothing is downloaded; pass path= a .pt from training, "
-                        "e.g. runs/train/exp/weights/best.pt, or a YOLOv5 .pt on disk)")
+        raise UserError(f"{path}: model file not found (pass path= a .pt from training, e.g. "
+                        "runs/train/exp/weights/best.pt, a YOLOv5 .pt on disk, a URL or a release name such as "
+                        "yolov5s.pt)")
     device = select_device("" if device is None else str(device))
     if not autoshape:
         from models import load_model

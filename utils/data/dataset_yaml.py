@@ -4,8 +4,9 @@ Keys: ``path`` (dataset root; relative to the YAML file's folder, default that f
 ``val`` and optional ``test`` (each a folder, a ``.txt`` list of image paths, an image file, or a
 list of those; relative to ``path``), ``names`` (a list, or a ``{id: name}`` dict with ids
 0..nc-1; each a string of 1 to 256 characters, numbers are converted with a warning) and optional
-``nc`` (must agree with ``names``; at most 100,000 classes). A ``download`` key is reported as
-ignored and never executed. Errors are ``DataConfigError`` naming the file, the key and the path
+``nc`` (must agree with ``names``; at most 100,000 classes). When ``path`` does not exist, a ``download`` key
+that lists archives (URLs) is followed: they are fetched and unpacked safely (utils/data/dataset_download.py);
+one that is code is refused and never run. Errors are ``DataConfigError`` naming the file, the key and the path
 that was tried; values from the file are cut in messages. The file is read with the bounded YAML
 loader (alias bombs refused).
 """
@@ -154,6 +155,10 @@ def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
         return folder
     _check_path_text(value, "path", label)
     root = _absolute(value, folder)
+    if not root.exists() and content.get("download"):
+        from utils.data.dataset_download import ensure_downloaded
+
+        ensure_downloaded(root, content["download"], label)
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
     return root
@@ -182,8 +187,6 @@ def load_data_config(path: str | Path) -> DataConfig:
     file = find_data_yaml(path)
     label = str(path) if Path(path).expanduser().is_file() else str(file)
     content = _read_yaml(file, label)
-    if "download" in content:
-        LOGGER.warning(f"{label}: 'download' key ignored (this trainer never downloads or runs dataset scripts)")
     names = parse_names(content, label)
     root = _resolve_root(content, file, label)
     splits = {key: resolve_split(content, key, root, label) for key in SPLITS}

@@ -68,6 +68,14 @@ def build_training_model(cfg: str, weights: str, nc: int, names: list[str], anch
     if not cfg and not weights:
         raise ConfigError("give --cfg (a model YAML such as models/yolov5n.yaml) or --weights (a .pt file)")
     if weights:
+        from utils import dist
+        from utils.downloads import DownloadError, weights_file
+
+        with dist.main_process_first("download the weights"):  # a URL or a YOLOv5 release name: fetched once
+            try:
+                weights = str(weights_file(weights))
+            except DownloadError as error:
+                raise DownloadError(f"{error}; or pass --weights '' to train from scratch") from None
         entry = model_entry(load_checkpoint(weights))
         model = DetectionModel(cfg or entry["yaml"], ch=3, nc=nc, anchors=anchors)
         exclude = ("anchor",) if (cfg or anchors) else ()

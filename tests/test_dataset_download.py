@@ -1,0 +1,169 @@
+"""Datasets by name: data/coco128.yaml's archive fetched from a loopback server through YOLO_TRAINER_MIRROR and
+unpacked beside the repository as YOLOv5 places it; an interrupted download restarts without fetching what is
+done; archives that escape their folder, hold links or are bombs are refused before anything is written."""
+from __future__ import annotations
+
+import http.server
+import shutil
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_tiny_dataset
+from utils import downloads
+from utils.data.dataset_download import DatasetDownloadError, ensure_downloaded
+from utils.data.dataset_yaml import load_data_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    files: dict = {}  # path -> bytes, or (bytes, announced length)
+    requests: list = []
+
+    def do_GET(self):  # noqa: N802
+        self.requests.append(self.path)
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        body, announced = body if isinstance(body, tuple) else (body, len(body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/zip")
+        self.send_header("Content-Length", str(announced))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mirror(monkeypatch):
+    Files.files, Files.requests = {}, []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv(downloads.MIRROR_VARIABLE, f"http://127.0.0.1:{httpd.server_address[1]}")
+    yield Files
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def zip_folder(folder: Path, prefix: str, extra=()) -> bytes:
+    """A zip of ``folder`` under ``prefix/`` (as coco128.zip holds coco128/...), plus raw (ZipInfo, bytes)."""
+    archive = folder.parent / f"{prefix}.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out.write(path, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        for info, data in extra:
+            out.writestr(info, data)
+    return archive.read_bytes()
+
+
+def coco128_standin(tmp_path: Path) -> bytes:
+    """coco128.zip's layout (coco128/images/train2017, coco128/labels/train2017) from our own tiny images."""
+    data = make_tiny_dataset(tmp_path / "made")
+    tree = tmp_path / "standin"
+    for kind in ("images", "labels"):
+        shutil.copytree(data.parent / kind / "train", tree / kind / "train2017")
+    return zip_folder(tree, "coco128")
+
+
+def repo_copy_with(tmp_path: Path, name: str) -> Path:
+    """data/NAME in a copy of the layout (repo/data/NAME), so its '../../datasets' lands in tmp_path."""
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    return Path(shutil.copy(ROOT / "data" / name, tmp_path / "repo" / "data" / name))
+
+
+def test_coco128_by_name_is_fetched_once_and_loads(tmp_path, mirror):
+    mirror.files["/coco128.zip"] = coco128_standin(tmp_path)
+    config = load_data_config(repo_copy_with(tmp_path, "coco128.yaml"))
+    root = tmp_path / "datasets" / "coco128"
+    assert config.path == root and config.nc == 80 and config.names[:2] == ["person", "bicycle"]
+    assert len(list((root / "images" / "train2017").iterdir())) == 8 and config.train == config.val
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".coco128.download.lock", "coco128"]
+    load_data_config(tmp_path / "repo" / "data" / "coco128.yaml")
+    assert mirror.requests == ["/coco128.zip"]  # there already: not fetched again
+
+
+def test_an_interrupted_download_never_looks_like_a_dataset_and_restarts_where_it_stopped(tmp_path, mirror):
+    labels = tmp_path / "labels-tree"
+    (labels / "labels").mkdir(parents=True)
+    (labels / "labels" / "a.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+    images = tmp_path / "images-tree"
+    (images / "train").mkdir(parents=True)
+    (images / "train" / "a.jpg").write_bytes(b"\xff\xd8 not really")
+    mirror.files["/labels.zip"] = zip_folder(labels, "set")
+    whole = zip_folder(images, "train-images")
+    mirror.files["/images.zip"] = (whole[: len(whole) // 2], len(whole))  # the connection drops half-way
+    download = [{"url": "https://example.org/a/labels.zip"}, {"url": "https://example.org/b/images.zip",
+                                                              "into": "set/images"}]
+    root = tmp_path / "datasets" / "set"
+    with pytest.raises(DatasetDownloadError, match="truncated|broke off"):
+        ensure_downloaded(root, download, "set.yaml")
+    assert not root.exists()  # half a dataset is never in place
+    staging = tmp_path / "datasets" / ".set.download"
+    assert (staging / "archives" / "labels.zip.unpacked").exists() and not list(staging.rglob("*.part"))
+    mirror.files["/images.zip"] = whole
+    mirror.requests.clear()
+    ensure_downloaded(root, download, "set.yaml")
+    assert mirror.requests == ["/images.zip"]  # the labels archive was not fetched again
+    assert (root / "labels" / "a.txt").is_file() and (root / "images" / "train-images" / "train" / "a.jpg").is_file()
+    assert not staging.exists()
+
+
+@pytest.mark.parametrize("member, message", [
+    ("../escaped.txt", "outside the dataset folder"),
+    ("/abs.txt", "outside the dataset folder"),
+    ("ok/../../escaped.txt", "outside the dataset folder"),
+    ("link", "is a link"),
+])
+def test_an_archive_that_escapes_or_links_is_refused_before_writing(tmp_path, mirror, member, message):
+    info = zipfile.ZipInfo(member)
+    if member == "link":
+        info.external_attr = 0o120777 << 16  # a symbolic link to /etc
+    folder = tmp_path / "tree" / "x"
+    folder.mkdir(parents=True)
+    (folder / "fine.txt").write_text("fine")
+    mirror.files["/bad.zip"] = zip_folder(tmp_path / "tree", "x", [(info, "/etc" if member == "link" else "x")])
+    with pytest.raises(DatasetDownloadError, match=message):
+        ensure_downloaded(tmp_path / "datasets" / "x", "https://example.org/bad.zip", "x.yaml")
+    assert not (tmp_path / "datasets" / "x").exists() and not (tmp_path / "escaped.txt").exists()
+    assert not list((tmp_path / "datasets").rglob("fine.txt"))  # nothing unpacked
+
+
+def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror, monkeypatch):
+    folder = tmp_path / "tree" / "bomb"
+    folder.mkdir(parents=True)
+    (folder / "zeros.bin").write_bytes(bytes(40 << 20))  # 40 MB of zeros: ~40 kB deflated
+    mirror.files["/bomb.zip"] = zip_folder(tmp_path / "tree", "bomb")
+    with pytest.raises(DatasetDownloadError, match=r"more than 100x: a zip bomb"):
+        ensure_downloaded(tmp_path / "datasets" / "bomb", "https://example.org/bomb.zip", "bomb.yaml")
+    assert not list((tmp_path / "datasets").rglob("zeros.bin"))
+    (folder / "zeros.bin").write_bytes(b"12345678" * 1000)
+    mirror.files["/bomb.zip"] = zip_folder(tmp_path / "tree", "bomb")
+    monkeypatch.setattr(downloads.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
+    with pytest.raises(DatasetDownloadError, match="unpacks to 0.00 GB, .* has 0.00 GB free"):
+        ensure_downloaded(tmp_path / "datasets" / "bomb", "https://example.org/bomb.zip", "bomb.yaml")
+
+
+@pytest.mark.parametrize("value", ["curl https://x/a.zip | unzip", "https://x/a.tar.gz", [{"url": "https://x/a.zip",
+                                                                                           "into": "../up"}],
+                                   [{"url": "https://x/a.zip", "run": "rm -rf /"}], {"into": "x"}])
+def test_download_values_that_are_not_archives_are_refused(tmp_path, value):
+    with pytest.raises(DatasetDownloadError):
+        ensure_downloaded(tmp_path / "datasets" / "x", value, "x.yaml")
+    assert not (tmp_path / "datasets").exists()
+
+
+def test_the_project_yamls_describe_their_downloads_as_data():
+    from utils.data.dataset_download import parse_download
+    from utils.safe_yaml import read_yaml
+
+    for name, count in (("coco128.yaml", 1), ("coco.yaml", 4)):
+        content = read_yaml(ROOT / "data" / name)
+        assert len(parse_download(content["download"], name)) == count and len(content["names"]) == 80
+        assert content["path"].startswith("../../datasets/")

@@ -1,0 +1,141 @@
+"""A dataset YAML's ``download:`` as data: the archives to fetch and where to unpack them. Nothing in it is run.
+
+    download: https://host/coco128.zip          # YOLOv5's form: one URL or a list, unpacked into path's parent
+    download:                                   # ours: the folder each archive is unpacked into, relative to the
+      - url: https://host/coco2017labels.zip    #   parent of ``path`` (default '.')
+      - url: http://host/train2017.zip
+        into: coco/images
+
+``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
+it (``.NAME.download``): each archive is fetched there (through ``YOLO_TRAINER_MIRROR`` by file name, as YOLOv5's
+named sources are; utils/downloads.py checks it), unpacked into a temporary folder (members checked first: no path
+outside it, no links, the declared size against free space and 100x the archive) and merged into the staged tree,
+and only when every archive is in does the staged ``NAME`` folder move to ``path``: an interrupted download never
+looks like a dataset. Started again, it keeps the archives already fetched and unpacked (a 20 GB dataset need not
+start over). A lock in the parent folder makes processes that start together download once.
+
+A ``download:`` that is Python or shell code (YOLOv5's scripts) is refused: it is never run.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from utils.downloads import DownloadError, fetch, is_url, url_file_name
+from utils.errors import UserError, shorten
+
+LOGGER = logging.getLogger(__name__)
+MAX_ARCHIVE_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
+
+
+class DatasetDownloadError(UserError):
+    """A ``download:`` that is not data this trainer can follow, or a download that failed; one line."""
+
+
+@dataclass(frozen=True)
+class Archive:
+    url: str
+    into: str = "."  # relative to the dataset's parent folder
+
+
+def parse_download(value, label: str) -> list[Archive]:
+    """The archives a ``download:`` value describes; DatasetDownloadError for code or anything else."""
+    entries = value if isinstance(value, list) else [value]
+    archives = []
+    for entry in entries:
+        if isinstance(entry, str) and is_url(entry.strip()) and len(entry.split()) == 1:
+            archives.append(Archive(entry.strip()))
+        elif isinstance(entry, dict) and isinstance(entry.get("url"), str) and is_url(entry["url"]) \
+                and set(entry) <= {"url", "into"} and isinstance(entry.get("into", "."), str):
+            archives.append(Archive(entry["url"], _relative(entry.get("into", "."), label)))
+        else:
+            raise DatasetDownloadError(f"{label}: download: {shorten(entry)}: not a URL of an archive or a "
+                                       "{url, into} entry (scripts in a dataset YAML are never run: download the "
+                                       "dataset yourself, or describe its archives)")
+    for archive in archives:
+        if not archive.url.lower().split("?")[0].endswith(".zip"):
+            raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip archives are unpacked")
+        url_file_name(archive.url)  # a plain file name to keep it as
+    return archives
+
+
+def _relative(into: str, label: str) -> str:
+    parts = Path(into).parts
+    if Path(into).is_absolute() or ".." in parts or any(ord(c) < 32 for c in into):
+        raise DatasetDownloadError(f"{label}: download: into: {shorten(into)}: must be a folder inside the "
+                                   "dataset's parent folder (relative, without '..')")
+    return into
+
+
+def ensure_downloaded(root: Path, value, label: str) -> None:
+    """Fetch and unpack the archives of ``value`` so that the dataset folder ``root`` exists (see module doc)."""
+    archives = parse_download(value, label)
+    parent = root.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DatasetDownloadError(f"{label}: cannot make {parent} for the download ({error.strerror})") from None
+    lock = os.open(parent / f".{root.name}.download.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together: one downloads, the others wait
+        if root.exists():
+            return
+        staging = parent / f".{root.name}.download"
+        LOGGER.info("%s: downloading %d archive(s) into %s (%s)", label, len(archives), parent,
+                    ", ".join(url_file_name(a.url) for a in archives))
+        for archive in archives:
+            _fetch_and_unpack(archive, staging, label)
+        staged = staging / "tree" / root.name
+        if not staged.is_dir():
+            raise DatasetDownloadError(f"{label}: the archives hold no folder '{root.name}' (the YAML's path): "
+                                       f"what they hold is in {staging / 'tree'}")
+        os.rename(staged, root)
+        shutil.rmtree(staging, ignore_errors=True)
+        LOGGER.info("%s: dataset ready in %s", label, root)
+    except DownloadError as error:
+        raise DatasetDownloadError(f"{label}: {error}") from None
+    finally:
+        os.close(lock)
+
+
+def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
+    from utils.downloads import extract_zip
+
+    name = url_file_name(archive.url)
+    stored, done = staging / "archives" / name, staging / "archives" / f"{name}.unpacked"
+    if done.exists():
+        LOGGER.info("%s: %s unpacked earlier", label, name)
+        return
+    if not stored.is_file():
+        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES, zip_archive=True, named=True)
+    tree = staging / "tree" / archive.into
+    tree.mkdir(parents=True, exist_ok=True)
+    try:
+        unpacked = extract_zip(stored, staging)
+    except DownloadError:
+        stored.unlink(missing_ok=True)  # refused or broken: a later start fetches it again
+        raise
+    try:
+        _merge(unpacked, tree)
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+    done.touch()
+    stored.unlink()  # unpacked: the space goes back
+
+
+def _merge(source: Path, target: Path) -> None:
+    """Move everything in ``source`` into ``target``, folder into folder; files replace files (a merge that was
+    interrupted is done again the same way)."""
+    for entry in source.iterdir():
+        destination = target / entry.name
+        if entry.is_dir() and not entry.is_symlink() and destination.is_dir():
+            _merge(entry, destination)
+        else:
+            if destination.is_dir() and not destination.is_symlink():
+                shutil.rmtree(destination)
+            os.replace(entry, destination)
