@@ -50,39 +50,18 @@ def _named(name, pretrained, channels, classes, autoshape, device, path):
     return model
 
 
-def yolov5n(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5n", pretrained, channels, classes, autoshape, device, path)
+def _entry(name: str):
+    def load(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
+        return _named(name, pretrained, channels, classes, autoshape, device, path)
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = (f"{name}.pt from the current folder or path= (YOLOv5's release file, fetched when missing, or "
+                    f"one trained here); pretrained=False: untrained from models/{name}.yaml")
+    return load
 
 
-def yolov5s(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5s", pretrained, channels, classes, autoshape, device, path)
-
-
-def yolov5m(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5m", pretrained, channels, classes, autoshape, device, path)
-
-
-def yolov5l(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5l", pretrained, channels, classes, autoshape, device, path)
-
-
-def yolov5x(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5x", pretrained, channels, classes, autoshape, device, path)
-
-def yolov5n6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5n6", pretrained, channels, classes, autoshape, device, path)
-
-def yolov5s6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5s6", pretrained, channels, classes, autoshape, device, path)
-
-def yolov5m6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5m6", pretrained, channels, classes, autoshape, device, path)
-
-def yolov5l6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5l6", pretrained, channels, classes, autoshape, device, path)
-
-def yolov5x6(pretrained=True, channels=3, classes=80, autoshape=True, _verbose=True, device=None, path=None):
-    return _named("yolov5x6", pretrained, channels, classes, autoshape, device, path)
+MODEL_NAMES = tuple(f"yolov5{size}{p6}" for p6 in ("", "6") for size in "nsmlx")
+for _name in MODEL_NAMES:  # torch.hub's entry points: yolov5n ... yolov5x6
+    globals()[_name] = _entry(_name)
 
 
 def _main(argv=None) -> int:
@@ -103,9 +82,6 @@ def _main(argv=None) -> int:
         images = sorted(p for p in Path(args.source).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
         print(model([str(p) for p in images]))
     return run_main("hubconf.py", main, argv)
-
-
-MODEL_NAMES = tuple(f"yolov5{size}{p6}" for p6 in ("", "6") for size in "nsmlx")
 
 
 if __name__ == "__main__":
