@@ -198,10 +198,10 @@ def load_hub_model(path, autoshape: bool = True, device=None):
     from models.backends import load_backend
     from utils.device import select_device
 
-    from utils.downloads import RELEASE_WEIGHTS, weights_file
+    from utils.downloads import weights_file
 
-    if not Path(path).suffix and f"{Path(path).name}.pt" in RELEASE_WEIGHTS and not Path(path).exists():
-        path = f"{path}.pt"  # custom(path='yolov5n'), as YOLOv5's hub takes it
+    if not Path(path).suffix and not Path(path).is_dir():
+        path = Path(path).with_suffix(".pt")  # custom(path='yolov5n') or path='runs/.../best', as YOLOv5's hub
     path = weights_file(path)  # a URL or a YOLOv5 release name is downloaded first
     if not path.exists():
         raise UserError(f"{path}: model file not found (pass path= a .pt from training, e.g. "
