@@ -170,7 +170,7 @@ def _write_labels(path: Path, det: torch.Tensor, shape, save_conf: bool) -> None
 def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, save_dir: Path) -> np.ndarray:
     """Draw the detections on a copy of the original image; save crops when asked."""
     image = item.image.copy()
-    stem = Path(item.path).stem
+    stem = item.name or Path(item.path).stem
     for *xyxy, conf, cls in det.tolist():
         if config.save_crop:
             save_one_box(xyxy, item.image, crop_folder(save_dir, names, int(cls)) / f"{stem}.jpg")
@@ -183,23 +183,25 @@ def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, 
 
 
 class VideoSink:
-    """One cv2.VideoWriter (mp4v) per input video, opened on its first frame."""
+    """One cv2.VideoWriter (mp4v) per input video or live stream, opened on its first frame. A video file's writer
+    is finished when the next file starts; live streams' frames come in turns, so theirs stay open until close()."""
 
     def __init__(self):
-        self.path, self.writer = None, None
+        self.writers = {}
 
-    def write(self, path: Path, image: np.ndarray, fps: float) -> None:
-        if path != self.path:
-            self.close()
-            self.path = path
+    def write(self, path: Path, image: np.ndarray, fps: float, live: bool = False) -> None:
+        if path not in self.writers:
+            if not live:
+                self.close()
             height, width = image.shape[:2]
-            self.writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps or 30.0, (width, height))
-        self.writer.write(image)
+            self.writers[path] = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps or 30.0,
+                                                 (width, height))
+        self.writers[path].write(image)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.release()
-        self.path, self.writer = None, None
+        for writer in self.writers.values():
+            writer.release()
+        self.writers = {}
 
 
 def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
@@ -222,7 +224,7 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
 
 def _save_outputs(item: SourceItem, det, config: DetectConfig, context: dict) -> None:
     save_dir, names = context["save_dir"], context["names"]
-    stem = Path(item.path).stem
+    stem = item.name or Path(item.path).stem
     if config.save_txt and len(det):
         label_name = f"{stem}_{item.frame}.txt" if item.is_video else f"{stem}.txt"
         _write_labels(save_dir / "labels" / label_name, det, item.image.shape, config.save_conf)
@@ -232,14 +234,15 @@ def _save_outputs(item: SourceItem, det, config: DetectConfig, context: dict) ->
     if config.nosave:
         return
     if item.is_video:
-        context["video"].write(save_dir / f"{stem}.mp4", image, item.fps)
+        context["video"].write(save_dir / f"{stem}.mp4", image, item.fps, live=bool(item.name))
     elif not cv2.imwrite(str(save_dir / Path(item.path).name), image):
         LOGGER.warning(f"could not write {save_dir / Path(item.path).name}")
 
 
 def _log_line(item: SourceItem, det, shape, seconds: float, names) -> str:
     if item.is_video:
-        head = f"video {item.index}/{item.count} ({item.frame}/{item.frames}) {item.path}: "
+        position = f"{item.frame}/{item.frames}" if item.frames else f"frame {item.frame}"  # live: no end known
+        head = f"{'stream' if item.name else 'video'} {item.index}/{item.count} ({position}) {item.path}: "
     else:
         head = f"image {item.index}/{item.count} {item.path}: "
     found = describe(det, names) if len(det) else "(no detections), "
@@ -330,6 +333,7 @@ class DetectRun:
         finally:
             bar.close()
             context["video"].close()
+            sources.close()
         _log_summary(context, context["imgsz"], config)
 
 
@@ -366,7 +370,8 @@ def build_parser() -> ArgumentParser:
     add("--weights", nargs="+", type=str, default=["yolov5s.pt"],
         help="model: .pt (ours or YOLOv5's; several: an ensemble), .torchscript, .onnx or an OpenVINO folder / .xml")
     add("--source", type=str, default=str(SAMPLE_IMAGES),
-        help="image, folder, glob, .txt list or video file (default: the sample images in data/images)")
+        help="image, folder, glob, .txt list, video, image/video URL, webcam index, stream URL, .streams list or "
+             "'screen' (default: the sample images in data/images)")
     add("--data", type=str, default=None, help="dataset YAML (optional; names come from the weights)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=image_size, default=[640],
         help="inference size h w (or one side)")

@@ -1,7 +1,9 @@
-"""Inputs for detect: an image, a folder, a glob pattern, a .txt list of paths, or a video file.
+"""Inputs for detect: an image, a folder, a glob pattern, a .txt list of paths, a video file, an image or video
+URL (downloaded first, into the current folder as YOLOv5 does), or a live source (utils/streams.py: a webcam index,
+a stream URL, a .streams list, ``screen``).
 
-``Sources(source, vid_stride)`` resolves the files up front (so a missing source is an error before
-any model work) and iterates ``SourceItem``s: one per image, one per kept video frame.
+``Sources(source, vid_stride)`` resolves the files (or opens the live sources) up front, so a missing source is an
+error before any model work, and iterates ``SourceItem``s: one per image, one per kept video or stream frame.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class SourceItem:
     frame: int = 0  # 1-based number of this frame among the video's kept frames (videos only)
     frames: int = 0  # kept frames in the video (frame count / vid_stride; 0 when unknown)
     fps: float = 0.0  # video frame rate (videos only)
+    name: str = ""  # the output file's stem (live sources: stream0, stream1, ..., screen); else the file's
 
 
 def _kind(path: Path) -> str | None:
@@ -81,12 +84,35 @@ def _read_list(txt: Path) -> list[Path]:
     return files
 
 
+def live_kind(text: str) -> str | None:
+    """'screen', 'streams' (webcam indices, stream URLs, .streams files) or None (files, and media URLs)."""
+    from utils.streams import STREAM_PREFIXES
+
+    lowered = text.lower()
+    if lowered == "screen" or lowered.startswith("screen "):
+        return "screen"
+    if lowered.startswith(("http://", "https://")) and _media_url(text):
+        return None
+    if text.isnumeric() or lowered.startswith(STREAM_PREFIXES) or lowered.endswith(".streams"):
+        return "streams"
+    return None
+
+
+def _media_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return _kind(Path(urlsplit(url).path)) is not None
+
+
 def resolve_source(source: str) -> list[Path]:
-    """``--source`` value -> sorted media files; SourceError when missing, unsupported or empty."""
+    """``--source`` value (not a live one) -> sorted media files; SourceError when missing, unsupported or empty.
+    An image or video URL is downloaded first (utils/downloads.py) into the current folder, or reused from there."""
     text = str(source).strip()
-    if text.isnumeric() or text.lower().startswith(("rtsp://", "rtmp://", "http://", "https://", "screen")):
-        raise SourceError(f"--source {text}: webcams, streams, URLs and screenshots are not supported; "
-                          "pass an image, folder, glob, .txt list or video file")
+    if text.lower().startswith(("http://", "https://")):
+        from utils.downloads import fetch, url_file_name
+
+        target = Path(url_file_name(text))
+        return [target if target.is_file() else fetch(text, target, what="image or video")]
     path = Path(text).expanduser()
     files = _read_list(path) if path.suffix.lower() == ".txt" and path.is_file() else _resolve_entry(text)
     if not files:
@@ -101,9 +127,19 @@ class Sources:
     def __init__(self, source: str, vid_stride: int = 1):
         if vid_stride < 1:
             raise SourceError(f"--vid-stride {vid_stride}: must be 1 or more")
-        self.source = str(source)
+        self.source = str(source).strip()
         self.vid_stride = vid_stride
-        self.files = resolve_source(source)
+        self.live = live_kind(self.source)
+        self.streams = []
+        if self.live == "streams":
+            from utils.streams import open_streams, stream_urls
+
+            self.streams = open_streams(stream_urls(self.source))
+        elif self.live == "screen":
+            from utils.streams import parse_screen
+
+            parse_screen(self.source)  # a malformed region: one line now
+        self.files = [] if self.live else resolve_source(source)
         self.videos = [p for p in self.files if _kind(p) == "video"]
         self.single = len(self.files) == 1
 
@@ -121,9 +157,28 @@ class Sources:
         return self.num_images + frames
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.files) or len(self.streams)
+
+    def close(self) -> None:
+        """Stop the live streams' threads (iterating to the end, or stopping early, does it too)."""
+        for stream in self.streams:
+            stream.close()
 
     def __iter__(self) -> Iterator[SourceItem]:
+        if self.live == "streams":
+            from utils.streams import read_streams
+
+            count = len(self.streams)
+            for index, frame, image in read_streams(self.streams, self.vid_stride):
+                yield SourceItem(self.streams[index].source, image, index + 1, count, True, frame, 0,
+                                 self.streams[index].fps, name=f"stream{index}")
+            return
+        if self.live == "screen":
+            from utils.streams import read_screen
+
+            for frame, image in enumerate(read_screen(self.source), 1):
+                yield SourceItem(self.source, image, 1, 1, True, frame, 0, 30.0, name="screen")
+            return
         for index, path in enumerate(self.files, 1):
             if _kind(path) == "video":
                 yield from self._video_frames(path, index)
