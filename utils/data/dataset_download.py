@@ -98,6 +98,9 @@ def ensure_downloaded(root: Path, value, label: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         LOGGER.info("%s: dataset ready in %s", label, root)
     except DownloadError as error:
+        staging = parent / f".{root.name}.download"
+        if staging.is_dir() and not any(path.is_file() for path in staging.rglob("*")):
+            shutil.rmtree(staging, ignore_errors=True)  # nothing fetched yet: nothing to keep for a restart
         raise DatasetDownloadError(f"{label}: {error}") from None
     finally:
         os.close(lock)
