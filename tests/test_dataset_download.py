@@ -163,7 +163,48 @@ def test_the_project_yamls_describe_their_downloads_as_data():
     from utils.data.dataset_download import parse_download
     from utils.safe_yaml import read_yaml
 
-    for name, count in (("coco128.yaml", 1), ("coco.yaml", 4)):
+    for name, count, classes in (("coco128.yaml", 1, 80), ("coco.yaml", 4, 80), ("VOC.yaml", 5, 20)):
         content = read_yaml(ROOT / "data" / name)
-        assert len(parse_download(content["download"], name)) == count and len(content["names"]) == 80
+        assert len(parse_download(content["download"], name)) == count and len(content["names"]) == classes
         assert content["path"].startswith("../../datasets/")
+
+
+def voc_zip(folder: Path, year: str, splits: dict, names=("cat", "dog")) -> bytes:
+    """A VOCdevkit/VOC<year> zip (Annotations, JPEGImages, ImageSets/Main) with one 64x48 image per stem; the
+    first object of each image is 'difficult' when its stem ends with 'd'."""
+    import cv2
+    import numpy as np
+
+    root = folder / f"voc{year}" / "VOCdevkit" / f"VOC{year}"
+    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for split, stems in splits.items():
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{s}\n" for s in stems))
+        for index, stem in enumerate(stems):
+            cv2.imwrite(str(root / "JPEGImages" / f"{stem}.jpg"), np.full((48, 64, 3), 90, np.uint8))
+            objects = "".join(f"<object><name>{names[k % 2]}</name><difficult>{int(k == 0 and stem.endswith('d'))}"
+                              f"</difficult><bndbox><xmin>{5 + k}</xmin><ymin>5</ymin><xmax>30</xmax><ymax>40</ymax>"
+                              "</bndbox></object>" for k in range(2))
+            (root / "Annotations" / f"{stem}.xml").write_text(
+                f"<annotation><filename>{stem}.jpg</filename><size><width>64</width><height>48</height>"
+                f"<depth>3</depth></size>{objects}</annotation>")
+    return zip_folder(folder / f"voc{year}" / "VOCdevkit", "VOCdevkit")
+
+
+def test_voc_by_name_is_fetched_and_imported_with_yolov5s_split(tmp_path, mirror):
+    mirror.files["/VOCtrainval_06-Nov-2007.zip"] = voc_zip(tmp_path / "a", "2007", {"train": ["000001", "000002d"],
+                                                                                     "val": ["000003"]})
+    mirror.files["/VOCtest_06-Nov-2007.zip"] = voc_zip(tmp_path / "b", "2007", {"test": ["000004", "000005"]})
+    mirror.files["/VOCtrainval_11-May-2012.zip"] = voc_zip(tmp_path / "c", "2012", {"train": ["2008_000001"],
+                                                                                     "val": ["2008_000002"]})
+    config = load_data_config(repo_copy_with(tmp_path, "VOC.yaml"))
+    root = tmp_path / "datasets" / "VOC"
+    assert config.path == root and config.nc == 20 and config.names[7] == "cat"
+    images = {split: sorted(p.stem for p in (root / "images" / split).iterdir()) for split in ("train", "val", "test")}
+    assert images == {"train": ["000001", "000002d", "2008_000001"], "val": ["000003", "2008_000002"],
+                      "test": ["000004", "000005"]}
+    assert config.train == [str(root / "images" / "train"), str(root / "images" / "val")]
+    assert config.val == [str(root / "images" / "test")]
+    labels = (root / "labels" / "train" / "000002d.txt").read_text().splitlines()
+    assert len(labels) == 1 and labels[0].startswith("11 ")  # the difficult cat left out; dog is class 11
+    assert (root / "labels" / "train" / "000001.txt").read_text().splitlines()[0].startswith("7 ")  # cat: 7

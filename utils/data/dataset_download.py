@@ -5,6 +5,9 @@
       - url: https://host/coco2017labels.zip    #   parent of ``path`` (default '.')
       - url: http://host/train2017.zip
         into: coco/images
+      - voc: VOC/source/VOCdevkit/VOC2012       # then our VOC importer (utils/data/importers.py): the XML of a
+        into: VOC                               #   VOC root unpacked above -> YOLO labels and images/<split>
+        split: train                            #   (optional: all into one split; else ImageSets/Main lists)
 
 ``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
 it (``.NAME.download``): each archive is fetched there (through ``YOLO_TRAINER_MIRROR`` by file name, as YOLOv5's
@@ -42,16 +45,29 @@ class Archive:
     into: str = "."  # relative to the dataset's parent folder
 
 
-def parse_download(value, label: str) -> list[Archive]:
-    """The archives a ``download:`` value describes; DatasetDownloadError for code or anything else."""
+@dataclass(frozen=True)
+class VocImport:
+    voc: str  # a VOC root (Annotations/, JPEGImages/, ImageSets/Main/), relative to the dataset's parent folder
+    into: str  # the YOLO dataset folder it is imported into, likewise
+    split: str | None = None  # every image into this split; None: ImageSets/Main/{train,val,test}.txt
+
+
+def parse_download(value, label: str) -> list:
+    """The steps a ``download:`` value describes (Archive, VocImport); DatasetDownloadError for code or anything
+    else."""
     entries = value if isinstance(value, list) else [value]
-    archives = []
+    archives, imports = [], []
     for entry in entries:
         if isinstance(entry, str) and is_url(entry.strip()) and len(entry.split()) == 1:
             archives.append(Archive(entry.strip()))
         elif isinstance(entry, dict) and isinstance(entry.get("url"), str) and is_url(entry["url"]) \
                 and set(entry) <= {"url", "into"} and isinstance(entry.get("into", "."), str):
             archives.append(Archive(entry["url"], _relative(entry.get("into", "."), label)))
+        elif isinstance(entry, dict) and set(entry) <= {"voc", "into", "split"} and {"voc", "into"} <= set(entry) \
+                and all(isinstance(entry.get(key, ""), str) for key in ("voc", "into", "split")) \
+                and entry.get("split") in (None, "train", "val", "test"):
+            imports.append(VocImport(_relative(entry["voc"], label), _relative(entry["into"], label),
+                                     entry.get("split")))
         else:
             raise DatasetDownloadError(f"{label}: download: {shorten(entry)}: not a URL of an archive or a "
                                        "{url, into} entry (scripts in a dataset YAML are never run: download the "
@@ -60,7 +76,9 @@ def parse_download(value, label: str) -> list[Archive]:
         if not archive.url.lower().split("?")[0].endswith(".zip"):
             raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip archives are unpacked")
         url_file_name(archive.url)  # a plain file name to keep it as
-    return archives
+    if not archives:
+        raise DatasetDownloadError(f"{label}: download: no archive URL listed")
+    return archives + imports  # the imports run once every archive is in
 
 
 def _relative(into: str, label: str) -> str:
@@ -71,9 +89,11 @@ def _relative(into: str, label: str) -> str:
     return into
 
 
-def ensure_downloaded(root: Path, value, label: str) -> None:
-    """Fetch and unpack the archives of ``value`` so that the dataset folder ``root`` exists (see module doc)."""
-    archives = parse_download(value, label)
+def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = None) -> None:
+    """Fetch and unpack the archives of ``value`` so that the dataset folder ``root`` exists (see module doc);
+    ``names``: the YAML's class names, the order VOC imports number the classes in."""
+    steps = parse_download(value, label)
+    archives = [step for step in steps if isinstance(step, Archive)]
     parent = root.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -88,8 +108,11 @@ def ensure_downloaded(root: Path, value, label: str) -> None:
         staging = parent / f".{root.name}.download"
         LOGGER.info("%s: downloading %d archive(s) into %s (%s)", label, len(archives), parent,
                     ", ".join(url_file_name(a.url) for a in archives))
-        for archive in archives:
-            _fetch_and_unpack(archive, staging, label)
+        for step in steps:
+            if isinstance(step, Archive):
+                _fetch_and_unpack(step, staging, label)
+            else:
+                _import_voc(step, staging, label, names)
         staged = staging / "tree" / root.name
         if not staged.is_dir():
             raise DatasetDownloadError(f"{label}: the archives hold no folder '{root.name}' (the YAML's path): "
@@ -129,6 +152,24 @@ def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
         shutil.rmtree(unpacked, ignore_errors=True)
     done.touch()
     stored.unlink()  # unpacked: the space goes back
+
+
+def _import_voc(step: VocImport, staging: Path, label: str, names: list[str] | None) -> None:
+    """Our VOC importer on an unpacked VOC root (difficult objects left out, as YOLOv5's VOC.yaml does); the
+    images are hard links where the file system allows. Done once (a marker); an interrupted import starts over."""
+    import hashlib
+
+    from utils.data.importers import voc_to_yolo
+
+    done = staging / "archives" / f"voc-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
+    if done.exists():
+        return
+    source = staging / "tree" / step.voc
+    if not source.is_dir():
+        raise DatasetDownloadError(f"{label}: download: voc: {step.voc} is not in the unpacked archives")
+    voc_to_yolo(source, staging / "tree" / step.into, names=names, split=step.split, keep_difficult=False)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.touch()
 
 
 def _merge(source: Path, target: Path) -> None:

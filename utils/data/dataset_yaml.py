@@ -148,7 +148,7 @@ def _check_path_text(value, key: str, label: str) -> None:
                               f"{MAX_PATH_LENGTH} characters): {shorten(text)}")
 
 
-def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
+def _resolve_root(content: dict[str, Any], file: Path, label: str, names: list[str] | None = None) -> Path:
     folder = Path(os.path.abspath(file.parent))
     value = content.get("path")
     if value in (None, ""):
@@ -158,7 +158,7 @@ def _resolve_root(content: dict[str, Any], file: Path, label: str) -> Path:
     if not root.exists() and content.get("download"):
         from utils.data.dataset_download import ensure_downloaded
 
-        ensure_downloaded(root, content["download"], label)
+        ensure_downloaded(root, content["download"], label, names)
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
     return root
@@ -188,6 +188,6 @@ def load_data_config(path: str | Path) -> DataConfig:
     label = str(path) if Path(path).expanduser().is_file() else str(file)
     content = _read_yaml(file, label)
     names = parse_names(content, label)
-    root = _resolve_root(content, file, label)
+    root = _resolve_root(content, file, label, names)
     splits = {key: resolve_split(content, key, root, label) for key in SPLITS}
     return DataConfig(path=root, names=names, nc=len(names), yaml_file=Path(os.path.abspath(file)), **splits)
