@@ -253,8 +253,7 @@ def _main(argv) -> int:
     keep_freed_memory()  # whole-process choice: see utils/memory.py
     options = vars(args).copy()
     weights = options.pop("weights")
-    for weight in weights:
-        validate_weights(weights=weight, **options)
+    validate_weights(weights=weights[0] if len(weights) == 1 else weights, **options)  # several: their ensemble
     return 0
 
 

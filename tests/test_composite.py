@@ -103,6 +103,9 @@ def test_val_and_detect_take_augment_and_several_weights(checkpoints, tmp_path):
     ensemble = val.run(weights=[str(first), str(second)], **common)
     for result in (plain, augmented, ensemble):
         assert 0.0 <= result.map50 <= 1.0 and len(result.per_class) == 2
+    assert val.main(["--data", str(data), "--weights", str(first), str(second), "--img", "64", "--workers", "0",
+                     "--device", "cpu", "--project", str(tmp_path / "cli")]) == 0
+    assert len(list((tmp_path / "cli").iterdir())) == 1  # the command line too: one ensemble, one run folder
     found = detect.run(weights=[str(first), str(second)], source=str(data.parent / "images" / "val"), imgsz=64,
                        augment=True, device="cpu", project=str(tmp_path / "detect"), nosave=True)
     assert len(found.detections) == 4
