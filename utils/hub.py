@@ -4,8 +4,14 @@
     results = model(["a.jpg", Image.open("b.jpg")], size=640)   # paths, PIL, numpy, lists; or a BCHW tensor
     results.xyxy[0]       # (n, 6) tensor: x1, y1, x2, y2, confidence, class (pixels of the original image)
     results.detections[0] # [Detection(xyxy, score, class_id, name), ...]
+    results.print()       # or .show(), .save(), .crop(), .render(), .pandas(), .tolist(), as YOLOv5's
 
-Inputs: a file path (read like detect.py: EXIF orientation applied), a PIL image, a numpy HxWx3 uint8 array
+The results are ``Detections`` (utils/hub_results.py): YOLOv5's box views and methods, with the images as
+loaded in ``results.ims`` (RGB; an RGB array input is kept by reference, not copied); save() and crop() write
+into a new runs/detect/expN folder, as YOLOv5's.
+
+Inputs: a file path (read like detect.py: EXIF orientation applied), an image URL (fetched by utils/downloads.py
+into a private temporary folder and removed once decoded; nothing is written where you work), a PIL image, a numpy HxWx3 uint8 array
 in RGB order as YOLOv5's AutoShape takes it (``model(image, bgr=True)`` for ``cv2.imread`` arrays; gray and
 4-channel arrays are converted), or a list of these. A float (B, 3, H, W) tensor in [0, 1] with sides that are
 multiples of the model's stride is run as given and returns the model's raw output, ``(pred, ...)`` with pred
@@ -17,19 +23,25 @@ boxes scaled back to the original image and rounded to whole pixels: the results
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from torch import nn
 
-from utils.boxes import xyxy2xywh
 from utils.data.images import read_image, to_bgr8
+from utils.downloads import is_url
 from utils.errors import UserError
-from utils.inference import (Detection, InferenceError, as_detections, describe, forward, input_size, prepare_image,
-                             select_detections)
+from utils.hub_results import Detections
+from utils.inference import InferenceError, forward, input_size, prepare_image, select_detections
 from utils.precision import inference_autocast
+
+MAX_IMAGE_DOWNLOAD_BYTES = 256 << 20  # an image URL larger than this is refused as it arrives
+
+__all__ = ["Detections", "HubModel", "load_hub_model", "load_image", "load_input", "untrained_hub_model"]
 
 
 class HubModel(nn.Module):
@@ -59,7 +71,6 @@ class HubModel(nn.Module):
     def forward(self, images, size=640, augment: bool = False, bgr: bool = False) -> "Detections":
         """Detect in ``images`` (see the module docstring); ``size``: letterbox size (one side or (h, w));
         ``augment``: test-time augmentation (checkpoints only, models/composite.py)."""
-        start = time.perf_counter()
         device = self.device
         kind = getattr(self.model, "kind", "pytorch")
         autocast = inference_autocast(device, False, self.amp, "" if kind == "pytorch" else kind)
@@ -69,21 +80,28 @@ class HubModel(nn.Module):
 
             model = AugmentedBackend(self.model)
         if isinstance(images, torch.Tensor):
-            return self._tensor_batch(model, images, autocast, start)
+            return self._tensor_batch(model, images, autocast)
         items = list(images) if isinstance(images, (list, tuple)) else [images]
         sizes = list(size) if isinstance(size, (list, tuple)) else [size]
         imgsz, auto = input_size(self, sizes * 2 if len(sizes) == 1 else sizes, option="size")
-        files, shapes, results = [], [], []
+        files, shapes, results, originals, times, input_shapes = [], [], [], [], [], []
         for index, item in enumerate(items):
-            name, image = load_image(item, index, bgr)
+            begin = _now(device)
+            name, original, image = load_input(item, index, bgr)
             tensor = prepare_image(image, imgsz, self.stride, device, False, auto)
+            prepared = _now(device)
             output = forward(model, tensor, autocast)
+            inferred = _now(device)
             results.append(self._select(output, tensor.shape[2:], [image.shape])[0].cpu())
+            done = _now(device)
             files.append(name)
             shapes.append(image.shape[:2])
-        return Detections(results, files, shapes, self.names, time.perf_counter() - start)
+            originals.append(original)
+            times.append((prepared - begin, inferred - prepared, done - inferred))
+            input_shapes.append(tuple(tensor.shape))
+        return Detections(results, files, shapes, self.names, times, originals, input_shapes)
 
-    def _tensor_batch(self, model, images: torch.Tensor, autocast, start: float):
+    def _tensor_batch(self, model, images: torch.Tensor, autocast):
         """The raw output for a BCHW tensor (module doc), as YOLOv5's AutoShape; traceable (no inference mode)."""
         if images.dim() == 3:
             images = images[None]
@@ -102,17 +120,34 @@ class HubModel(nn.Module):
                                  self.agnostic, self.max_det, self.multi_label)
 
 
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the stage's kernels are done when its time is read, as detect.py's
+    return time.perf_counter()
+
+
 def load_image(item, index: int, bgr: bool = False) -> tuple[str, np.ndarray]:
-    """(name, uint8 BGR HxWx3) for a path, PIL image or numpy array (RGB unless ``bgr``)."""
+    """(name, uint8 BGR HxWx3 as the model reads it) for a path, PIL image or numpy array (RGB unless ``bgr``)."""
+    name, _, image = load_input(item, index, bgr)
+    return name, image
+
+
+def load_input(item, index: int, bgr: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
+    """(name, the image as Detections keeps it: RGB uint8 HxWx3, the contiguous BGR copy the model reads).
+    An RGB uint8 HxWx3 array is kept as it is: the caller's own array, referenced, not copied."""
+    if isinstance(item, str) and is_url(item):
+        name, image = read_url_image(item)
+        return name, cv2.cvtColor(image, cv2.COLOR_BGR2RGB), image
     if isinstance(item, (str, Path)):
-        return str(item), read_image(item)
+        image = read_image(item)
+        return str(item), cv2.cvtColor(image, cv2.COLOR_BGR2RGB), image
     if isinstance(item, np.ndarray):
         if item.ndim not in (2, 3) or (item.ndim == 3 and item.shape[2] not in (1, 3, 4)) or not item.size:
             raise InferenceError(f"image {index}: expected an HxWx3 (or HxW, HxWx4) array, got shape {item.shape}")
-        image = to_bgr8(item)  # 8-bit, 3 channels, colour order kept
-        if not bgr and item.ndim == 3 and item.shape[2] in (3, 4):
-            image = image[:, :, ::-1]  # RGB(A) -> BGR
-        return f"image{index}", np.ascontiguousarray(image)
+        image = to_bgr8(item)  # 8-bit, 3 channels, colour order kept (the array itself when it is uint8 HxWx3)
+        if bgr:
+            return f"image{index}", cv2.cvtColor(image, cv2.COLOR_BGR2RGB), np.ascontiguousarray(image)
+        return f"image{index}", image, np.ascontiguousarray(image[:, :, ::-1])  # RGB(A) (gray: any order)
     try:
         from PIL import Image, ImageOps
     except ImportError:
@@ -121,75 +156,20 @@ def load_image(item, index: int, bgr: bool = False) -> tuple[str, np.ndarray]:
         upright = ImageOps.exif_transpose(item)
         rgb = np.asarray(upright.convert("RGB"))
         name = Path(getattr(item, "filename", "") or f"image{index}").name
-        return name, np.ascontiguousarray(rgb[:, :, ::-1])
+        return name, rgb, np.ascontiguousarray(rgb[:, :, ::-1])
     raise InferenceError(f"image {index}: cannot read a {type(item).__name__} (pass a file path, a PIL image, "
                          "a numpy HxWx3 array, a list of these, or a (B, 3, H, W) tensor)")
 
 
-class Detections:
-    """Per-image results: ``xyxy[i]`` (n, 6) tensors of x1, y1, x2, y2, confidence, class in the original image's
-    pixels (``xywh``, ``xyxyn``, ``xywhn`` as in YOLOv5), ``detections[i]`` as Detection tuples, ``files``,
-    ``names``; ``pandas()`` gives DataFrames when pandas is installed."""
+def read_url_image(url: str) -> tuple[str, np.ndarray]:
+    """An image URL (YOLOv5's ``model("https://.../zidane.jpg")``): fetched by utils/downloads.py into a private
+    temporary folder, decoded like a file (EXIF orientation applied), the file removed; (the URL's file name, BGR)."""
+    from utils.downloads import fetch, url_file_name
 
-    def __init__(self, xyxy: list[torch.Tensor], files: list[str], shapes: list, names: list[str], seconds: float):
-        self.xyxy, self.files, self.shapes, self.names, self.seconds = xyxy, files, shapes, names, seconds
-        self.n = len(xyxy)
-
-    def __len__(self) -> int:
-        return self.n
-
-    @property
-    def xywh(self) -> list[torch.Tensor]:
-        return [torch.cat((xyxy2xywh(det[:, :4]), det[:, 4:]), 1) for det in self.xyxy]
-
-    @property
-    def xyxyn(self) -> list[torch.Tensor]:
-        return [det / self._gain(shape) for det, shape in zip(self.xyxy, self.shapes)]
-
-    @property
-    def xywhn(self) -> list[torch.Tensor]:
-        return [det / self._gain(shape) for det, shape in zip(self.xywh, self.shapes)]
-
-    @staticmethod
-    def _gain(shape) -> torch.Tensor:
-        height, width = shape
-        return torch.tensor([width, height, width, height, 1.0, 1.0])
-
-    @property
-    def detections(self) -> list[list[Detection]]:
-        return [as_detections(det, self.names) for det in self.xyxy]
-
-    def pandas(self):
-        """An object whose ``xyxy``/``xywh``/``xyxyn``/``xywhn`` are lists of DataFrames (YOLOv5's columns)."""
-        try:
-            import pandas
-        except ImportError:
-            raise UserError("Detections.pandas() needs the optional package 'pandas': pip install pandas") from None
-        from types import SimpleNamespace
-
-        tables = {}
-        for kind, corners in (("xyxy", ("xmin", "ymin", "xmax", "ymax")), ("xywh", ("xcenter", "ycenter", "width",
-                                                                                    "height"))):
-            for suffix in ("", "n"):
-                rows = getattr(self, kind + suffix)
-                tables[kind + suffix] = [self._frame(pandas, det, corners) for det in rows]
-        return SimpleNamespace(**tables)
-
-    def _frame(self, pandas, det: torch.Tensor, corners):
-        frame = pandas.DataFrame(det[:, :5].tolist(), columns=[*corners, "confidence"])
-        frame["class"] = det[:, 5].long().tolist()
-        frame["name"] = [self.names[c] if 0 <= c < len(self.names) else str(c) for c in frame["class"]]
-        return frame
-
-    def __str__(self) -> str:
-        lines = []
-        for index, (det, name, shape) in enumerate(zip(self.xyxy, self.files, self.shapes), 1):
-            found = describe(det, self.names).rstrip(", ") if len(det) else "(no detections)"
-            lines.append(f"image {index}/{self.n} {name}: {shape[0]}x{shape[1]} {found}")
-        lines.append(f"{self.seconds * 1e3 / max(self.n, 1):.1f}ms per image")
-        return "\n".join(lines)
-
-    __repr__ = __str__
+    name = url_file_name(url)
+    with tempfile.TemporaryDirectory(prefix="yolo-trainer-image-") as folder:
+        image = read_image(fetch(url, Path(folder) / name, what="image", max_bytes=MAX_IMAGE_DOWNLOAD_BYTES))
+    return name, image
 
 
 def load_hub_model(path, autoshape: bool = True, device=None):
