@@ -80,7 +80,9 @@ def _main(argv=None) -> int:
             parser.error(f"--model {args.model}: not a model name ({', '.join(MODEL_NAMES)})")
         model = globals()[args.model]()
         images = sorted(p for p in Path(args.source).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
-        print(model([str(p) for p in images]))
+        results = model([str(p) for p in images])
+        results.print()  # as YOLOv5's hubconf.py: the summary, then the labelled images in runs/detect/expN
+        print(f"Saved {len(results)} images to {results.save()}")
     return run_main("hubconf.py", main, argv)
 
 
