@@ -6,6 +6,10 @@ Each stream is read by its own thread, which keeps only the newest frame (detect
 source: frames that arrive while a frame is being detected are dropped, as in YOLOv5). A stream that stops
 delivering is opened again up to ``RECONNECTS`` times; after that, or ``FRAME_TIMEOUT`` seconds without a new frame,
 it counts as ended and the others go on. A source that cannot be opened at all is one SourceError line.
+
+The reader thread owns its capture and releases it itself: a stalled stream blocks ``read()`` inside FFmpeg (for at
+most ``FRAME_TIMEOUT`` seconds, set as OpenCV's read timeout), and releasing the capture from another thread under
+that read crashes the process when the read's timeout fires.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ class Stream:
     def __init__(self, source: str):
         self.source = source
         self.target = int(source) if source.isnumeric() else source
-        self.capture = cv2.VideoCapture(self.target)
+        self.capture = _open(self.target)
         if not self.capture.isOpened():
             self.capture.release()
             what = f"webcam {source} (is a camera attached?)" if source.isnumeric() else f"stream {source}"
@@ -87,24 +91,36 @@ class Stream:
             LOGGER.warning("%s: no frame; opening it again (%d of %d)", self.source, failures, RECONNECTS)
             self.capture.release()
             time.sleep(min(0.5 * 2 ** failures, 4.0))
-            self.capture = cv2.VideoCapture(self.target)
+            if self.stopped:
+                break
+            self.capture = _open(self.target)
+        self.capture.release()
         with self.changed:
             self.ended = True
             self.changed.notify_all()
 
-    def next_frame(self, after: int, timeout: float = FRAME_TIMEOUT) -> tuple[int, np.ndarray] | None:
-        """(number, frame) of the newest frame numbered above ``after``; None once the stream has ended."""
+    def next_frame(self, after: int, timeout: float | None = None) -> tuple[int, np.ndarray] | None:
+        """(number, frame) of the newest frame numbered above ``after``; None once the stream has ended or nothing
+        new came for ``timeout`` seconds (FRAME_TIMEOUT)."""
         with self.changed:
-            if not self.changed.wait_for(lambda: self.count > after or self.ended, timeout):
+            if not self.changed.wait_for(lambda: self.count > after or self.ended,
+                                         FRAME_TIMEOUT if timeout is None else timeout):
                 return None  # nothing new for FRAME_TIMEOUT seconds
             if self.count > after:
                 return self.count, self.frame
             return None
 
     def close(self) -> None:
+        """Stop the reader; it releases the capture when its current read returns (module doc)."""
         self.stopped = True
         self.thread.join(timeout=5.0)
-        self.capture.release()
+
+
+def _open(target: int | str) -> cv2.VideoCapture:
+    """A webcam, or a stream whose reads wait at most FRAME_TIMEOUT seconds (OpenCV's own limit is 30 s)."""
+    if isinstance(target, int):
+        return cv2.VideoCapture(target)
+    return cv2.VideoCapture(target, cv2.CAP_ANY, [cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(FRAME_TIMEOUT * 1000)])
 
 
 def open_streams(sources: list[str]) -> list[Stream]:
@@ -163,13 +179,19 @@ def read_screen(text: str) -> Iterator[np.ndarray]:
     except ImportError:
         raise StreamError(f"--source {text}: screen capture needs the mss package (pip install mss)") from None
     try:
-        grabber = mss.mss()
+        grabber = (getattr(mss, "MSS", None) or mss.mss)()  # mss 10.2 renamed mss.mss (deprecated) to MSS
     except Exception as error:  # noqa: BLE001 - mss raises its own ScreenShotError without a display
         raise StreamError(f"--source {text}: no display to capture ({str(error).splitlines()[0][:200]})") from None
     with grabber:
         if screen >= len(grabber.monitors):
             raise StreamError(f"--source {text}: screen {screen} does not exist ({len(grabber.monitors) - 1} found)")
         monitor = grabber.monitors[screen]
+        # a region past the screen's edge: X11 would answer every grab with a bare protocol error
+        if region and (region["left"] + region["width"] > monitor["width"]
+                       or region["top"] + region["height"] > monitor["height"]):
+            raise StreamError(f"--source {text}: the region {region['width']}x{region['height']} at "
+                              f"({region['left']}, {region['top']}) is not inside screen {screen} "
+                              f"({monitor['width']}x{monitor['height']})")
         area = ({"left": monitor["left"] + region["left"], "top": monitor["top"] + region["top"],
                  "width": region["width"], "height": region["height"]} if region else monitor)
         while True:
