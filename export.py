@@ -12,10 +12,18 @@ batch, dynamic, nc, format version; see models/export_info.py) so val.py and det
 ONNX and OpenVINO need the optional packages in requirements-export.txt. OpenVINO IR is converted from
 the ONNX graph (as YOLOv5 does) on the CPU; ``--half`` stores its weights in fp16 (half the size; the
 CPU still computes in fp32) and needs no GPU, unlike ``--half`` for TorchScript and ONNX.
+Further formats live in models/formats/ (FORMAT_MODULES), each with its own requirements file:
+``--include ncnn`` writes ``best_ncnn_model/`` (requirements-ncnn.txt) and ``--include coreml`` writes
+``best.mlpackage`` (requirements-coreml.txt; Core ML runs on Apple platforms only, so elsewhere its check
+opens the written package back instead of running it).
+``--include executorch`` writes ``best.pte`` (XNNPACK; requirements-executorch.txt) and ``--include litert``
+(YOLOv5's ``tflite``) writes ``best.tflite``, ``best-fp16.tflite`` with ``--half`` or ``best-int8.tflite``
+with ``--int8`` (calibrated on the train images of ``--data``; requirements-litert.txt), both fixed-shape.
 
 Each file is checked before it is kept: the exported model is loaded back and run on the same random
 input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
 difference above ``TOLERANCE`` of the output's scale is an error (exit 1) and nothing is written.
+An int8 file is checked on its first calibration images instead, within its module's looser tolerance.
 """
 from __future__ import annotations
 
@@ -43,13 +51,33 @@ if str(ROOT) not in sys.path:
 from models.backends import (BACKENDS, OPENVINO_FOLDER, TORCHSCRIPT_METADATA, ExportInfo, first_line,  # noqa: E402
                              import_openvino, openvino_reason, require)
 from utils.cli import add_device_flag  # noqa: E402
-from utils.errors import ArgumentError, UserError  # noqa: E402
+from utils.errors import ArgumentError, UnavailableOption, UserError  # noqa: E402
 from utils.files import AtomicFile  # noqa: E402
 from utils.limits import MAX_BATCH_SIZE, MAX_IMAGE_SIZE  # noqa: E402
 
 LOGGER = logging.getLogger("export")
 SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx", "openvino": OPENVINO_FOLDER}  # OpenVINO: a folder
 TITLES = {"torchscript": "TorchScript", "onnx": "ONNX", "openvino": "OpenVINO"}
+# Formats whose export, check and backend live in their own module (models/formats/<name>.py), imported only
+# when the format is asked for: each has check_options(config, device), export(graph, example, info, path, half)
+# -> a temp file or folder beside path, checked_backend(written, info, device) and optionally place(temp, path).
+# Optional too: EXPORT_OPTIONS (ExportConfig fields export() also takes as keywords), output_path(weights, config)
+# (a name of its own), parity_inputs(config, shape) (images for the parity check instead of noise, or None), and
+# a backend attribute parity_tolerance (a looser TOLERANCE, e.g. for int8).
+FORMAT_MODULES = {"ncnn": "models.formats.ncnn"}
+SUFFIXES["ncnn"], TITLES["ncnn"] = "_ncnn_model", "NCNN"  # a folder: model.ncnn.param/.bin, metadata.yaml
+FORMAT_MODULES["coreml"] = "models.formats.coreml"
+SUFFIXES["coreml"], TITLES["coreml"] = ".mlpackage", "CoreML"  # a package folder; runs on Apple platforms only
+FORMAT_MODULES["engine"] = "models.formats.engine"
+SUFFIXES["engine"], TITLES["engine"] = ".engine", "TensorRT"  # metadata header + serialized engine; GPU only
+FORMAT_MODULES["executorch"] = "models.formats.executorch"
+SUFFIXES["executorch"], TITLES["executorch"] = ".pte", "ExecuTorch"  # XNNPACK program, metadata method inside
+FORMAT_MODULES["litert"] = "models.formats.litert"
+SUFFIXES["litert"], TITLES["litert"] = ".tflite", "LiteRT"  # -fp16/-int8.tflite with --half/--int8; NHWC input
+ALIASES = {"tflite": "litert"}  # YOLOv5's names for the same formats
+RUNS_ELSEWHERE = {"coreml": "runs on macOS/iOS (Core ML); val.py and detect.py run it there",
+                  "engine": "runs where it was built (this GPU, this TensorRT): val.py/detect.py --device 0"}
+CPU_HALF = {"openvino", "ncnn", "coreml", "litert"}  # --half is fp16 weights (CoreML: fp16 compute), made on the CPU
 OPSETS = range(11, 21)  # Range/Resize need 11; 20 is the TorchScript-based ONNX exporter's newest
 # Largest allowed |exported - PyTorch| as a fraction of the output's scale: the input's longest side for
 # the box columns (pixels), 1 for objectness and class scores. fp32 rounding differences between
@@ -78,6 +106,8 @@ class ExportConfig:
     simplify: bool = False
     opset: int = 17
     optimize: bool = False
+    int8: bool = False  # LiteRT: int8 weights and activations, calibrated on images of --data
+    data: str = "data/coco128.yaml"  # the dataset YAML whose train images calibrate --int8 (YOLOv5's default)
 
 
 @dataclass
@@ -142,17 +172,20 @@ def run(config: ExportConfig) -> list[ExportResult]:
     LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
                 "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
     exporter = Exporter(model, info, device, config)
-    return [exporter.export(fmt, output_path(weights, fmt)) for fmt in formats]
+    return [exporter.export(fmt, output_path(weights, fmt, config)) for fmt in formats]
 
 
-def output_path(weights: Path, fmt: str) -> Path:
-    """``best.torchscript`` / ``best.onnx`` / the folder ``best_openvino_model`` beside ``best.pt``."""
+def output_path(weights: Path, fmt: str, config: ExportConfig | None = None) -> Path:
+    """``best.torchscript`` / ``best.onnx`` / the folder ``best_openvino_model`` beside ``best.pt`` (a format
+    module may name its own, e.g. ``best-int8.tflite``)."""
+    if fmt in FORMAT_MODULES and config is not None and hasattr(format_module(fmt), "output_path"):
+        return format_module(fmt).output_path(weights, config)
     suffix = SUFFIXES[fmt]
     return weights.with_suffix(suffix) if suffix.startswith(".") else weights.with_name(weights.stem + suffix)
 
 
 def check_formats(include) -> list[str]:
-    formats = [str(name).lower() for name in include]
+    formats = [ALIASES.get(str(name).lower(), str(name).lower()) for name in include]
     unknown = [name for name in formats if name not in SUFFIXES]
     if unknown or not formats:
         raise ArgumentError(f"--include {' '.join(unknown) or '(none)'}: not supported "
@@ -162,11 +195,14 @@ def check_formats(include) -> list[str]:
 
 def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
-    only_openvino = formats == ["openvino"]
-    if config.half and device.type != "cuda" and not only_openvino:
-        raise ArgumentError("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
-                            "float32 (--include openvino alone takes --half: fp16 weights)")
-    if config.half and config.dynamic and not only_openvino:
+    cpu_half = set(formats) <= CPU_HALF
+    if config.int8 and set(formats) & {"torchscript", "onnx", "openvino"}:  # the format modules refuse it themselves
+        raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include litert "
+                            "takes --int8")
+    if config.half and device.type != "cuda" and not cpu_half:
+        raise UnavailableOption("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
+                            f"float32 (--include {' / '.join(sorted(CPU_HALF))} alone take --half: fp16 weights)")
+    if config.half and config.dynamic and not cpu_half:
         raise ArgumentError("--half and --dynamic cannot be combined (as in YOLOv5) for TorchScript and ONNX")
     if config.optimize and device.type != "cpu":
         raise ArgumentError("--optimize (TorchScript mobile optimisation) is CPU only: use --device cpu")
@@ -177,7 +213,7 @@ def check_options(config: ExportConfig, formats: list[str], device: torch.device
     if min(config.imgsz) < 1 or max(config.imgsz) > MAX_IMAGE_SIZE:
         raise ArgumentError(f"--imgsz {' '.join(map(str, config.imgsz))}: sizes must be 1 to {MAX_IMAGE_SIZE}")
     if "openvino" in formats and device.type != "cpu":
-        raise ArgumentError(f"--include openvino exports and runs on the CPU: use --device cpu (not {device.type})")
+        raise UnavailableOption(f"--include openvino exports and runs on the CPU: use --device cpu (not {device.type})")
     if "onnx" in formats or "openvino" in formats:
         if config.opset not in OPSETS:
             raise ArgumentError(f"--opset {config.opset}: supported {OPSETS.start} to {OPSETS.stop - 1}")
@@ -190,6 +226,16 @@ def check_options(config: ExportConfig, formats: list[str], device: torch.device
         LOGGER.info("--simplify ignored: it applies to --include onnx")
     if "openvino" in formats:
         import_openvino("--include openvino")
+    for fmt in formats:
+        if fmt in FORMAT_MODULES:
+            format_module(fmt).check_options(config, device)
+
+
+def format_module(fmt: str):
+    """The module of a format in FORMAT_MODULES, imported now (it may import optional packages when used)."""
+    import importlib
+
+    return importlib.import_module(FORMAT_MODULES[fmt])
 
 
 def round_size(imgsz, stride: int) -> tuple[int, int]:
@@ -229,7 +275,17 @@ class Exporter:
 
     def export(self, fmt: str, path: Path) -> ExportResult:
         start = time.perf_counter()
-        if fmt == "openvino":
+        if fmt in FORMAT_MODULES:
+            module = format_module(fmt)
+            options = {name: getattr(self.config, name) for name in getattr(module, "EXPORT_OPTIONS", ())}
+            temp = module.export(self.graph, self.example, self.info, path, self.info.half, **options)
+            seconds = time.perf_counter() - start
+            try:
+                parity = self.check(fmt, temp, path)
+                getattr(module, "place", place_folder)(temp, path)
+            finally:
+                remove(temp)
+        elif fmt == "openvino":
             temp = self.openvino(path)
             seconds = time.perf_counter() - start
             try:
@@ -316,13 +372,20 @@ class Exporter:
     def check(self, fmt: str, written: Path, path: Path) -> list[Parity]:
         """Load the ``written`` file back and compare it with the PyTorch model; ParityError beyond
         TOLERANCE (``path`` is the name it is meant to get)."""
-        backend = BACKENDS[".xml" if fmt == "openvino" else SUFFIXES[fmt]](written, self.device)
+        if fmt in FORMAT_MODULES:
+            backend = format_module(fmt).checked_backend(written, self.info, self.device)
+            if backend is None:  # a format that cannot run here: its module checked the file's description
+                return []
+        else:
+            backend = BACKENDS[".xml" if fmt == "openvino" else SUFFIXES[fmt]](written, self.device)
         shapes = [tuple(self.example.shape)]
         if self.info.dynamic:
             shapes.append(second_shape(self.example.shape, self.info.stride))
         figures = []
+        tolerance = getattr(backend, "parity_tolerance", None) or TOLERANCE[torch.float16 if self.info.half
+                                                                            else torch.float32]  # int8: its own
         for shape in shapes:
-            image = self.input(shape)
+            image = self.parity_input(fmt, shape)
             with torch.no_grad():
                 reference = self.graph(image).float()
                 try:
@@ -330,12 +393,21 @@ class Exporter:
                 except Exception as error:  # e.g. a size baked into the graph: a parity failure, not a crash
                     raise ParityError(f"{path}: the {TITLES[fmt]} model fails on a {'x'.join(map(str, shape))} "
                                       f"input ({first_line(error)}); not written") from None
-            figure = compare(reference, exported, shape, TOLERANCE[torch.float16 if self.info.half else torch.float32])
+            figure = compare(reference, exported, shape, tolerance)
             figures.append(figure)
             if not figure.ok:
                 raise ParityError(f"{path}: the {TITLES[fmt]} model differs from the PyTorch model: "
                                   f"{figure.describe()}; not written")
         return figures
+
+    def parity_input(self, fmt: str, shape) -> torch.Tensor:
+        """Random images of ``shape``, or what the format's module asks for (an int8 file: calibration images)."""
+        images = None
+        if fmt in FORMAT_MODULES and hasattr(format_module(fmt), "parity_inputs"):
+            images = format_module(fmt).parity_inputs(self.config, shape)
+        if images is None:
+            return self.input(shape)
+        return images.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
 
 
 def second_shape(shape, stride: int) -> tuple:
@@ -399,9 +471,9 @@ def remove(path: Path) -> None:
 
 
 def size_bytes(path: Path) -> int:
-    """A file's size, or the total of the files in a folder (OpenVINO)."""
+    """A file's size, or the total of the files in a folder and its subfolders (OpenVINO, NCNN, a CoreML package)."""
     if path.is_dir():
-        return sum(item.stat().st_size for item in path.iterdir() if item.is_file())
+        return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
     return path.stat().st_size
 
 
@@ -425,12 +497,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--batch-size", type=int, default=1, help="batch size")
     add_device_flag(parser)
     parser.set_defaults(device="cpu")
-    add("--half", action="store_true", help="FP16 half-precision export (CUDA; OpenVINO: fp16 weights on the CPU)")
+    add("--half", action="store_true", help="FP16 half-precision export (CUDA; OpenVINO/LiteRT: fp16 weights, CPU)")
     add("--optimize", action="store_true", help="TorchScript: optimize for mobile (CPU only)")
     add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript, ONNX, OpenVINO)")
     add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
     add("--opset", type=int, default=17, help="ONNX (and OpenVINO, converted from ONNX): opset version")
-    add("--include", nargs="+", default=["torchscript"], help="formats: torchscript, onnx, openvino")
+    add("--int8", action="store_true", help="LiteRT: int8 quantisation, calibrated on the train images of --data")
+    add("--data", type=str, default="data/coco128.yaml", help="dataset YAML for --int8 calibration images")
+    add("--include", nargs="+", default=["torchscript"], help=f"formats: {', '.join(SUFFIXES)}")
     return parser.parse_args(argv)
 
 
@@ -461,6 +535,9 @@ def _main(argv) -> int:
     LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
                 ", ".join(str(result.path) for result in results))
     for result in results:
+        if result.format in RUNS_ELSEWHERE:
+            LOGGER.info("%s: %s", result.path, RUNS_ELSEWHERE[result.format])
+            continue
         LOGGER.info("Validate: python val.py --weights %s --data data.yaml | Detect: python detect.py --weights %s",
                     result.path, result.path)
     return 0

@@ -20,6 +20,8 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, or ``train
                 against the uninterrupted run: identical weights and results.csv with --deterministic
   half          val.py / detect.py --half against fp32 (HALF_TOLERANCE)
   export        export.py --device 0 --half --include torchscript onnx, then val.py on both files
+  tensorrt      export.py --include engine, fp32 and --half, each by val.py against the .pt (square 640 batches
+                of 1); skipped with "tensorrt not installed" where the package is missing
   autobatch     train.py --batch-size -1 (yolov5s, 640, 1 epoch): the AutoBatch line, the memory the run used
   train_s_amp, train_s_fp32, amp_accuracy_s
                 the same for yolov5s
@@ -362,6 +364,41 @@ def step_export(context: Context) -> dict:
     return figures
 
 
+def step_tensorrt(context: Context) -> dict:
+    """export.py --include engine (fp32, then --half) from train_n_amp's best.pt, each validated by val.py against the
+    .pt at the same geometry (square 640 batches of 1: the engine's fixed shape)."""
+    try:
+        import tensorrt
+    except ImportError:
+        raise StepSkipped("tensorrt not installed (pip install tensorrt where the machine reaches a registry): the "
+                          "TensorRT export is unverified") from None
+    weights = trained_checkpoint(context, "train_n_amp")
+    figures = {"tensorrt": tensorrt.__version__}
+    reference = validate(context, "tensorrt_val_pt", weights, 0, "--task", "speed", "--batch-size", 1)
+    figures[".pt mAP50-95 (square 640, batch 1)"] = reference["mAP50-95"]
+    failures = []
+    for name, extra in (("fp32", ()), ("fp16", ("--half",))):
+        folder = context.work / "tensorrt" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        copy = folder / weights.name
+        if not copy.exists():
+            copy.write_bytes(weights.read_bytes())
+        command = python_command("export.py", "--weights", copy, "--device", 0, "--img", 640, "--include", "engine",
+                                 *extra)
+        completed = checked(run_command(context, f"tensorrt_export_{name}", command, context.args.limit_val),
+                            f"export.py --include engine {name}")
+        figures.update({f"{name} {line.split('parity: ', 1)[0].split()[-1]}": line.split("parity: ", 1)[1]
+                        for _, line in completed.fragments if "parity: " in line})
+        scores = validate(context, f"tensorrt_val_{name}", copy.with_suffix(".engine"), 0, "--task", "speed",
+                          "--batch-size", 1)
+        figures[f"{name} engine mAP50-95 / speed"] = f"{scores['mAP50-95']} / {scores['speed']}"
+        if abs(scores["mAP50-95"] - reference["mAP50-95"]) > HALF_TOLERANCE:
+            failures.append(f"the {name} engine scores {scores['mAP50-95']} against the .pt's {reference['mAP50-95']}")
+    if failures:
+        raise StepFailed("; ".join(failures))
+    return figures
+
+
 def step_loader(context: Context) -> dict:
     command = python_command("benchmarks/bench_loader.py", "--data", context.data, "--imgsz", 640, "--workers", 8,
                              "--seconds", 20, "--cache-rows", "--yolov5", "")
@@ -426,6 +463,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "resume_deterministic": lambda context: step_resume(context, deterministic=True),
     "half": step_half,
     "export": step_export,
+    "tensorrt": step_tensorrt,
     "autobatch": step_autobatch,
     "train_s_amp": lambda context: step_train(context, "train_s_amp"),
     "train_s_fp32": lambda context: step_train(context, "train_s_fp32"),

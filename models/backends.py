@@ -40,7 +40,7 @@ from torch import nn
 
 from models.export_info import (EXPORT_FORMAT, MAX_METADATA_CHARS, METADATA_KEYS, ExportInfo,  # noqa: F401
                                 MetadataError, info_from_metadata)
-from utils.errors import UserError
+from utils.errors import Unavailable, UserError
 
 LOGGER = logging.getLogger(__name__)
 TORCHSCRIPT_METADATA = "config.txt"  # the extra file YOLOv5 also uses
@@ -52,6 +52,10 @@ class BackendError(UserError):
     """A model file that cannot be run (corrupt, wrong metadata, wrong input size); one line naming it."""
 
 
+class MissingPackage(BackendError, Unavailable):
+    """An optional package a format needs is not installed; names the install command."""
+
+
 def require(module: str, package: str | None = None, purpose: str = ""):
     """Import an optional package or raise a one-line BackendError naming it and how to install it."""
     import importlib
@@ -60,7 +64,7 @@ def require(module: str, package: str | None = None, purpose: str = ""):
         return importlib.import_module(module)
     except ImportError:
         package = package or module
-        raise BackendError(f"{purpose + ' needs' if purpose else 'needs'} the optional package '{package}': "
+        raise MissingPackage(f"{purpose + ' needs' if purpose else 'needs'} the optional package '{package}': "
                            f"pip install {package} (or {INSTALL_HINT})") from None
 
 
@@ -424,16 +428,46 @@ def first_line(error: Exception) -> str:
 
 
 BACKENDS = {".onnx": OnnxBackend, ".torchscript": TorchScriptBackend, ".xml": OpenVinoBackend}
+# Backends in their own modules (models/formats/), imported when a file of theirs is loaded: suffix -> module, class.
+FORMAT_BACKENDS = {".param": ("models.formats.ncnn", "NcnnBackend")}
+FORMAT_BACKENDS[".mlpackage"] = ("models.formats.coreml", "CoreMLBackend")  # a folder with a suffix of its own
+FORMAT_BACKENDS[".engine"] = ("models.formats.engine", "EngineBackend")
+FORMAT_BACKENDS[".pte"] = ("models.formats.executorch", "ExecuTorchBackend")
+FORMAT_BACKENDS[".tflite"] = ("models.formats.litert", "LiteRtBackend")
+# Exported folders told apart by a file inside (OpenVINO's is the one left): file name -> suffix above.
+FOLDER_MARKERS = {"model.ncnn.param": ".param"}
+
+
+def _backend_class(path: Path):
+    """The backend class for ``path`` (a folder by the files it holds, else the suffix); None for a checkpoint."""
+    suffix = path.suffix.lower()
+    if path.is_dir():  # told by a file inside (NCNN), else by a folder suffix of its own, else OpenVINO
+        markers = [FOLDER_MARKERS[name] for name in FOLDER_MARKERS if (path / name).is_file()]
+        if markers:
+            suffix = markers[0]
+        elif suffix not in FORMAT_BACKENDS:
+            suffix = ".xml"
+    if suffix in FORMAT_BACKENDS:
+        import importlib
+
+        module, name = FORMAT_BACKENDS[suffix]
+        return getattr(importlib.import_module(module), name)
+    return BACKENDS.get(suffix)
+
+
+def is_exported(path) -> bool:
+    """True for a file or folder export.py writes (any format above), False for a checkpoint."""
+    return _backend_class(Path(path)) is not None
 
 
 def load_backend(path, device="cpu", half: bool = False) -> Backend:
-    """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, ``.xml`` or a folder (OpenVINO), else a
-    checkpoint (``half``: fp16 weights, checkpoints only; an exported file runs in the precision it was
-    exported in)."""
+    """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, ``.xml`` or a folder (OpenVINO; NCNN when it
+    holds ``model.ncnn.param``), ``.param`` (NCNN), else a checkpoint (``half``: fp16 weights, checkpoints only; an
+    exported file runs in the precision it was exported in)."""
     path = Path(path)
     if not path.exists():
         raise BackendError(f"{path}: model file not found")
-    backend = OpenVinoBackend if path.is_dir() else BACKENDS.get(path.suffix.lower())
+    backend = _backend_class(path)
     if backend is None:
         return PyTorchBackend(path, device, half)
     if half:

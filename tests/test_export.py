@@ -289,9 +289,9 @@ def test_bad_weights_and_flags_are_one_line_errors(weights, tmp_path, capsys):
     assert "dict.pt" in one_error_line(capsys)
     assert export.main(["--weights", str(tmp_path / "missing.pt")]) == 1
     assert "missing.pt: weights file not found" in one_error_line(capsys)
-    assert run_export(weights, "--include", "onnx", "engine", "tflite") == 2
+    assert run_export(weights, "--include", "onnx", "paddle", "bogus") == 2
     assert one_error_line(capsys) == \
-        "export.py: error: --include engine tflite: not supported (supported: torchscript, onnx, openvino)"
+        f"export.py: error: --include paddle bogus: not supported (supported: {', '.join(export.SUFFIXES)})"
     assert run_export(weights, "--half") == 2
     assert "--half needs a CUDA device" in one_error_line(capsys)
     assert run_export(weights, "--include", "onnx", "--opset", "9") == 2

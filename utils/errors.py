@@ -70,6 +70,16 @@ class ArgumentError(UserError):
     exit_code = 2
 
 
+class Unavailable(UserError):
+    """What this machine or this device cannot do, not a fault of the file: a missing optional package, a format
+    that runs on other platforms or another device. benchmarks.py lists it and --hard-fail does not count it
+    (as YOLOv5's benchmarks skip formats a platform lacks)."""
+
+
+class UnavailableOption(ArgumentError, Unavailable):
+    """A flag this device cannot take (--half for a CPU export that needs CUDA, a CPU-only format on a GPU)."""
+
+
 class WriteError(UserError):
     """An output that could not be written (disk full, read-only, permission); names the file."""
 

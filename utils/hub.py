@@ -190,9 +190,9 @@ def load_hub_model(path, autoshape: bool = True, device=None):
     device = select_device("" if device is None else str(device))
     if not autoshape:
         from models import load_model
+        from models.backends import is_exported
 
-        exported = path.is_dir() or path.suffix.lower() in (".onnx", ".torchscript", ".xml")
-        return load_backend(path, device) if exported else load_model(path, device)
+        return load_backend(path, device) if is_exported(path) else load_model(path, device)
     backend = load_backend(path, device)
     return HubModel(backend, backend.names, backend.stride, backend.imgsz, path).eval()
 

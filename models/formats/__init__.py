@@ -1,0 +1,1 @@
+"""Export formats beyond TorchScript/ONNX/OpenVINO, one module each: its export, its backend and its metadata."""
