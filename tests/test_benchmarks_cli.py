@@ -152,3 +152,11 @@ def test_script_and_benchmarks_package_side_by_side(tiny, tmp_path):
     done = subprocess.run([sys.executable, "benchmarks/bench_startup.py", "--help"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: bench_startup.py"), done.stderr[-2000:]
+
+
+def test_tensorrt_on_the_cpu_is_an_unavailable_row_that_hard_fail_does_not_count(cli, tiny, tmp_path):
+    weights, data = tiny
+    config = cli.BenchmarkConfig(weights=str(weights), data=str(data), imgsz=IMGSZ, device="cpu", test=True)
+    row = cli.benchmark_format("engine", "TensorRT", weights, config, tmp_path)
+    assert row.status == "unavailable" and "NVIDIA GPU" in row.reason and row.path is None
+    assert cli.hard_fail_errors([row], True) == []

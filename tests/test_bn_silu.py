@@ -404,3 +404,18 @@ def test_double_backward_raises_instead_of_dropping_terms():
     (grad_x,) = torch.autograd.grad(out.sum(), (x,), create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|double backward|does not require grad"):
         grad_x.sum().backward()
+
+
+def test_torchs_own_openmp_runtime_is_told_from_other_packages():
+    """Another package's OpenMP runtime (ncnn's wheel maps its own libgomp) is not torch's: the kernels link torch's
+    by path and stay usable; a second runtime inside torch's package, or two with none there, is refused."""
+    import torch
+
+    site = Path(torch.__file__).resolve().parent.parent
+    torch_gomp = f"{site}/torch/lib/libgomp.so.1"
+    line = "7f0000000000-7f0000001000 r-xp 00000000 00:00 0 {}\n".format
+    assert native.openmp_runtime(line(torch_gomp) + line(f"{site}/ncnn.libs/libgomp-6a29c32d.so.1.0.0")) == torch_gomp
+    assert native.openmp_runtime(line(torch_gomp) + line(f"{site}/torch/lib/libiomp5.so")) is None
+    assert native.openmp_runtime(line("/usr/lib/x86_64-linux-gnu/libgomp.so.1")) == \
+        os.path.realpath("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+    assert native.openmp_runtime(line("/usr/lib/libgomp.so.1") + line("/opt/x/libomp.so")) is None

@@ -11,8 +11,8 @@ Loading it changes nothing else in the process:
   ``crtfastmath.o``, which sets flush-to-zero for the whole process when it is loaded. Infinities and NaN pass
   through (GradScaler's skip relies on them), so never ``-ffinite-math-only``.
 - No second OpenMP runtime. The kernels' OpenMP calls must reach torch's own thread pool: the library is linked
-  against the exact libgomp file torch has mapped (by path), and used only where that is GNU libgomp with no
-  Intel or LLVM runtime beside it.
+  against the exact libgomp file torch has mapped (by path), and used only where torch's runtime is GNU libgomp
+  (the one in torch's package; another package's own runtime, such as ncnn's, is that package's).
 - Checked before use. A freshly built library is first loaded by a child process, which must find the
   floating-point mode unchanged, one OpenMP runtime, and the statistics kernel right on 2 threads; only then is
   it renamed into place (a library loaded into this process could not be unloaded again).
@@ -111,16 +111,25 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def openmp_runtime() -> str | None:
+def openmp_runtime(maps: str | None = None) -> str | None:
     """The path of the GNU libgomp torch has mapped into this process, or None (no libgomp, or an Intel or LLVM
-    OpenMP runtime loaded beside it, or more than one libgomp)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
+    OpenMP runtime loaded beside it, or more than one libgomp). A runtime inside torch's package (torch/lib,
+    torch.libs) is torch's own; other packages' runtimes (ncnn's wheel brings a libgomp) serve those packages and
+    are not counted. Without one inside torch's package, the process must hold exactly one runtime."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
     runtimes = {os.path.realpath(path) for path in OPENMP_RUNTIMES.findall(maps)}
-    gnu = [path for path in runtimes if "libgomp" in Path(path).name]
-    return gnu[0] if len(gnu) == 1 and len(runtimes) == 1 else None
+    import torch
+
+    package = Path(torch.__file__).resolve().parent  # a wheel's own runtime: torch/lib or torch.libs beside it
+    owned = [path for path in runtimes if Path(path).is_relative_to(package)
+             or Path(path).is_relative_to(package.parent / "torch.libs")]
+    candidates = owned or sorted(runtimes)  # a distribution's torch links the system's libgomp
+    gnu = [path for path in candidates if "libgomp" in Path(path).name]
+    return gnu[0] if len(gnu) == 1 and len(candidates) == 1 else None
 
 
 def _isa_flags() -> list[str]:
