@@ -112,7 +112,7 @@ def run_step(step: str, data: Path, folder: Path, work: Path) -> None:
         detect.run(weights=str(folder), source=validation_images(data), imgsz=IMGSZ, device="cpu", nosave=True,
                    project=str(work / "detect"))
     elif step == "train":
-        train.run(data=str(data), cfg=str(ROOT / "models" / "yolov5n.yaml"), epochs=1, imgsz=IMGSZ, batch_size=4,
+        train.run(data=str(data), cfg=str(ROOT / "models" / "yolov5n.yaml"), weights="", epochs=1, imgsz=IMGSZ, batch_size=4,
                   workers=2, cache=False, device="cpu", project=str(work / "train"), noplots=True,
                   no_tensorboard=True, noautoanchor=True)
     elif step == "val":
