@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from models.backends import Backend, BackendError, ExportInfo, MissingPackage, _check_metadata_size, parse_info
+from models.formats import place_file
 from utils.errors import ArgumentError, Unavailable, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -118,8 +119,7 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
     return Path(temp)
 
 
-def place(temp: Path, path: Path) -> None:
-    temp.replace(path)
+place = place_file  # the checked temp file takes its name
 
 
 # ------------------------------------------------------------------------------------------------ reading

@@ -30,6 +30,7 @@ from torch import nn
 
 from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, MissingPackage,
                              _check_metadata_size, first_line, parse_info)
+from models.formats import check_flatbuffer_identifier, place_file
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -125,12 +126,7 @@ def metadata_tensor(info: ExportInfo) -> torch.Tensor:
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).clone()
 
 
-def place(temp: Path, path: Path) -> None:
-    """Give the checked temp file the name ``path`` (a rename in the same folder)."""
-    from utils.files import fsync_folder
-
-    os.replace(temp, path)
-    fsync_folder(path.parent)
+place = place_file  # the checked temp file takes its name
 
 
 def checked_backend(written: Path, info: ExportInfo, device) -> ExecuTorchBackend:
@@ -142,13 +138,7 @@ def checked_backend(written: Path, info: ExportInfo, device) -> ExecuTorchBacken
 
 def check_identifier(path: Path) -> None:
     """Refuse a file that is not an ExecuTorch program before the runtime parses it."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(8)
-    except OSError as error:
-        raise BackendError(f"{path}: cannot read it ({error.strerror or error})") from None
-    if head[4:8] != FILE_IDENTIFIER:
-        raise BackendError(f"{path}: not an ExecuTorch program (no {FILE_IDENTIFIER.decode()} identifier)")
+    check_flatbuffer_identifier(path, FILE_IDENTIFIER, "an ExecuTorch program")
 
 
 class ExecuTorchBackend(Backend):

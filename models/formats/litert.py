@@ -42,6 +42,7 @@ from torch import nn
 from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, MissingPackage, first_line,
                              parse_info)
 from models.export_info import MAX_LITERAL_CHARS
+from models.formats import check_flatbuffer_identifier, place_file
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -336,12 +337,7 @@ def append_metadata(path: Path, info: ExportInfo) -> None:
         archive.writestr(METADATA, json.dumps(info.to_dict(), ensure_ascii=False))
 
 
-def place(temp: Path, path: Path) -> None:
-    """Give the checked temp file the name ``path`` (a rename in the same folder)."""
-    from utils.files import fsync_folder
-
-    os.replace(temp, path)
-    fsync_folder(path.parent)
+place = place_file  # the checked temp file takes its name
 
 
 def checked_backend(written: Path, info: ExportInfo, device) -> LiteRtBackend:
@@ -352,14 +348,8 @@ def checked_backend(written: Path, info: ExportInfo, device) -> LiteRtBackend:
 # ------------------------------------------------------------------------------------------------ backend
 
 def check_identifier(path: Path) -> None:
-    """Refuse a file that is not a TFLite flatbuffer before the interpreter parses it."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(8)
-    except OSError as error:
-        raise BackendError(f"{path}: cannot read it ({error.strerror or error})") from None
-    if head[4:8] != FILE_IDENTIFIER:
-        raise BackendError(f"{path}: not a TFLite model (no {FILE_IDENTIFIER.decode()} identifier)")
+    """Refuse a file that is not a TFLite model before the runtime parses it."""
+    check_flatbuffer_identifier(path, FILE_IDENTIFIER, "a TFLite model")
 
 
 def read_metadata(path: Path) -> dict:
