@@ -19,6 +19,7 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
+from tests.export_helpers import copy_weights, eager_output, max_differences
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -43,25 +44,8 @@ def eager(weights):
     return for_inference(load_model(weights))
 
 
-def copy_weights(weights: Path, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(weights, folder / "best.pt"))
-
-
 def run_export(weights: Path, *flags: str) -> int:
     return export.main(["--weights", str(weights), "--include", "executorch", *flags])
-
-
-def eager_output(model, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(images.contiguous(memory_format=torch.channels_last))[0]
-
-
-def max_differences(exported: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    """(boxes in pixels, scores) max |diff|."""
-    assert exported.shape == reference.shape
-    difference = (exported - reference).abs()
-    return float(difference[..., :4].max()), float(difference[..., 4:].max())
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from models.formats import litert
 from tests.conftest import make_tiny_run, save_random_checkpoint
+from tests.export_helpers import copy_weights, eager_output, max_differences
 
 HEIGHT, WIDTH = 64, 96  # non-square, as phones' camera frames
 
@@ -66,25 +67,8 @@ def eager(trained):
     return for_inference(load_model(trained[0]))
 
 
-def copy_weights(weights: Path, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(weights, folder / "best.pt"))
-
-
 def run_export(weights: Path, *flags: str) -> int:
     return export.main(["--weights", str(weights), "--imgsz", str(HEIGHT), str(WIDTH), "--batch-size", "2", *flags])
-
-
-def eager_output(model, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(images.contiguous(memory_format=torch.channels_last))[0]
-
-
-def max_differences(exported: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    """(boxes in pixels, scores) max |diff|."""
-    assert exported.shape == reference.shape
-    difference = (exported - reference).abs()
-    return float(difference[..., :4].max()), float(difference[..., 4:].max())
 
 
 def parity_line(out: str) -> str:
