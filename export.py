@@ -16,9 +16,10 @@ Further formats live in models/formats/ (FORMAT_MODULES), each with its own requ
 ``--include ncnn`` writes ``best_ncnn_model/`` (requirements-ncnn.txt) and ``--include coreml`` writes
 ``best.mlpackage`` (requirements-coreml.txt; Core ML runs on Apple platforms only, so elsewhere its check
 opens the written package back instead of running it).
-``--include executorch`` writes ``best.pte`` (XNNPACK; requirements-executorch.txt) and ``--include litert``
-(YOLOv5's ``tflite``) writes ``best.tflite``, ``best-fp16.tflite`` with ``--half`` or ``best-int8.tflite``
-with ``--int8`` (calibrated on the train images of ``--data``; requirements-litert.txt), both fixed-shape.
+``--include executorch`` writes ``best.pte`` or ``best-int8.pte`` with ``--int8`` (XNNPACK;
+requirements-executorch.txt) and ``--include litert`` (YOLOv5's ``tflite``) writes ``best.tflite``,
+``best-fp16.tflite`` with ``--half`` or ``best-int8.tflite`` with ``--int8`` (requirements-litert.txt), both
+fixed-shape. ``--int8`` is calibrated on the train images of ``--data`` (models/formats/int8.py).
 
 Each file is checked before it is kept: the exported model is loaded back and run on the same random
 input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
@@ -106,7 +107,7 @@ class ExportConfig:
     simplify: bool = False
     opset: int = 17
     optimize: bool = False
-    int8: bool = False  # LiteRT: int8 weights and activations, calibrated on images of --data
+    int8: bool = False  # LiteRT, ExecuTorch: int8 weights and activations, calibrated on images of --data
     data: str = "data/coco128.yaml"  # the dataset YAML whose train images calibrate --int8 (YOLOv5's default)
 
 
@@ -167,8 +168,8 @@ def run(config: ExportConfig) -> list[ExportResult]:
         model.half()
     stride = int(model.stride.max())
     info = ExportInfo(names=tuple(model.names), stride=stride, imgsz=round_size(config.imgsz, stride),
-                      batch=config.batch_size, dynamic=config.dynamic, half=config.half, channels_last=True,
-                      device=device.type)
+                      batch=config.batch_size, dynamic=config.dynamic, half=config.half, int8=config.int8,
+                      channels_last=True, device=device.type)
     LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
                 "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
     exporter = Exporter(model, info, device, config)
@@ -198,7 +199,7 @@ def check_options(config: ExportConfig, formats: list[str], device: torch.device
     cpu_half = set(formats) <= CPU_HALF
     if config.int8 and set(formats) & {"torchscript", "onnx", "openvino"}:  # the format modules refuse it themselves
         raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include litert "
-                            "takes --int8")
+                            "and --include executorch take --int8")
     if config.half and device.type != "cuda" and not cpu_half:
         raise UnavailableOption("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
                             f"float32 (--include {' / '.join(sorted(CPU_HALF))} alone take --half: fp16 weights)")
@@ -502,7 +503,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript, ONNX, OpenVINO)")
     add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
     add("--opset", type=int, default=17, help="ONNX (and OpenVINO, converted from ONNX): opset version")
-    add("--int8", action="store_true", help="LiteRT: int8 quantisation, calibrated on the train images of --data")
+    add("--int8", action="store_true", help="LiteRT, ExecuTorch: int8 quantisation, calibrated on the train images "
+                                            "of --data")
     add("--data", type=str, default="data/coco128.yaml", help="dataset YAML for --int8 calibration images")
     add("--include", nargs="+", default=["torchscript"], help=f"formats: {', '.join(SUFFIXES)}")
     return parser.parse_args(argv)

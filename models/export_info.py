@@ -15,7 +15,7 @@ TorchScript, and the rest comes from the graph's input shape):
     stride         an integer in [1, MAX_STRIDE]
     imgsz          [height, width]: multiples of the stride up to MAX_IMAGE_SIZE (free for --dynamic)
     batch          an integer in [1, MAX_BATCH_SIZE]
-    dynamic, half, channels_last   true or false
+    dynamic, half, int8, channels_last   true or false (int8: weights and activations quantised; absent: false)
     device         "cpu", "cuda", "mps" or absent
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ from utils.errors import shorten
 from utils.limits import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_NAME_LENGTH, MAX_PICKLE_BYTES
 
 EXPORT_FORMAT = "yolo-trainer-export/1"
-METADATA_KEYS = ("format", "names", "nc", "stride", "imgsz", "batch", "dynamic", "half", "channels_last", "device")
+METADATA_KEYS = ("format", "names", "nc", "stride", "imgsz", "batch", "dynamic", "half", "int8", "channels_last",
+                 "device")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 MAX_STRIDE = 1_024  # a model's largest stride: P5 models use 32, P6 64, P7 128
 # Characters of one file's metadata text, checked before it is parsed: the budget of a checkpoint's
@@ -51,6 +52,7 @@ class ExportInfo:
     batch: int
     dynamic: bool = False
     half: bool = False
+    int8: bool = False  # export.py --int8: int8 weights and activations (LiteRT, ExecuTorch)
     channels_last: bool = False
     device: str | None = None  # device type traced on ("cpu", "cuda"); None when the file does not say
     format: str = EXPORT_FORMAT
@@ -92,7 +94,8 @@ def info_from_metadata(values, input_shape=None) -> ExportInfo:
     if device is not None and device not in DEVICE_TYPES:
         raise MetadataError(f"'device' must be one of {', '.join(DEVICE_TYPES)}, got {shorten(device)}")
     info = ExportInfo(names=names, stride=stride, imgsz=imgsz, batch=batch, dynamic=dynamic,
-                      half=check_flag(values, "half", False), channels_last=check_flag(values, "channels_last", False),
+                      half=check_flag(values, "half", False), int8=check_flag(values, "int8", False),
+                      channels_last=check_flag(values, "channels_last", False),
                       device=device)
     check_graph_agrees(info, graph_shape)
     return info

@@ -109,6 +109,27 @@ def make_tiny_run(root: Path, num_train: int = 8, num_val: int = 4) -> tuple[Pat
     return data, cfg
 
 
+@pytest.fixture(scope="session")
+def int8_trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(weights, data.yaml): the tiny model trained for 30 epochs on 16 tiny 96x112 images (4 val), for the int8
+    exports (LiteRT, ExecuTorch): a randomly initialised model's features fade to ~1e-6 by the head, which any
+    quantisation passes, while a trained one's outputs depend on the image. Ask for it after the test's skip check
+    (``request.getfixturevalue``) so that a machine without the format's package does not train it."""
+    import shutil
+
+    import train
+
+    root = tmp_path_factory.mktemp("int8")
+    data, cfg = make_tiny_run(root, num_train=16, num_val=4)
+    assert train.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4",
+                       "--epochs", "30", "--workers", "0", "--device", "cpu", "--project", str(root / "runs"),
+                       "--noautoanchor", "--noplots", "--no-tensorboard"]) == 0
+    weights = root / "weights" / "best.pt"
+    weights.parent.mkdir()
+    shutil.copy(root / "runs" / "exp" / "weights" / "last.pt", weights)
+    return weights, data
+
+
 def save_random_checkpoint(path: Path, names, cfg: Path | None = None, seed: int = 0,
                            confident: bool = False) -> Path:
     """A randomly initialised model saved by the project's checkpoint code (model only, no EMA) at ``path``: the

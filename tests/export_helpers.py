@@ -24,3 +24,13 @@ def max_differences(exported: torch.Tensor, reference: torch.Tensor) -> tuple[fl
     assert exported.shape == reference.shape
     difference = (exported - reference).abs()
     return float(difference[..., :4].max()), float(difference[..., 4:].max())
+
+
+def letterboxed(data: Path, split: str, imgsz: tuple) -> torch.Tensor:
+    """The split's images (sorted) as detect.py feeds a fixed-size export (utils.inference.prepare_image,
+    auto=False)."""
+    from utils.data.images import read_image
+    from utils.inference import prepare_image
+
+    files = sorted((data.parent / "images" / split).iterdir())
+    return torch.cat([prepare_image(read_image(file), imgsz, 32, "cpu", False, auto=False) for file in files])

@@ -117,7 +117,7 @@ def test_export_writes_both_formats_beside_the_weights_with_summary_and_parity(w
 def test_metadata_round_trip_inside_the_files(static_files, eager):
     torchscript = static_files[0]
     expected = {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32, "imgsz": [IMGSZ, IMGSZ],
-                "batch": 2, "dynamic": False, "half": False, "channels_last": True, "device": "cpu"}
+                "batch": 2, "dynamic": False, "half": False, "int8": False, "channels_last": True, "device": "cpu"}
     with zipfile.ZipFile(torchscript) as archive:
         name = next(n for n in archive.namelist() if n.endswith(f"extra/{TORCHSCRIPT_METADATA}"))
         assert json.loads(archive.read(name)) == expected

@@ -19,7 +19,7 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, max_differences
+from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -74,7 +74,7 @@ def test_export_writes_the_pte_with_metadata_inside_summary_and_parity(weights, 
     assert (backend.names, backend.nc, backend.stride, backend.imgsz, backend.dynamic, backend.info.batch) == \
         (NAMES, 2, 32, (64, 96), False, 1)
     assert backend.info.to_dict() == {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32,
-                                      "imgsz": [64, 96], "batch": 1, "dynamic": False, "half": False,
+                                      "imgsz": [64, 96], "batch": 1, "dynamic": False, "half": False, "int8": False,
                                       "channels_last": True, "device": "cpu"}
     images = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(3))
     pred, raw = backend(images)
@@ -99,10 +99,63 @@ def test_static_export_matches_eager_chunks_other_batches_and_refuses_other_size
 def test_refused_flags_are_one_line(weights, capsys):
     expected = {("--dynamic",): "--include executorch: .pte files have a fixed batch and input size here",
                 ("--half",): "--half needs a CUDA device (--device 0) for TorchScript and ONNX",
-                ("--int8",): "--include executorch --int8: not supported (use --include litert --int8"}
+                ("--int8", "--include", "executorch", "onnx"): "--int8: TorchScript, ONNX and OpenVINO exports are "
+                                                               "fp32 (or --half); --include litert and --include "
+                                                               "executorch take --int8"}
     for flags, start in expected.items():
         assert run_export(weights, *flags) == 2, flags
         assert capsys.readouterr().err.strip().startswith(f"export.py: error: {start}"), flags
+
+
+@pytest.fixture(scope="module")
+def trained(request):
+    """(weights, data.yaml): conftest's int8_trained, trained only where ExecuTorch is installed."""
+    needs_executorch()
+    return request.getfixturevalue("int8_trained")
+
+
+def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model(trained, tmp_path, capsys):
+    """XNNPACK int8 body, float Detect layer and decode: 1 byte per body weight, scores not collapsed, boxes in
+    pixels, and the metadata saying int8."""
+    weights, data = trained
+    height, width = 64, 96
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--imgsz", str(height), str(width), "--batch-size", "2", "--int8", "--data",
+                      str(data)) == 0
+    out = capsys.readouterr().out
+    assert f"ExecuTorch --int8: calibrated on 16 images of {data}" in out
+    parity = [line for line in out.splitlines() if line.startswith("ExecuTorch parity: max |diff| ")]
+    assert len(parity) == 1 and parity[0].endswith("at 2x3x64x96; tolerance 24 px, 0.25"), out
+    path = tmp_path / "best-int8.pte"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8.pte", "best.pt"]
+    backend = load_backend(path)
+    assert backend.info.int8 and not backend.info.half and backend.parity_tolerance == 0.25
+    images = letterboxed(data, "val", (height, width))  # images it was not calibrated on
+    model = for_inference(load_model(weights))
+    expected, got = eager_output(model, images), backend(images)[0]
+    assert got.dtype == torch.float32
+    boxes, scores = max_differences(got, expected)
+    assert boxes <= 0.25 * width and scores <= 0.25
+    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
+    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
+    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
+    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
+    assert got[..., 0].max() > width / 2 and got[..., 1].max() > height / 2  # boxes in pixels
+    float_bytes = 4 * sum(p.numel() for p in model.parameters())
+    assert path.stat().st_size < 0.5 * float_bytes  # 1 byte per body weight, not 4
+
+
+def test_int8_without_calibration_images_is_refused_before_converting(weights, tmp_path, capsys):
+    needs_executorch()
+    empty = tmp_path / "empty"
+    for split in ("train", "val"):
+        (empty / "images" / split).mkdir(parents=True)
+    (empty / "data.yaml").write_text(f"path: {empty}\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
+    source = copy_weights(weights, tmp_path / "weights")
+    assert run_export(source, "--int8", "--data", str(empty / "data.yaml")) == 2
+    assert capsys.readouterr().err.strip() == (f"export.py: error: --data {empty / 'data.yaml'}: no train images to "
+                                               "calibrate --int8 with")
+    assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
 
 
 def test_missing_executorch_is_named_with_the_install_command(weights, tmp_path, capsys, monkeypatch):

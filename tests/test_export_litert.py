@@ -21,8 +21,8 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from models.formats import litert
-from tests.conftest import make_tiny_run, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, max_differences
+from tests.conftest import save_random_checkpoint
+from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
 
 HEIGHT, WIDTH = 64, 96  # non-square, as phones' camera frames
 
@@ -33,33 +33,16 @@ def needs_litert():
             pytest.skip(f"could not import '{package}': optional (pip install -r requirements-litert.txt)")
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> tuple[Path, Path]:
-    """(data.yaml, model yaml): 16 train and 4 val tiny images, and the tiny model."""
-    return make_tiny_run(tmp_path_factory.mktemp("litert"), num_train=16, num_val=4)
-
-
 @pytest.fixture
 def random_weights(tmp_path) -> Path:
     return save_random_checkpoint(tmp_path / "random" / "best.pt", ["a", "b"])
 
 
 @pytest.fixture(scope="module")
-def trained(dataset):
-    """(weights, data.yaml): the tiny model trained for 30 epochs on 16 tiny images, so that its outputs depend on
-    the image (a randomly initialised one's features fade to ~1e-6 by the head, which any quantisation passes)."""
-    import train
-
-    data, cfg = dataset
+def trained(request):
+    """(weights, data.yaml): conftest's int8_trained, trained only where LiteRT is installed."""
     needs_litert()  # only the tests that export need it trained
-    root = data.parent.parent
-    assert train.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4",
-                       "--epochs", "30", "--workers", "0", "--device", "cpu", "--project", str(root / "runs"),
-                       "--noautoanchor", "--noplots", "--no-tensorboard"]) == 0
-    weights = root / "weights" / "best.pt"
-    weights.parent.mkdir()
-    shutil.copy(root / "runs" / "exp" / "weights" / "last.pt", weights)
-    return weights, data
+    return request.getfixturevalue("int8_trained")
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +58,6 @@ def parity_line(out: str) -> str:
     lines = [line for line in out.splitlines() if line.startswith("LiteRT parity: max |diff| ")]
     assert len(lines) == 1, out
     return lines[0]
-
-
-def letterboxed(data: Path, split: str) -> torch.Tensor:
-    """The split's images as detect.py feeds a fixed-size export (utils.inference.prepare_image, auto=False)."""
-    from utils.data.images import read_image
-    from utils.inference import prepare_image
-
-    files = sorted((data.parent / "images" / split).iterdir())
-    return torch.cat([prepare_image(read_image(file), (HEIGHT, WIDTH), 32, "cpu", False, auto=False) for file in files])
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +77,7 @@ def test_fp32_export_is_nhwc_with_metadata_inside_and_matches_eager(exports, eag
         assert archive.read("meta.txt").decode() == "{'stride': 32, 'names': {0: 'class0', 1: 'class1'}}"
         assert json.loads(archive.read("metadata.json")) == {
             "format": "yolo-trainer-export/1", "names": ["class0", "class1"], "nc": 2, "stride": 32,
-            "imgsz": [HEIGHT, WIDTH], "batch": 2, "dynamic": False, "half": False, "channels_last": True,
+            "imgsz": [HEIGHT, WIDTH], "batch": 2, "dynamic": False, "half": False, "int8": False, "channels_last": True,
             "device": "cpu"}
     backend = load_backend(exports)
     assert type(backend).__name__ == "LiteRtBackend" and backend.kind == "litert"
@@ -152,7 +126,7 @@ def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model
     # int8 input (the converter folds the first quantisation in), float output: the Detect convolutions and the
     # decode stay float, so boxes and scores never share one int8 scale
     assert backend.int8 and backend.input["dtype"] == np.int8 and backend.output["dtype"] == np.float32
-    images = letterboxed(data, "val")  # images it was not calibrated on
+    images = letterboxed(data, "val", (HEIGHT, WIDTH))  # images it was not calibrated on
     expected, got = eager_output(eager, images), backend(images)[0]
     boxes, scores = max_differences(got, expected)
     assert boxes <= litert.INT8_TOLERANCE * WIDTH and scores <= litert.INT8_TOLERANCE
@@ -162,17 +136,6 @@ def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model
     assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
     assert got[..., 0].max() > WIDTH / 2 and got[..., 1].max() > HEIGHT / 2  # boxes back in pixels
     assert path.stat().st_size < 0.4 * exports.stat().st_size  # 1 byte per weight of the body, not 4
-
-
-def test_calibration_images_go_through_the_inference_letterbox(dataset):
-    """Each calibration batch is what detect.py feeds a fixed-size export; the last batch is filled up with the first
-    images, and at most CALIBRATION_IMAGES train images (sorted, as YOLOv5 takes them) are used."""
-    data = dataset[0]
-    batches = list(litert.calibration_batches(str(data), (HEIGHT, WIDTH), 3))
-    assert [tuple(batch.shape) for batch in batches] == [(3, 3, HEIGHT, WIDTH)] * 6  # 16 images + 2 repeated
-    images = letterboxed(data, "train")
-    assert torch.equal(torch.cat(batches)[:16], images) and torch.equal(batches[-1][1:], images[:2])
-    assert torch.all(images[..., :9] == 114 / 255)  # 96x112 images in 64x96: grey bars at the sides
 
 
 def test_quantise_and_dequantise_follow_the_tensor_details():

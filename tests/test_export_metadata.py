@@ -20,7 +20,7 @@ from models.export_info import (EXPORT_FORMAT, MAX_LITERAL_CHARS, MAX_METADATA_C
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # the crafted TorchScript files
 
 GOOD = {"format": EXPORT_FORMAT, "names": ["cat", "dog"], "nc": 2, "stride": 32, "imgsz": [64, 64], "batch": 1,
-        "dynamic": False, "half": False, "channels_last": True, "device": "cpu"}
+        "dynamic": False, "half": False, "int8": False, "channels_last": True, "device": "cpu"}
 
 
 def shared_bomb(depth: int = 60):

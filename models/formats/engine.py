@@ -68,8 +68,8 @@ def check_options(config, device: torch.device) -> None:
         raise ArgumentError("--include engine: engines are built for one input shape here (batches of another size "
                             "run in chunks of --batch-size); export without --dynamic")
     if getattr(config, "int8", False):
-        raise ArgumentError("--include engine --int8: TensorRT takes int8 from an int8-quantised ONNX (NVIDIA ModelOpt), "
-                            "which export.py does not make; export fp32 or --half")
+        raise ArgumentError("--include engine --int8: TensorRT takes int8 from an int8-quantised ONNX (NVIDIA "
+                            "ModelOpt), which export.py does not make; export fp32 or --half")
     import_tensorrt("--include engine")
 
 

@@ -1,5 +1,5 @@
-"""ExecuTorch: ``export.py --include executorch`` -> ``<stem>.pte``, and the backend that runs it with ExecuTorch's
-Python runtime (its XNNPACK kernels on the CPU).
+"""ExecuTorch: ``export.py --include executorch`` -> ``<stem>.pte`` (``<stem>-int8.pte`` with ``--int8``), and the
+backend that runs it with ExecuTorch's Python runtime (its XNNPACK kernels on the CPU).
 
 Export: the prediction graph is captured with ``torch.export`` at the example's batch and size, lowered with
 ``to_edge_transform_and_lower`` and the XNNPACK partitioner, and serialised to a ``.pte`` program. XNNPACK's
@@ -9,8 +9,14 @@ own layout inside). The metadata (``ExportInfo``, as the other formats) travels 
 and numbers, not text). The decode grids are constants of the export size, so a ``.pte`` has a fixed batch and
 input size, like a static ONNX export: batches of another size run in chunks of the exported batch, and other
 image sizes are refused (``--dynamic`` is refused: ExecuTorch plans memory for an upper bound of every dynamic
-dimension, which for any image size up to MAX_IMAGE_SIZE is far beyond a device's memory). fp32 only: ``--half``
-and ``--int8`` are refused.
+dimension, which for any image size up to MAX_IMAGE_SIZE is far beyond a device's memory).
+
+``--int8``: the model up to its Detect layer is quantised with XNNPACK's PT2E quantizer (int8 per-channel
+weights, int8 per-tensor activations) calibrated on the train images of ``--data``; the Detect convolutions and
+the decode stay float (models/formats/int8.py, shared with LiteRT). XNNPACK runs the quantised operators.
+``--half`` is refused: XNNPACK's fp16 lowering of this model (ExecuTorch 1.5.1) split it into hundreds of
+delegate calls, kept the file at its fp32 size and ran about 2x slower than fp32 on an x86 CPU (measured on
+yolov5n at 320), so it is no deployment format.
 
 Reading: a ``.pte`` is data (a flatbuffer of operators the runtime interprets), not Python code. The file
 identifier is checked before the runtime parses it (which then verifies the program's internal consistency),
@@ -31,6 +37,8 @@ from torch import nn
 from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, MissingPackage,
                              _check_metadata_size, first_line, parse_info)
 from models.formats import check_flatbuffer_identifier, place_file
+from models.formats.int8 import INT8_TOLERANCE, Body, calibration_files, quantised_body
+from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -38,6 +46,7 @@ SUFFIX = ".pte"
 METADATA_METHOD = "yolo_metadata"
 INSTALL = "pip install -r requirements-executorch.txt"
 FILE_IDENTIFIER = b"ET12"  # bytes 4-8 of every ExecuTorch program (its flatbuffer file identifier)
+EXPORT_OPTIONS = ("int8", "data")  # the ExportConfig fields export() takes besides half
 
 
 class ExecuTorchExportError(UserError):
@@ -75,40 +84,69 @@ def check_options(config, device: torch.device) -> None:
     if config.dynamic:
         raise ArgumentError("--include executorch: .pte files have a fixed batch and input size here (ExecuTorch "
                             "plans memory for the largest size a dynamic input may take); export without --dynamic")
-    if getattr(config, "int8", False):
-        raise ArgumentError("--include executorch --int8: not supported (use --include litert --int8 for an int8 "
-                            "model); export fp32")
     if config.half:
-        raise UnavailableOption("--include executorch --half: not supported (XNNPACK runs this export in fp32); "
-                            "export without --half")
+        raise ArgumentError("--include executorch --half: not supported (XNNPACK's fp16 lowering of this model is "
+                            "no smaller and slower than fp32); export fp32 or --int8")
     if device.type != "cpu":
         raise UnavailableOption(f"--include executorch exports for XNNPACK on the CPU: use --device cpu "
                                 f"(not {device.type})")
     require("executorch.exir", "--include executorch")
     require("executorch.runtime", "--include executorch (the parity check)")
+    if config.int8:
+        require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", "--include executorch --int8")
+        calibration_files(config.data)  # a missing or empty dataset is refused now, not after the conversion
 
 
-def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False) -> Path:
-    """Lower ``graph`` (the decoded-prediction module) for XNNPACK at ``example``'s shape and write the program to
-    a hidden temp file beside ``path``; export.py checks it against the PyTorch model, then ``place`` names it."""
-    data = program_bytes(graph, example, info)
+def output_path(weights: Path, config) -> Path:
+    """``best.pte``; ``best-int8.pte`` with --int8 (the LiteRT names' convention)."""
+    return weights.with_name(f"{weights.stem}{'-int8' if config.int8 else ''}{SUFFIX}")
+
+
+def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False,
+           int8: bool = False, data: str | None = None) -> Path:
+    """Lower ``graph`` (the decoded-prediction module; with ``int8``, its body quantised on the calibration images
+    of ``data``) for XNNPACK at ``example``'s shape and write the program to a hidden temp file beside ``path``;
+    export.py checks it against the PyTorch model, then ``place`` names it."""
+    if int8:
+        module = Int8Graph(graph.model, example, data)
+    else:  # XNNPACK's lowering refuses channels_last parameters (see the module docstring)
+        module = copy.deepcopy(graph).float().to(memory_format=torch.contiguous_format).eval()
+    content = program_bytes(module, example, info)
     from utils.files import temp_path
 
     temp = temp_path(path)
     try:
         with open(temp, "xb") as out:  # a new file, with the permissions of one (umask)
-            out.write(data)
+            out.write(content)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
     return temp
 
 
-def program_bytes(graph: nn.Module, example: torch.Tensor, info: ExportInfo) -> bytes:
-    """The serialised ``.pte`` program: ``forward`` (images -> predictions) and ``yolo_metadata``."""
+class Int8Graph(nn.Module):
+    """Images -> predictions: the model up to Detect with int8 weights and activations (PT2E, XNNPACK's quantizer),
+    then the float Detect layer with its own decode."""
+
+    def __init__(self, model: nn.Module, example: torch.Tensor, data: str):
+        super().__init__()
+        quantizer = require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", "--include executorch --int8")
+        config = quantizer.get_symmetric_quantization_config(is_per_channel=True)
+        example = example.detach().to("cpu", torch.float32).contiguous()
+        self.body = quantised_body(Body(model).eval(), example, data, quantizer.XNNPACKQuantizer().set_global(config),
+                                   ExecuTorchExportError, "ExecuTorch", fold_quantize=True)
+        self.detect = copy.deepcopy(model.model[-1]).float().to(memory_format=torch.contiguous_format).eval()
+        self.training = False  # the parts are in eval mode already (.eval() is refused by a PT2E body)
+
+    def forward(self, images):
+        return self.detect(list(self.body(images)))[0]
+
+
+def program_bytes(module: nn.Module, example: torch.Tensor, info: ExportInfo) -> bytes:
+    """The serialised ``.pte`` program of ``module`` (float32, channels-first parameters, in eval mode):
+    ``forward`` (images -> predictions) and ``yolo_metadata``."""
     exir = require("executorch.exir", "--include executorch")
     partitioner = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", "--include executorch")
-    module = copy.deepcopy(graph).float().to(memory_format=torch.contiguous_format).eval()  # see the module docstring
     example = example.detach().to("cpu", torch.float32).contiguous()
     try:
         with torch.no_grad():
@@ -142,7 +180,8 @@ def check_identifier(path: Path) -> None:
 
 
 class ExecuTorchBackend(Backend):
-    """A ``.pte`` program run by ExecuTorch's Python runtime on the CPU (XNNPACK), in float32."""
+    """A ``.pte`` program run by ExecuTorch's Python runtime on the CPU (XNNPACK): float32 images in, float32
+    predictions out (an int8 program quantises inside)."""
 
     kind = "executorch"
 
@@ -168,6 +207,7 @@ class ExecuTorchBackend(Backend):
         if torch.device(device).type != "cpu":
             LOGGER.warning("WARNING: ExecuTorch (XNNPACK) models run on the CPU here; running %s on the CPU", path.name)
         super().__init__(path, info, device)
+        self.parity_tolerance = INT8_TOLERANCE if info.int8 else None  # read by export.py's parity check
         try:
             self.method = program.load_method("forward")
         except Exception as error:

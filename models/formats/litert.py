@@ -17,8 +17,9 @@ batch and input size (``--dynamic`` refused, as YOLOv5's TFLite export); batches
 when the model loads, and it computes in fp32): half the file. ``--int8`` quantises the body with PT2E static
 quantisation (litert-torch's quantizer: int8 per-channel weights, int8 per-tensor activations), calibrated on up
 to CALIBRATION_IMAGES train images of ``--data`` letterboxed exactly as detect.py letterboxes for a fixed-size
-export. The Detect convolutions and the decode stay in float, so the output is float: boxes and scores never
-share one int8 scale (which, with boxes in pixels, rounds every score to zero).
+export (models/formats/int8.py, shared with ExecuTorch). The Detect convolutions and the decode stay in float, so
+the output is float: boxes and scores never share one int8 scale (which, with boxes in pixels, rounds every score
+to zero).
 
 Metadata: a zip archive appended to the flatbuffer (as YOLOv5 does; TFLite reads the flatbuffer by its own
 offsets and ignores what follows) with ``meta.txt`` first, YOLOv5's ``{'stride': ..., 'names': {...}}`` (which
@@ -43,6 +44,8 @@ from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportIn
                              parse_info)
 from models.export_info import MAX_LITERAL_CHARS
 from models.formats import check_flatbuffer_identifier, place_file
+from models.formats.int8 import INT8_TOLERANCE, Body, calibration_files, quantised_body
+from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -51,13 +54,6 @@ INSTALL = "pip install -r requirements-litert.txt"
 FILE_IDENTIFIER = b"TFL3"  # bytes 4-8 of every TFLite flatbuffer
 YOLOV5_METADATA, METADATA = "meta.txt", "metadata.json"
 EXPORT_OPTIONS = ("int8", "data")  # the ExportConfig fields export() takes besides half
-CALIBRATION_IMAGES = 100  # YOLOv5 calibrates its int8 TFLite on 100 train images
-# Largest |int8 - PyTorch| (as export.TOLERANCE: a fraction of the input's longest side for the boxes, absolute
-# for the scores), checked on calibration images. int8 activations keep 8 bits per tensor through ~20 layers,
-# so individual outputs can move by a tenth or two (a mAP change is the real measure), while the faults this
-# catches move them by far more: collapsed scores (~1 to 0), boxes left normalised (the whole side), NHWC/NCHW
-# mixed up (noise).
-INT8_TOLERANCE = 0.25
 
 
 class LiteRtExportError(UserError):
@@ -127,10 +123,10 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
     model = graph.model
     height, width = example.shape[2:]
     nhwc = example.detach().to("cpu", torch.float32).permute(0, 2, 3, 1).contiguous()
-    body, head = Body(model).eval(), Head(model.model[-1], height, width).eval()
+    body, head = Body(model, nhwc=True).eval(), Head(model.model[-1], height, width).eval()
     with quiet_conversion():
         if int8:
-            body = quantised_body(body, nhwc, data, (height, width))
+            body = quantised_body(body, nhwc, data, int8_quantizer(), LiteRtExportError, "LiteRT", fold_quantize=False)
         flatbuffer = convert(ExportGraph(body, head), nhwc, int8)
     if half:
         flatbuffer = fp16_weights(flatbuffer)
@@ -143,29 +139,6 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
         temp.unlink(missing_ok=True)
         raise
     return temp
-
-
-class Pass(nn.Module):
-    """Stands in for the Detect layer in ``Body``: its input feature maps, unchanged (``f``, ``i`` as Detect's)."""
-
-    def __init__(self, detect: nn.Module):
-        super().__init__()
-        self.f, self.i = detect.f, detect.i
-
-    def forward(self, features):
-        return features
-
-
-class Body(nn.Module):
-    """NHWC images -> the feature maps the Detect layer takes (a channels-first copy of the model without it)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = copy.deepcopy(model).float().to(memory_format=torch.contiguous_format)
-        self.model.model[-1] = Pass(model.model[-1])
-
-    def forward(self, images):
-        return self.model(images.permute(0, 3, 1, 2))
 
 
 class Head(nn.Module):
@@ -258,59 +231,6 @@ def int8_quantizer():
 
     config = pt2e_quantizer.get_symmetric_quantization_config(is_per_channel=True)
     return pt2e_quantizer.PT2EQuantizer().set_global(config)
-
-
-def quantised_body(body: Body, example: torch.Tensor, data: str, imgsz: tuple) -> nn.Module:
-    """``body`` with int8 weights and activations (PT2E), its activation ranges observed on calibration images."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    try:
-        with torch.no_grad():
-            prepared = prepare_pt2e(torch.export.export(body, (example,), strict=False).module(), int8_quantizer())
-            count = 0
-            for batch in calibration_batches(data, imgsz, example.shape[0]):
-                prepared(batch.permute(0, 2, 3, 1).contiguous())
-                count += batch.shape[0]
-            LOGGER.info("LiteRT --int8: calibrated on %d images of %s", count, data)
-            return convert_pt2e(prepared, fold_quantize=False)
-    except UserError:
-        raise
-    except Exception as error:
-        raise LiteRtExportError(f"LiteRT int8 quantisation failed ({first_line(error)})") from None
-
-
-def calibration_files(data: str) -> list[str]:
-    """Up to CALIBRATION_IMAGES train images of the dataset YAML ``data`` (in name order, as YOLOv5 takes them)."""
-    from utils.data.dataset_yaml import load_data_config
-    from utils.data.verify import list_image_files
-
-    config = load_data_config(data)
-    files = list_image_files(config.split("train"))[:CALIBRATION_IMAGES]
-    if not files:
-        raise ArgumentError(f"--data {data}: no train images to calibrate --int8 with")
-    return files
-
-
-def calibration_batches(data: str, imgsz: tuple, batch_size: int):
-    """(batch_size, 3, h, w) batches of letterboxed calibration images, as detect.py prepares images for a fixed-
-    size export (utils.inference.prepare_image, auto=False); the last batch is filled with the first images."""
-    from utils.data.images import read_image
-    from utils.inference import prepare_image
-
-    files = calibration_files(data)
-    files += files[:(-len(files)) % batch_size]
-    for start in range(0, len(files), batch_size):
-        images = [prepare_image(read_image(file), imgsz, 1, "cpu", False, auto=False)  # auto=False: no stride
-                  for file in files[start:start + batch_size]]
-        yield torch.cat(images)
-
-
-def parity_inputs(config, shape) -> torch.Tensor | None:
-    """What export.py's parity check feeds an int8 file: its first calibration images (int8 activation ranges
-    hold for images like those it was calibrated on; uniform noise falls outside them); None: the usual noise."""
-    if not config.int8:
-        return None
-    return next(calibration_batches(config.data, tuple(shape[2:]), shape[0]))
 
 
 def fp16_weights(flatbuffer: bytes) -> bytes:
