@@ -34,6 +34,8 @@ def shared_bomb(depth: int = 60):
 def test_our_and_yolov5_metadata_are_read():
     assert info_from_metadata(GOOD) == ExportInfo(names=("cat", "dog"), stride=32, imgsz=(64, 64), batch=1,
                                                   channels_last=True, device="cpu")
+    assert info_from_metadata({**GOOD, "int8": True}).int8
+    assert not info_from_metadata({key: value for key, value in GOOD.items() if key != "int8"}).int8  # older files
     yolov5_onnx = {"stride": 32, "names": "{0: 'cat', 1: 'dog'}"}  # sizes from the graph input
     info = info_from_metadata(yolov5_onnx, (2, 3, 640, 320))
     assert (info.names, info.imgsz, info.batch, info.dynamic) == (("cat", "dog"), (640, 320), 2, False)
@@ -69,6 +71,7 @@ def test_our_and_yolov5_metadata_are_read():
     ({"nc": "2"}, None, "'nc' '2' but 2 names"),
     ({"dynamic": "yes"}, None, "'dynamic' must be true or false, got 'yes'"),
     ({"half": 1}, None, "'half' must be true or false, got 1"),
+    ({"int8": "int8"}, None, "'int8' must be true or false, got 'int8'"),
     ({"device": "tpu" * 1000}, None, "'device' must be one of cpu, cuda, mps, got 'tputputpu"),
     ({"format": "other/2"}, None, "'format' 'other/2' is not 'yolo-trainer-export/1'"),
     ({"format": None, "imgsz": None, "batch": None, "shape": [1, 3, 10 ** 9, 64]}, None,
