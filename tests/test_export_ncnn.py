@@ -20,7 +20,7 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, OpenVinoBackend, _backend_class, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, max_differences
+from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
 from utils.errors import ArgumentError
 
 NAMES = ["cat", "dog"]
@@ -156,16 +156,50 @@ def test_flags_ncnn_cannot_honour_are_one_line_refusals(weights, tmp_path, capsy
     assert "--half needs a CUDA device (--device 0) for TorchScript and ONNX" in capsys.readouterr().err
     from models.formats import ncnn as ncnn_format
 
-    config = SimpleNamespace(dynamic=False, int8=True)
-    with pytest.raises(ArgumentError, match=r"^--include ncnn --int8: ncnn's int8 calibration tools \(ncnn2table, "
-                                            r"ncnn2int8\) are not in the ncnn/pnnx pip wheels; export fp32 or --half$"):
-        ncnn_format.check_options(config, torch.device("cpu"))
+    with pytest.raises(ArgumentError, match=r"^--include ncnn: --int8 and --half are two precisions; pick one$"):
+        ncnn_format.check_options(SimpleNamespace(dynamic=False, int8=True, half=True), torch.device("cpu"))
     with pytest.raises(ArgumentError, match=r"exports and runs on the CPU: use --device cpu \(not cuda\)"):
-        ncnn_format.check_options(SimpleNamespace(dynamic=False), torch.device("cuda"))
-    if "int8" in export.ExportConfig.__dataclass_fields__:  # export.py's --int8 (LiteRT's) reaches this refusal
-        assert export.main(["--weights", str(source), "--include", "ncnn", "--int8"]) == 2
-        assert capsys.readouterr().err.startswith("export.py: error: --include ncnn --int8: ")
+        ncnn_format.check_options(SimpleNamespace(dynamic=False, int8=False, half=False), torch.device("cuda"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+@pytest.fixture(scope="module")
+def trained(request):
+    """(weights, data.yaml): conftest's int8_trained, trained only where pnnx and ncnn are installed."""
+    needs_ncnn()
+    return request.getfixturevalue("int8_trained")
+
+
+def test_int8_quantises_the_body_calibrated_on_the_data_and_tracks_the_model(trained, tmp_path, capsys):
+    """int8 convolutions up to the Detect layer (1 byte per weight), the Detect convolutions and the decode float:
+    scores not collapsed, boxes in pixels, the metadata saying int8, checked on calibration images."""
+    weights, data = trained
+    height, width = 64, 96
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--int8", "--data", str(data), imgsz=(height, width)) == 0
+    out = capsys.readouterr().out
+    assert "NCNN --int8: calibrated" in out and "convolutions on 16 images" in out, out
+    assert parity_lines(out)[0].endswith("at 1x3x64x96; tolerance 24 px, 0.25"), out
+    folder = tmp_path / "best-int8_ncnn_model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8_ncnn_model", "best.pt"]
+    lines = (folder / "model.ncnn.param").read_text().splitlines()
+    convolutions = [line for line in lines if line.startswith("Convolution ")]
+    int8_lines = [line for line in convolutions if line.endswith(" 8=1")]
+    assert len(int8_lines) == len(convolutions) - 3  # all but the Detect layer's three
+    backend = load_backend(folder)
+    assert backend.info.int8 and not backend.info.half and backend.parity_tolerance == 0.25
+    images = letterboxed(data, "val", (height, width))  # images it was not calibrated on
+    model = for_inference(load_model(weights))
+    expected, got = eager_output(model, images), backend(images)[0]
+    boxes, scores = max_differences(got, expected)
+    assert boxes <= 0.25 * width and scores <= 0.25
+    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
+    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
+    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
+    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
+    assert got[..., 0].max() > width / 2 and got[..., 1].max() > height / 2  # boxes in pixels
+    float_bytes = 4 * sum(p.numel() for p in model.parameters())
+    assert (folder / "model.ncnn.bin").stat().st_size < 0.5 * float_bytes  # 1 byte per body weight, not 4
 
 
 def test_an_export_that_differs_is_an_error_and_not_written(weights, tmp_path, capsys, monkeypatch):

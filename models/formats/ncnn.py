@@ -10,8 +10,9 @@ size: ``--dynamic`` is refused (pnnx 20261020 leaves the grid's ``torch.arange``
 ncnn cannot load the result). ncnn takes one image (C, H, W) at a time, so the metadata says batch 1 and the
 backend runs a batch image by image. ``--half`` stores the weights in fp16 (half the file); ncnn then computes
 in fp16 where the CPU has fp16 arithmetic (ARMv8.2) and in fp32 elsewhere (x86, which only converts the weights
-on load). ``--int8`` is refused: ncnn's calibration tools (ncnn2table, ncnn2int8) are C++ programs that neither
-the ``ncnn`` nor the ``pnnx`` wheel ships.
+on load). ``--int8`` (``<stem>-int8_ncnn_model/``) quantises the convolutions before the Detect layer, calibrated
+on the train images of ``--data`` (models/formats/ncnn_int8.py: ncnn's int8 format written here, since ncnn's
+own tools for it are not in the pip wheels).
 
 Reading: the ``.param`` text is checked here (magic number, counts, one line per layer) before ncnn parses it,
 and ncnn's own complaints (it prints them to stderr) are caught and reported as one BackendError line.
@@ -34,6 +35,8 @@ import torch
 from torch import nn
 
 from models.backends import Backend, BackendError, ExportInfo, MissingPackage, parse_info
+from models.formats.int8 import INT8_TOLERANCE, calibration_batches, calibration_files
+from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ MAX_PARAM_BYTES = 16 << 20  # yolov5x's graph is ~30 kB of text
 MAX_LAYERS = 100_000
 PNNX_SECONDS = 1_800  # pnnx converts yolov5s in a few seconds; a hung conversion is an error, not a wait forever
 LAYER_TYPE = re.compile(r"[A-Za-z_][\w.:]*\Z")
+EXPORT_OPTIONS = ("int8", "data")  # the ExportConfig fields export() takes besides half
 
 
 class NcnnExportError(UserError):
@@ -69,19 +73,27 @@ def check_options(config, device: torch.device) -> None:
         raise ArgumentError("--include ncnn: NCNN models have a fixed input size (the decode grids become "
                             "constants; pnnx leaves the dynamic grid's arange/meshgrid to ops ncnn lacks); export "
                             "without --dynamic")
-    if getattr(config, "int8", False):
-        raise ArgumentError("--include ncnn --int8: ncnn's int8 calibration tools (ncnn2table, ncnn2int8) are not in "
-                            "the ncnn/pnnx pip wheels; export fp32 or --half")
+    if config.int8 and config.half:
+        raise ArgumentError("--include ncnn: --int8 and --half are two precisions; pick one")
     if device.type != "cpu":
         raise UnavailableOption(f"--include ncnn exports and runs on the CPU: use --device cpu (not {device.type})")
     require("pnnx", "--include ncnn")
     require("ncnn", "--include ncnn (the parity check)")
+    if config.int8:
+        calibration_files(config.data)  # a missing or empty dataset is refused now, not after the conversion
 
 
-def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False) -> Path:
+def output_path(weights: Path, config) -> Path:
+    """``best_ncnn_model``; ``best-int8_ncnn_model`` with --int8 (the LiteRT names' convention)."""
+    return weights.with_name(f"{weights.stem}{'-int8' if config.int8 else ''}{FOLDER}")
+
+
+def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False,
+           int8: bool = False, data: str | None = None) -> Path:
     """Convert ``graph`` (the decoded-prediction module) to NCNN in a new hidden folder beside ``path`` and return
     that folder (``model.ncnn.param``, ``model.ncnn.bin``, ``metadata.yaml``); the caller checks it and moves it.
-    ``example``'s first image sets the fixed input size; ``half``: fp16 weights."""
+    ``example``'s first image sets the fixed input size; ``half``: fp16 weights; ``int8``: int8 convolutions
+    calibrated on the train images of ``data``."""
     import yaml
 
     if example.shape[0] > 1:
@@ -99,12 +111,42 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
         for item in folder.iterdir():  # pnnx's intermediate files (its own .param/.bin/.py/.onnx) and our trace
             if item.name not in (PARAM, WEIGHTS):
                 shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
+        if int8:
+            quantise(folder, data, tuple(example.shape[2:]))
         values = dataclasses.replace(info, batch=1, dynamic=False, half=half).to_dict()
         (folder / METADATA).write_text(yaml.safe_dump(values, sort_keys=False, allow_unicode=True), encoding="utf-8")
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
+
+
+def quantise(folder: Path, data: str, imgsz: tuple) -> None:
+    """The fp32 model pnnx wrote in ``folder``, rewritten with int8 convolutions calibrated on ``data``'s train
+    images (letterboxed to ``imgsz`` as for inference) run through that fp32 model."""
+    import numpy as np
+
+    from models.formats.ncnn_int8 import quantise_folder
+
+    ncnn = require("ncnn", "--include ncnn --int8")
+    net, input_name, _ = load_net(folder / PARAM, folder / WEIGHTS, half=False)
+
+    def run_blobs(image: np.ndarray, blobs: list[str]) -> dict:
+        with net.create_extractor() as extractor:
+            extractor.input(input_name, ncnn.Mat(image).clone())
+            values = {}
+            for blob in blobs:
+                status, value = extractor.extract(blob)
+                if status != 0:
+                    raise NcnnExportError(f"NCNN --int8: ncnn could not compute blob {blob} (status {status})")
+                values[blob] = np.array(value)
+            return values
+
+    def images():
+        for batch in calibration_batches(data, imgsz, 1):
+            yield np.ascontiguousarray(batch[0].numpy())
+
+    quantise_folder(folder, PARAM, WEIGHTS, run_blobs, images)
 
 
 def save_trace(graph: nn.Module, example: torch.Tensor, file: Path) -> None:
@@ -217,7 +259,8 @@ def captured_stderr():
 
 class NcnnBackend(Backend):
     """An NCNN folder run by the optional ``ncnn`` package on the CPU, one image at a time, on as many threads as
-    torch uses; fp32 files in fp32 (ncnn's fp16 storage and arithmetic off), --half files with ncnn's defaults."""
+    torch uses; fp32 files in fp32 (ncnn's fp16 storage and arithmetic off), --half files with ncnn's defaults,
+    --int8 files with their int8 convolutions in int8."""
 
     kind = "ncnn"
 
@@ -230,23 +273,9 @@ class NcnnBackend(Backend):
         if torch.device(device).type != "cpu":
             LOGGER.warning("WARNING: NCNN models run on the CPU here; running %s on the CPU", Path(path).name)
         super().__init__(path, info, device)
-        net = ncnn.Net()
-        net.opt.num_threads = torch.get_num_threads()
-        net.opt.use_vulkan_compute = False
-        for option in ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic"):
-            setattr(net.opt, option, info.half)
-        net.opt.use_bf16_storage = False
-        with captured_stderr() as complaints:
-            status = net.load_param(str(param))
-            status = status or net.load_model(str(weights))
-        if status != 0:
-            reason = complaints[0][:200] if complaints else "ncnn could not read it"
-            raise BackendError(f"{param.parent}: not a readable NCNN model ({reason})")
-        inputs, outputs = list(net.input_names()), list(net.output_names())
-        if len(inputs) != 1 or not outputs:
-            raise BackendError(f"{param}: expected one input (images) and an output, found {len(inputs)} inputs and "
-                               f"{len(outputs)} outputs")
-        self.ncnn, self.net, self.input_name, self.output_name = ncnn, net, inputs[0], outputs[0]
+        self.parity_tolerance = INT8_TOLERANCE if info.int8 else None  # read by export.py's parity check
+        self.net, self.input_name, self.output_name = load_net(param, weights, info.half)
+        self.ncnn = ncnn
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:
         return torch.stack([self._run_one(image) for image in images.detach().to("cpu", torch.float32)])
@@ -264,6 +293,29 @@ class NcnnBackend(Backend):
             raise BackendError(f"{self.path}: the NCNN model gave an output of shape {list(result.shape)} (status "
                                f"{status}), not (N, {5 + self.info.nc}) for {self.info.nc} classes")
         return torch.from_numpy(result)
+
+
+def load_net(param: Path, weights: Path, half: bool):
+    """(net, input name, output name): the model loaded by ncnn for the CPU, on as many threads as torch uses; fp32
+    (ncnn's fp16 storage and arithmetic off) unless ``half``; int8 layers run in int8 (ncnn's default)."""
+    ncnn = require("ncnn", f"running {param.parent.name}")
+    net = ncnn.Net()
+    net.opt.num_threads = torch.get_num_threads()
+    net.opt.use_vulkan_compute = False
+    for option in ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic"):
+        setattr(net.opt, option, half)
+    net.opt.use_bf16_storage = False
+    with captured_stderr() as complaints:
+        status = net.load_param(str(param))
+        status = status or net.load_model(str(weights))
+    if status != 0:
+        reason = complaints[0][:200] if complaints else "ncnn could not read it"
+        raise BackendError(f"{param.parent}: not a readable NCNN model ({reason})")
+    inputs, outputs = list(net.input_names()), list(net.output_names())
+    if len(inputs) != 1 or not outputs:
+        raise BackendError(f"{param}: expected one input (images) and an output, found {len(inputs)} inputs and "
+                           f"{len(outputs)} outputs")
+    return net, inputs[0], outputs[0]
 
 
 def read_metadata(metadata: Path, param: Path) -> dict:
