@@ -111,7 +111,8 @@ def test_export_writes_a_checked_mlpackage_with_metadata(package, weights):
 
     spec, metadata = read_package(path)
     assert metadata == {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32,
-                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False, "channels_last": True,
+                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False,
+                        "channels_last": True,
                         "device": "cpu"}
     assert json.loads(spec.description.metadata.userDefined["names"]) == NAMES  # JSON per key, as in ONNX files
 

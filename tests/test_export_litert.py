@@ -77,7 +77,8 @@ def test_fp32_export_is_nhwc_with_metadata_inside_and_matches_eager(exports, eag
         assert archive.read("meta.txt").decode() == "{'stride': 32, 'names': {0: 'class0', 1: 'class1'}}"
         assert json.loads(archive.read("metadata.json")) == {
             "format": "yolo-trainer-export/1", "names": ["class0", "class1"], "nc": 2, "stride": 32,
-            "imgsz": [HEIGHT, WIDTH], "batch": 2, "dynamic": False, "half": False, "int8": False, "channels_last": True,
+            "imgsz": [HEIGHT, WIDTH], "batch": 2, "dynamic": False, "half": False, "int8": False,
+                        "channels_last": True,
             "device": "cpu"}
     backend = load_backend(exports)
     assert type(backend).__name__ == "LiteRtBackend" and backend.kind == "litert"

@@ -80,7 +80,8 @@ def test_export_writes_the_ncnn_layout_with_metadata_and_parity(square_export):
     assert (folder / "model.ncnn.param").read_text().startswith("7767517\n")
     metadata = yaml.safe_load((folder / "metadata.yaml").read_text())
     assert metadata == {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32,
-                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False, "channels_last": True,
+                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False,
+                        "channels_last": True,
                         "device": "cpu"}
     from models.formats.ncnn import NcnnBackend
 

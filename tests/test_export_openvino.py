@@ -86,7 +86,8 @@ def test_export_writes_yolov5_layout_with_metadata_summary_and_parity(weights, t
     assert len(parity) == 1 and "at 1x3x64x64; tolerance 0.064 px, 0.001" in parity[0]
     metadata = yaml.safe_load((folder / "best.yaml").read_text())
     assert metadata == {"format": "yolo-trainer-export/1", "names": NAMES, "nc": 2, "stride": 32,
-                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False, "channels_last": True,
+                        "imgsz": [IMGSZ, IMGSZ], "batch": 1, "dynamic": False, "half": False, "int8": False,
+                        "channels_last": True,
                         "device": "cpu"}
     for path in (folder, folder / "best.xml"):  # the folder or its .xml, as YOLOv5 takes them
         backend = load_backend(path)
