@@ -120,7 +120,7 @@ def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model
     assert run_export(source, "--include", "litert", "--int8", "--data", str(data)) == 0
     out = capsys.readouterr().out
     assert f"LiteRT --int8: calibrated on 16 images of {data}" in out
-    assert "at 2x3x64x96; tolerance 24 px, 0.25" in parity_line(out)  # checked on calibration images
+    assert "at 2x3x64x96; tolerance 38.4 px, 0.4" in parity_line(out)  # checked on calibration images
     path = tmp_path / "best-int8.tflite"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8.tflite", "best.pt"]
     backend = load_backend(path)

@@ -23,10 +23,12 @@ LOGGER = logging.getLogger(__name__)
 CALIBRATION_IMAGES = 100  # YOLOv5 calibrates its int8 TFLite on 100 train images
 # Largest |int8 - PyTorch| (as export.TOLERANCE: a fraction of the input's longest side for the boxes, absolute
 # for the scores), checked on calibration images. int8 activations keep 8 bits per tensor through ~20 layers,
-# so individual outputs can move by a tenth or two (a mAP change is the real measure), while the faults this
-# catches move them by far more: collapsed scores (~1 to 0), boxes left normalised (the whole side), NHWC/NCHW
-# mixed up (noise).
-INT8_TOLERANCE = 0.25
+# so single outputs move by a tenth or more while their mean moves by ~0.01 (a mAP change is the real measure):
+# on a BCCD-trained yolov5n the largest score change was 0.11-0.14 (LiteRT, ExecuTorch) and 0.11 (NCNN) at the
+# 320 it was trained at, and up to 0.34 for NCNN at 640 (mean 0.009; its mAP50-95 fell by 0.006 there). The
+# faults this catches move outputs by far more: collapsed scores (~1 to 0), boxes left normalised (the whole
+# side), NHWC/NCHW mixed up (noise).
+INT8_TOLERANCE = 0.4
 
 
 class Pass(nn.Module):
