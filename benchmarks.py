@@ -5,9 +5,12 @@
     python benchmarks.py --weights best.pt --test         # exports only, no validation
     python benchmarks.py --weights best.pt --pt-only      # the PyTorch row alone
     python benchmarks.py --weights best.pt --hard-fail    # exit 1 when a row failed (--hard-fail 0.29: or mAP < 0.29)
+    python benchmarks.py --weights best.pt --data data.yaml --int8   # also an int8 row per format that takes --int8
 
 Rows: PyTorch (the checkpoint itself), then each format in export.py's ``SUFFIXES`` in its order, so a format
-added there is benchmarked without a change here. Each format is exported by ``export.run`` (checked against
+added there is benchmarked without a change here. ``--int8`` (not in YOLOv5's benchmarks) adds a row for each format
+that takes ``export.py --int8`` (its module lists ``int8`` in EXPORT_OPTIONS), calibrated on the train images of
+``--data``, after the fp32 rows. Each format is exported by ``export.run`` (checked against
 the PyTorch model before it is kept) and validated by ``val.run``; a row is ``ok``, ``unavailable`` (what this
 machine or device lacks: a missing package, with its install command; a format for another platform or device) or
 ``failed`` (the export or its validation broke), with one line saying why, never a traceback. ``--hard-fail``
@@ -41,6 +44,7 @@ from utils.limits import Range  # noqa: E402
 
 LOGGER = logging.getLogger("benchmarks")
 PYTORCH = ("pytorch", "PyTorch")  # the first row: the checkpoint itself
+INT8 = "-int8"  # a row's format name for the int8 export of a format: "litert-int8"
 REASON_LIMIT = 300  # characters of a failed row's reason
 COLUMNS = ("Format", "Size (MB)", "mAP50-95", "Inference (ms/img)", "Status")
 CSV_COLUMNS = ("format", "file", "size_mb", "map50_95", "inference_ms", "status", "reason")
@@ -61,6 +65,7 @@ class BenchmarkConfig:
     test: bool = False
     pt_only: bool = False
     hard_fail: bool | float = False  # True: any failed row is an error; a number: also a mAP50-95 below it
+    int8: bool = False  # also the int8 export of each format that takes export.py --int8
     workers: int = 8
     project: str = str(ROOT / "runs/benchmarks")
     name: str = "exp"
@@ -69,7 +74,7 @@ class BenchmarkConfig:
 
 @dataclass
 class Row:
-    format: str  # export.py's name ("torchscript"), "pytorch" for the checkpoint
+    format: str  # export.py's name ("torchscript"), "pytorch" for the checkpoint, "litert-int8" for an int8 export
     title: str  # "TorchScript"
     path: Path | None = None
     megabytes: float | None = None
@@ -93,11 +98,24 @@ class BenchmarkResult:
     save_dir: Path | None = None
 
 
-def benchmark_formats() -> list[tuple[str, str]]:
-    """(name, title) of each row: PyTorch, then every format export.py has now, in its order."""
+def benchmark_formats(int8: bool = False) -> list[tuple[str, str]]:
+    """(name, title) of each row: PyTorch, then every format export.py has now, in its order; with ``int8``, then
+    ("<name>-int8", "<title> int8") for each format whose module takes --int8."""
     import export
 
-    return [PYTORCH, *((name, export.TITLES.get(name, name)) for name in export.SUFFIXES)]
+    rows = [PYTORCH, *((name, export.TITLES.get(name, name)) for name in export.SUFFIXES)]
+    if int8:
+        rows += [(name + INT8, f"{export.TITLES.get(name, name)} int8") for name in export.SUFFIXES
+                 if name in export.FORMAT_MODULES and takes_int8(name)]
+    return rows
+
+
+def takes_int8(name: str) -> bool:
+    """Whether export.py's format ``name`` takes --int8 (its module, which imports no optional package until used,
+    lists "int8" in EXPORT_OPTIONS)."""
+    import export
+
+    return "int8" in getattr(export.format_module(name), "EXPORT_OPTIONS", ())
 
 
 def run(config: BenchmarkConfig) -> BenchmarkResult:
@@ -110,9 +128,9 @@ def run(config: BenchmarkConfig) -> BenchmarkResult:
     start = time.perf_counter()
     source = checked_weights(config.weights)
     device = select_device(config.device)  # a bad --device is one error, not a failed row per format
-    if not config.test:
+    if not config.test or config.int8:  # --int8 calibrates on --data's train images
         check_data(config.data)
-    formats = [PYTORCH] if config.pt_only else benchmark_formats()
+    formats = [PYTORCH] if config.pt_only else benchmark_formats(config.int8)
     save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
     weights = save_dir / "weights" / source.name
     weights.parent.mkdir(exist_ok=True)
@@ -160,9 +178,11 @@ def benchmark_format(name: str, title: str, weights: Path, config: BenchmarkConf
         if name == PYTORCH[0]:
             row.path, row.megabytes = weights, export.size_bytes(weights) / 1e6
         else:
+            int8 = name.endswith(INT8)
             exported = export.run(export.ExportConfig(
                 weights=str(weights), imgsz=(config.imgsz, config.imgsz), batch_size=config.batch_size,
-                include=(name,), device=config.device, half=config.half))[0]
+                include=(name.removesuffix(INT8),), device=config.device, half=config.half and not int8, int8=int8,
+                data=config.data))[0]
             row.path, row.megabytes = exported.path, exported.megabytes
     except Exception as error:  # noqa: BLE001 - every failure is a row (see failure_reason)
         row.reason, row.unavailable = "export: " + failure_reason(error), is_unavailable(error)
@@ -300,6 +320,8 @@ def build_parser() -> ArgumentParser:
     add("--pt-only", action="store_true", help="the PyTorch row only")
     add("--hard-fail", nargs="?", const=True, default=False, type=float_in_range(Range(0.0, 1.0)),
         help="exit 1 when a format failed (not one this machine lacks); with a number, also when a mAP50-95 is below it")
+    add("--int8", action="store_true",
+        help="also an int8 row for each format export.py --int8 takes (calibrated on the train images of --data)")
     add("--workers", type=workers, default=8, help="max dataloader workers (val.py's)")
     add_run_folder_flags(parser, str(ROOT / "runs/benchmarks"))
     return parser

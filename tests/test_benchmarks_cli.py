@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,28 @@ def test_rows_are_pytorch_then_every_format_export_knows(cli, monkeypatch):
     monkeypatch.setitem(export.SUFFIXES, "newformat", ".new")  # a format added to export.py later
     monkeypatch.setitem(export.TITLES, "newformat", "New Format")
     assert cli.benchmark_formats()[-1] == ("newformat", "New Format")
+
+
+def test_int8_adds_a_row_for_each_format_that_takes_int8_after_the_fp32_rows(cli):
+    rows = cli.benchmark_formats(int8=True)
+    assert rows[:len(export.SUFFIXES) + 1] == cli.benchmark_formats()
+    assert rows[len(export.SUFFIXES) + 1:] == [("ncnn-int8", "NCNN int8"), ("executorch-int8", "ExecuTorch int8"),
+                                               ("litert-int8", "LiteRT int8")]
+
+
+def test_an_int8_row_exports_int8_calibrated_on_the_data_and_validates_it(cli, tiny, tmp_path):
+    if any(importlib.util.find_spec(name) is None for name in ("pnnx", "ncnn")):
+        pytest.skip("could not import 'pnnx'/'ncnn': optional (pip install -r requirements-ncnn.txt)")
+    weights, data = tiny
+    (tmp_path / "weights").mkdir()
+    source = Path(shutil.copy(weights, tmp_path / "weights" / "tiny.pt"))
+    config = cli.BenchmarkConfig(weights=str(source), imgsz=IMGSZ, data=str(data), device="cpu", workers=0)
+    row = cli.benchmark_format("ncnn-int8", "NCNN int8", source, config, tmp_path)
+    assert row.ok, row.reason
+    assert row.path == tmp_path / "weights" / "tiny-int8_ncnn_model" and row.megabytes > 0
+    assert " 8=1" in (row.path / "model.ncnn.param").read_text()  # int8 convolutions inside
+    assert 0 <= row.map <= 1 and row.inference_ms > 0
+    assert (tmp_path / "val" / "ncnn-int8").is_dir()
 
 
 def test_table_rows_missing_package_hard_fail_and_new_run_folders(cli, tiny, tmp_path, monkeypatch, capsys):
