@@ -13,7 +13,8 @@ ONNX and OpenVINO need the optional packages in requirements-export.txt. OpenVIN
 the ONNX graph (as YOLOv5 does) on the CPU; ``--half`` stores its weights in fp16 (half the size; the
 CPU still computes in fp32) and needs no GPU, unlike ``--half`` for TorchScript and ONNX.
 Further formats live in models/formats/ (FORMAT_MODULES), each with its own requirements file:
-``--include ncnn`` writes ``best_ncnn_model/`` (requirements-ncnn.txt) and ``--include coreml`` writes
+``--include ncnn`` writes ``best_ncnn_model/`` (``best-int8_ncnn_model/`` with ``--int8``;
+requirements-ncnn.txt) and ``--include coreml`` writes
 ``best.mlpackage`` (requirements-coreml.txt; Core ML runs on Apple platforms only, so elsewhere its check
 opens the written package back instead of running it).
 ``--include executorch`` writes ``best.pte`` or ``best-int8.pte`` with ``--int8`` (XNNPACK;
@@ -107,7 +108,7 @@ class ExportConfig:
     simplify: bool = False
     opset: int = 17
     optimize: bool = False
-    int8: bool = False  # LiteRT, ExecuTorch: int8 weights and activations, calibrated on images of --data
+    int8: bool = False  # NCNN, ExecuTorch, LiteRT: int8 weights and activations, calibrated on images of --data
     data: str = "data/coco128.yaml"  # the dataset YAML whose train images calibrate --int8 (YOLOv5's default)
 
 
@@ -198,8 +199,8 @@ def check_options(config: ExportConfig, formats: list[str], device: torch.device
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
     cpu_half = set(formats) <= CPU_HALF
     if config.int8 and set(formats) & {"torchscript", "onnx", "openvino"}:  # the format modules refuse it themselves
-        raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include litert "
-                            "and --include executorch take --int8")
+        raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include ncnn, "
+                            "executorch and litert take --int8")
     if config.half and device.type != "cuda" and not cpu_half:
         raise UnavailableOption("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
                             f"float32 (--include {' / '.join(sorted(CPU_HALF))} alone take --half: fp16 weights)")
@@ -503,8 +504,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript, ONNX, OpenVINO)")
     add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
     add("--opset", type=int, default=17, help="ONNX (and OpenVINO, converted from ONNX): opset version")
-    add("--int8", action="store_true", help="LiteRT, ExecuTorch: int8 quantisation, calibrated on the train images "
-                                            "of --data")
+    add("--int8", action="store_true", help="NCNN, ExecuTorch, LiteRT: int8 quantisation, calibrated on the train "
+                                            "images of --data")
     add("--data", type=str, default="data/coco128.yaml", help="dataset YAML for --int8 calibration images")
     add("--include", nargs="+", default=["torchscript"], help=f"formats: {', '.join(SUFFIXES)}")
     return parser.parse_args(argv)

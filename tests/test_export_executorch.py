@@ -101,8 +101,8 @@ def test_refused_flags_are_one_line(weights, capsys):
     expected = {("--dynamic",): "--include executorch: .pte files have a fixed batch and input size here",
                 ("--half",): "--half needs a CUDA device (--device 0) for TorchScript and ONNX",
                 ("--int8", "--include", "executorch", "onnx"): "--int8: TorchScript, ONNX and OpenVINO exports are "
-                                                               "fp32 (or --half); --include litert and --include "
-                                                               "executorch take --int8"}
+                                                               "fp32 (or --half); --include ncnn, executorch and "
+                                                               "litert take --int8"}
     for flags, start in expected.items():
         assert run_export(weights, *flags) == 2, flags
         assert capsys.readouterr().err.strip().startswith(f"export.py: error: {start}"), flags
