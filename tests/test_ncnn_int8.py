@@ -3,6 +3,7 @@ package needed): the .bin walked layer by layer, the int8 layout of a quantised 
 are quantised, the weight scales, the calibration threshold, and one-line refusals of what it cannot walk."""
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -82,11 +83,14 @@ def test_the_body_convolutions_get_int8_weights_scales_and_the_head_stays_float(
     assert data[offset:] == original[-(24 + 4 + 24 + 12):]  # the grid and the Detect convolution, unchanged
 
 
-def test_a_layer_type_with_unknown_weights_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("layer, name", [("PReLU prelu_0 1 1 1 2", "PReLU (prelu_0)"),
+                                         ("Gemm gemm_0 1 1 1 2 10=1", "Gemm (gemm_0)"),  # B may be in the .bin
+                                         ("Padding pad_0 1 1 1 2 6=4", "Padding (pad_0)")])  # per-channel values
+def test_a_layer_with_weights_it_cannot_walk_is_refused_naming_it(tmp_path, layer, name):
     model_files(tmp_path)
     param = tmp_path / "model.ncnn.param"
-    param.write_text(param.read_text().replace("Swish silu_0", "PReLU prelu_0"))
-    with pytest.raises(NcnnInt8Error, match=r"^NCNN --int8: layer type PReLU \(prelu_0\) is not handled here; "
+    param.write_text(param.read_text().replace("Swish silu_0 1 1 1 2", layer))
+    with pytest.raises(NcnnInt8Error, match=rf"^NCNN --int8: layer type {re.escape(name)} is not handled here; "
                                             r"export fp32 or --half$"):
         ncnn_int8.quantise_folder(tmp_path, "model.ncnn.param", "model.ncnn.bin", None, lambda: iter(()))
 

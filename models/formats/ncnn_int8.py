@@ -36,7 +36,7 @@ HISTOGRAM_BINS, LEVELS = 2048, 128  # bins of the |x| histograms; int8 levels of
 WEIGHTLESS = frozenset({"Input", "Split", "Concat", "Swish", "Sigmoid", "ReLU", "Clip", "HardSwish", "HardSigmoid",
                         "Mish", "TanH", "BinaryOp", "UnaryOp", "Pooling", "Interp", "Reshape", "Permute", "Slice",
                         "Crop", "Padding", "Flatten", "Softmax", "Noop", "Eltwise", "Dropout", "ShuffleChannel",
-                        "ExpandDims", "Squeeze", "Tile", "Gemm", "MatMul"})
+                        "ExpandDims", "Squeeze", "Tile", "MatMul"})
 
 
 class NcnnInt8Error(UserError):
@@ -111,7 +111,7 @@ def walk_weights(layers: list[Layer], data: bytes) -> list[Chunk]:
             sizes = [integer(layer, key) for key in ("0", "1", "11", "2")]
             take(4 * int(np.prod([size for size in sizes if size > 0] or [0])))
             chunks.append(Chunk(layer, start, offset))
-        elif layer.type not in WEIGHTLESS:
+        elif layer.type not in WEIGHTLESS or (layer.type == "Padding" and integer(layer, "6")):  # per-channel pads
             raise NcnnInt8Error(f"NCNN --int8: layer type {layer.type} ({layer.name}) is not handled here; "
                                 "export fp32 or --half")
     if offset != len(data):
