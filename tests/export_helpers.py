@@ -34,3 +34,46 @@ def letterboxed(data: Path, split: str, imgsz: tuple) -> torch.Tensor:
 
     files = sorted((data.parent / "images" / split).iterdir())
     return torch.cat([prepare_image(read_image(file), imgsz, 32, "cpu", False, auto=False) for file in files])
+
+
+def check_int8_tracks(got: torch.Tensor, expected: torch.Tensor, height: int, width: int) -> None:
+    """An int8 export's output ``got`` against the PyTorch model's ``expected`` on images it was not calibrated on:
+    float, within the int8 parity tolerance, close on average, scores not collapsed and ranked alike, boxes in
+    pixels."""
+    import pytest
+
+    from models.formats.int8 import INT8_TOLERANCE
+
+    assert got.dtype == torch.float32
+    boxes, scores = max_differences(got, expected)
+    assert boxes <= INT8_TOLERANCE * width and scores <= INT8_TOLERANCE
+    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
+    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
+    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
+    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
+    assert got[..., 0].max() > width / 2 and got[..., 1].max() > height / 2  # boxes in pixels
+
+
+def empty_dataset(folder: Path) -> Path:
+    """A dataset YAML whose train and val folders hold no image (nothing to calibrate --int8 with)."""
+    for split in ("train", "val"):
+        (folder / "images" / split).mkdir(parents=True)
+    data = folder / "data.yaml"
+    data.write_text(f"path: {folder}\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
+    return data
+
+
+def check_int8_export(path: Path, weights: Path, data: Path, height: int, width: int, stored: Path) -> None:
+    """An int8 export of ``weights`` at ``path``: its metadata says int8 (and the backend its looser parity
+    tolerance), it tracks the PyTorch model on the val images of ``data`` (check_int8_tracks), and ``stored`` (the
+    file holding the weights) takes less than half the float weights' bytes (1 byte per body weight, not 4)."""
+    from models import for_inference, load_model
+    from models.backends import load_backend
+    from models.formats.int8 import INT8_TOLERANCE
+
+    backend = load_backend(path)
+    assert backend.info.int8 and not backend.info.half and backend.parity_tolerance == INT8_TOLERANCE
+    images = letterboxed(data, "val", (height, width))  # images it was not calibrated on
+    model = for_inference(load_model(weights))
+    check_int8_tracks(backend(images)[0], eager_output(model, images), height, width)
+    assert stored.stat().st_size < 0.5 * 4 * sum(p.numel() for p in model.parameters())

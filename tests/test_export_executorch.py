@@ -17,10 +17,9 @@ import torch
 
 import export
 from models import for_inference, load_model
-from models.formats.int8 import INT8_TOLERANCE
 from models.backends import BackendError, MissingPackage, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
+from tests.export_helpers import check_int8_export, copy_weights, eager_output, empty_dataset, max_differences
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -129,33 +128,16 @@ def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model
     assert len(parity) == 1 and parity[0].endswith("at 2x3x64x96; tolerance 38.4 px, 0.4"), out
     path = tmp_path / "best-int8.pte"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8.pte", "best.pt"]
-    backend = load_backend(path)
-    assert backend.info.int8 and not backend.info.half and backend.parity_tolerance == INT8_TOLERANCE
-    images = letterboxed(data, "val", (height, width))  # images it was not calibrated on
-    model = for_inference(load_model(weights))
-    expected, got = eager_output(model, images), backend(images)[0]
-    assert got.dtype == torch.float32
-    boxes, scores = max_differences(got, expected)
-    assert boxes <= INT8_TOLERANCE * width and scores <= INT8_TOLERANCE
-    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
-    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
-    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
-    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
-    assert got[..., 0].max() > width / 2 and got[..., 1].max() > height / 2  # boxes in pixels
-    float_bytes = 4 * sum(p.numel() for p in model.parameters())
-    assert path.stat().st_size < 0.5 * float_bytes  # 1 byte per body weight, not 4
+    check_int8_export(path, weights, data, height, width, stored=path)
 
 
 def test_int8_without_calibration_images_is_refused_before_converting(weights, tmp_path, capsys):
     needs_executorch()
-    empty = tmp_path / "empty"
-    for split in ("train", "val"):
-        (empty / "images" / split).mkdir(parents=True)
-    (empty / "data.yaml").write_text(f"path: {empty}\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
+    data = empty_dataset(tmp_path / "empty")
     source = copy_weights(weights, tmp_path / "weights")
-    assert run_export(source, "--int8", "--data", str(empty / "data.yaml")) == 2
-    assert capsys.readouterr().err.strip() == (f"export.py: error: --data {empty / 'data.yaml'}: no train images to "
-                                               "calibrate --int8 with")
+    assert run_export(source, "--int8", "--data", str(data)) == 2
+    assert capsys.readouterr().err.strip() == (f"export.py: error: --data {data}: no train images to calibrate --int8 "
+                                               "with")
     assert sorted(p.name for p in source.parent.iterdir()) == ["best.pt"]
 
 

@@ -22,7 +22,8 @@ from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from models.formats import litert
 from tests.conftest import save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
+from tests.export_helpers import (check_int8_tracks, copy_weights, eager_output, empty_dataset, letterboxed,
+                                  max_differences)
 
 HEIGHT, WIDTH = 64, 96  # non-square, as phones' camera frames
 
@@ -128,14 +129,7 @@ def test_int8_is_calibrated_on_the_data_keeps_float_outputs_and_tracks_the_model
     # decode stay float, so boxes and scores never share one int8 scale
     assert backend.int8 and backend.input["dtype"] == np.int8 and backend.output["dtype"] == np.float32
     images = letterboxed(data, "val", (HEIGHT, WIDTH))  # images it was not calibrated on
-    expected, got = eager_output(eager, images), backend(images)[0]
-    boxes, scores = max_differences(got, expected)
-    assert boxes <= litert.INT8_TOLERANCE * WIDTH and scores <= litert.INT8_TOLERANCE
-    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
-    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
-    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
-    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
-    assert got[..., 0].max() > WIDTH / 2 and got[..., 1].max() > HEIGHT / 2  # boxes back in pixels
+    check_int8_tracks(backend(images)[0], eager_output(eager, images), HEIGHT, WIDTH)  # boxes back in pixels
     assert path.stat().st_size < 0.4 * exports.stat().st_size  # 1 byte per weight of the body, not 4
 
 
@@ -216,13 +210,10 @@ def test_refused_flags_are_one_line(random_weights, capsys):
 
 def test_int8_without_calibration_images_is_refused_before_converting(random_weights, tmp_path, capsys):
     needs_litert()
-    empty = tmp_path / "empty"
-    for split in ("train", "val"):
-        (empty / "images" / split).mkdir(parents=True)
-    (empty / "data.yaml").write_text(f"path: {empty}\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
-    assert run_export(random_weights, "--include", "litert", "--int8", "--data", str(empty / "data.yaml")) == 2
-    assert capsys.readouterr().err.strip() == (f"export.py: error: --data {empty / 'data.yaml'}: no train images to "
-                                               "calibrate --int8 with")
+    data = empty_dataset(tmp_path / "empty")
+    assert run_export(random_weights, "--include", "litert", "--int8", "--data", str(data)) == 2
+    assert capsys.readouterr().err.strip() == (f"export.py: error: --data {data}: no train images to calibrate --int8 "
+                                               "with")
 
 
 def test_missing_packages_are_named_with_the_install_command(random_weights, tmp_path, capsys, monkeypatch):

@@ -18,10 +18,9 @@ import yaml
 
 import export
 from models import for_inference, load_model
-from models.formats.int8 import INT8_TOLERANCE
 from models.backends import BackendError, OpenVinoBackend, _backend_class, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, letterboxed, max_differences
+from tests.export_helpers import check_int8_export, copy_weights, eager_output, max_differences
 from utils.errors import ArgumentError
 
 NAMES = ["cat", "dog"]
@@ -188,20 +187,7 @@ def test_int8_quantises_the_body_calibrated_on_the_data_and_tracks_the_model(tra
     convolutions = [line for line in lines if line.startswith("Convolution ")]
     int8_lines = [line for line in convolutions if line.endswith(" 8=1")]
     assert len(int8_lines) == len(convolutions) - 3  # all but the Detect layer's three
-    backend = load_backend(folder)
-    assert backend.info.int8 and not backend.info.half and backend.parity_tolerance == INT8_TOLERANCE
-    images = letterboxed(data, "val", (height, width))  # images it was not calibrated on
-    model = for_inference(load_model(weights))
-    expected, got = eager_output(model, images), backend(images)[0]
-    boxes, scores = max_differences(got, expected)
-    assert boxes <= INT8_TOLERANCE * width and scores <= INT8_TOLERANCE
-    assert float((got - expected)[..., 4:].abs().mean()) <= 0.01
-    confidence = [(pred[..., 4] * pred[..., 5:].max(-1).values).flatten() for pred in (expected, got)]
-    assert float(confidence[1].max()) == pytest.approx(float(confidence[0].max()), rel=0.1)  # not collapsed to 0
-    assert float(torch.corrcoef(torch.stack(confidence))[0, 1]) >= 0.99
-    assert got[..., 0].max() > width / 2 and got[..., 1].max() > height / 2  # boxes in pixels
-    float_bytes = 4 * sum(p.numel() for p in model.parameters())
-    assert (folder / "model.ncnn.bin").stat().st_size < 0.5 * float_bytes  # 1 byte per body weight, not 4
+    check_int8_export(folder, weights, data, height, width, stored=folder / "model.ncnn.bin")
 
 
 def test_an_export_that_differs_is_an_error_and_not_written(weights, tmp_path, capsys, monkeypatch):

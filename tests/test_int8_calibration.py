@@ -8,7 +8,7 @@ import torch
 
 from models.formats import int8
 from tests.conftest import make_tiny_dataset
-from tests.export_helpers import letterboxed
+from tests.export_helpers import empty_dataset, letterboxed
 from utils.errors import ArgumentError
 
 HEIGHT, WIDTH = 64, 96  # non-square, as phones' camera frames
@@ -49,8 +49,5 @@ def test_the_parity_check_takes_calibration_images_for_int8_and_noise_otherwise(
 
 
 def test_a_dataset_without_train_images_is_one_line(tmp_path):
-    for split in ("train", "val"):
-        (tmp_path / "images" / split).mkdir(parents=True)
-    (tmp_path / "data.yaml").write_text(f"path: {tmp_path}\ntrain: images/train\nval: images/val\nnames: [a, b]\n")
     with pytest.raises(ArgumentError, match=r"^--data .*data\.yaml: no train images to calibrate --int8 with$"):
-        int8.calibration_files(str(tmp_path / "data.yaml"))
+        int8.calibration_files(str(empty_dataset(tmp_path)))
