@@ -105,6 +105,16 @@ def test_refused_flags_are_one_line(weights, capsys):
     for flags, start in expected.items():
         assert run_export(weights, *flags) == 2, flags
         assert capsys.readouterr().err.strip().startswith(f"export.py: error: {start}"), flags
+    from models.formats import executorch as executorch_format
+    from utils.errors import Unavailable
+
+    config = export.ExportConfig(half=True)  # reached on a GPU, past export.py's CPU --half check
+    with pytest.raises(Unavailable, match=r"^--include executorch --half: not supported \(XNNPACK's fp16 lowering "
+                                          r"of this model is no smaller and slower than fp32\); export fp32 or --int8$"):
+        executorch_format.check_options(config, torch.device("cpu"))
+    with pytest.raises(Unavailable, match=r"^--include executorch exports for XNNPACK on the CPU: use --device cpu "
+                                          r"\(not cuda\)$"):
+        executorch_format.check_options(config, torch.device("cuda"))
 
 
 @pytest.fixture(scope="module")
