@@ -70,11 +70,26 @@ def state(path):
     return torch.load(path, weights_only=True)
 
 
-def test_torchrun_two_processes_write_one_run(tiny):
+def equivalence_flags(tiny) -> list[str]:
+    """The flags of the runs compared across process counts: gentle hyperparameters, a checkpoint each epoch, and
+    fp32 (under bf16 autocast, --amp auto on CPUs with AMX or AVX512-BF16, the runs would differ by bf16 rounding,
+    not by what they learn)."""
+    return ["--hyp", str(tiny[3]), "--save-period", "1", "--amp", "off"]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tiny):
+    """(torchrun's result, run folder): 2 processes x 2 images with --sync-bn, fp32, gentle hyperparameters, 2
+    epochs saved each epoch; the run both tests below read (one torchrun job is seconds of start-up)."""
     root = tiny[0]
-    done = run(torchrun(*train_args(tiny, "two", "--sync-bn"), extra=["--master_port", str(free_port())]))
+    done = run(torchrun(*train_args(tiny, "equiv-ddp", "--sync-bn", *equivalence_flags(tiny), batch=4),
+                        extra=["--master_port", str(free_port())]))
     assert done.returncode == 0, done.stderr[-3000:]
-    save_dir = root / "runs" / "two"
+    return done, root / "runs" / "equiv-ddp"
+
+
+def test_torchrun_two_processes_write_one_run(two_process_run):
+    done, save_dir = two_process_run
     lines = (save_dir / "results.csv").read_text().splitlines()
     assert len(lines) == 3  # header + one row per epoch, written once
     assert (save_dir / "weights" / "best.pt").exists()
@@ -87,16 +102,11 @@ def test_torchrun_two_processes_write_one_run(tiny):
     assert all("DDP: host" in line or "waiting for" in line for line in rank1), rank1  # no copies of rank 0's lines
 
 
-def test_two_processes_learn_what_one_process_learns(tiny):
+def test_two_processes_learn_what_one_process_learns(tiny, two_process_run):
     """2 processes x 2 images with --sync-bn and 1 process x 4 images, on the same samples, take the same
     optimizer steps (6 here, the last two accumulating 2 batches)."""
-    root, _, _, gentle = tiny
-    # fp32: under bf16 autocast (--amp auto on CPUs with AMX or AVX512-BF16) both sides differ by bf16 rounding, not by what they learn
-    common = ["--hyp", str(gentle), "--save-period", "1", "--amp", "off"]
-    done = run(torchrun(*train_args(tiny, "equiv-ddp", "--sync-bn", *common, batch=4),
-                        extra=["--master_port", str(free_port())]))
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = run([sys.executable, *train_args(tiny, "equiv-single", *common, batch=4)])
+    root = tiny[0]
+    done = run([sys.executable, *train_args(tiny, "equiv-single", *equivalence_flags(tiny), batch=4)])
     assert done.returncode == 0, done.stderr[-3000:]
     ddp, single = (state(root / "runs" / name / "weights" / "epoch1.pt") for name in ("equiv-ddp", "equiv-single"))
     assert ddp["training"]["run"]["counters"] == single["training"]["run"]["counters"]
