@@ -134,3 +134,25 @@ def test_the_threshold_keeps_an_even_range_and_clips_rare_outliers():
 def test_weight_scales_are_per_output_channel_and_an_empty_channel_gets_one():
     weight = np.array([[0.5, -1.0], [0.0, 0.0], [2.0, 0.25]], dtype=np.float32)
     assert ncnn_int8.weight_scales(weight).tolist() == pytest.approx([127.0, 1.0, 63.5])
+
+
+def test_a_depthwise_convolution_gets_one_weight_scale_per_group(tmp_path):
+    """ConvolutionDepthWise (Ghost models): ncnn reads ``group`` weight scales, one per group of weights."""
+    rng = np.random.default_rng(1)
+    depthwise, head = rng.normal(size=(4, 9)), rng.normal(size=(3, 4))
+    (tmp_path / "model.ncnn.param").write_text("7767517\n4 4\nInput in0 0 1 in0\n"
+                                               "ConvolutionDepthWise convdw_0 1 1 in0 1 0=4 1=3 5=0 6=36 7=4\n"
+                                               "Convolution conv_det 1 1 1 2 0=3 1=1 5=0 6=12\n"
+                                               "Reshape reshape_0 1 1 2 3 0=3 1=-1\n")
+    (tmp_path / "model.ncnn.bin").write_bytes(struct.pack("<I", 0) + floats(depthwise) + struct.pack("<I", 0)
+                                              + floats(head))
+    images = lambda: iter([np.ones((4, 4, 4), np.float32)])  # noqa: E731
+    assert ncnn_int8.quantise_folder(tmp_path, "model.ncnn.param", "model.ncnn.bin",
+                                     fake_runner({"in0": np.linspace(-2, 2, 100)}), images) == 1
+    assert (tmp_path / "model.ncnn.param").read_text().splitlines()[3].endswith(" 7=4 8=1")
+    data = (tmp_path / "model.ncnn.bin").read_bytes()
+    assert struct.unpack("<I", data[:4])[0] == 0x000D4B38
+    scales = np.frombuffer(data[4 + 36:4 + 36 + 16], "<f4")  # 36 int8 weights (a multiple of 4: no padding)
+    assert scales == pytest.approx(127 / np.abs(depthwise).max(axis=1), rel=1e-6)
+    assert struct.unpack("<f", data[56:60])[0] == pytest.approx(127 / 2, rel=0.01)  # the input scale
+    assert data[60:] == struct.pack("<I", 0) + floats(head)  # the Detect convolution, unchanged

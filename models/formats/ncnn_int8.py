@@ -1,10 +1,11 @@
 """NCNN ``--int8``: ncnn's int8 model format, written here because ncnn's own tools for it (ncnn2table, ncnn2int8)
 are C++ programs that neither the ``ncnn`` nor the ``pnnx`` wheel ships.
 
-Input: the fp32 folder pnnx wrote. Every Convolution before the Detect layer gets int8 weights (one scale per
-output channel, 127 / max |w|) and an int8 input scale from calibration; the Detect convolutions (those whose
-output the decode reshapes) and everything after them stay float, so boxes and scores never share an int8 scale
-(the reason YOLOv5 users' int8 files lose their scores). ncnn quantises each such convolution's input, convolves
+Input: the fp32 folder pnnx wrote. Every Convolution (and ConvolutionDepthWise) before the Detect layer gets int8
+weights (one scale per output channel, per group for a grouped convolution, 127 / max |w|) and an int8 input
+scale from calibration; the Detect convolutions (those whose output the decode reshapes) and everything after
+them stay float, so boxes and scores never share an int8 scale (the reason YOLOv5 users' int8 files lose their
+scores). ncnn quantises each such convolution's input, convolves
 in int8 and dequantises its output to float (``int8_scale_term`` 1: no requantisation between layers).
 
 Calibration: the fp32 model runs on the calibration images (models/formats/int8.py: up to 100 train images of
@@ -14,9 +15,10 @@ scale 127 / threshold. Not ncnn2table's default (KL divergence, TensorRT's entro
 clipped the [0, 1] image input at 0.3 and the model's outputs moved by hundreds of pixels.
 
 The files: ``.param`` lines gain ``8=1``; in the ``.bin`` such a layer's weights are the int8 tag (0x000D4B38)
-and one byte per weight padded to 4 bytes, then its float bias as before, then ``num_output`` weight scales and
-one input scale (float32). The ``.bin`` is walked layer by layer from the ``.param``: a layer type whose weight
-layout is not known here stops the export in one line rather than writing a file ncnn would misread.
+and one byte per weight padded to 4 bytes, then its float bias as before, then ``num_output`` weight scales
+(ConvolutionDepthWise: ``group``) and one input scale (float32). The ``.bin`` is walked layer by layer from the
+``.param``: a layer type whose weight layout is not known here stops the export in one line rather than writing a
+file ncnn would misread.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ WEIGHTLESS = frozenset({"Input", "Split", "Concat", "Swish", "Sigmoid", "ReLU", 
                         "ExpandDims", "Squeeze", "Tile", "MatMul"})
 
 
+CONVOLUTIONS = ("Convolution", "ConvolutionDepthWise")  # the layers quantised (ConvolutionDepthWise: Ghost models)
+
+
 class NcnnInt8Error(UserError):
     """The model cannot be written as an int8 NCNN model; one line with the reason."""
 
@@ -55,7 +60,8 @@ class Layer:
 
 @dataclass
 class Chunk:
-    """A layer's stretch of the .bin: [start, end), and for a float Convolution its weights and bias."""
+    """A layer's stretch of the .bin: [start, end), and for a float convolution its weights (one row per weight scale:
+    per output channel, per group for ConvolutionDepthWise) and bias."""
     layer: Layer
     start: int
     end: int
@@ -95,7 +101,7 @@ def walk_weights(layers: list[Layer], data: bytes) -> list[Chunk]:
 
     for layer in layers:
         start = offset
-        if layer.type == "Convolution":
+        if layer.type in CONVOLUTIONS:
             if integer(layer, "8") or integer(layer, "19"):  # already int8, or weights as an input blob
                 raise NcnnInt8Error(f"NCNN --int8: layer {layer.name} is not a plain float convolution")
             tag = struct.unpack("<I", take(4))[0]
@@ -104,9 +110,12 @@ def walk_weights(layers: list[Layer], data: bytes) -> list[Chunk]:
             weight = np.frombuffer(take(4 * integer(layer, "6")), dtype="<f4")
             outputs = integer(layer, "0")
             bias = np.frombuffer(take(4 * outputs), dtype="<f4") if integer(layer, "5") else None
-            if outputs < 1 or weight.size % outputs:
-                raise NcnnInt8Error(f"NCNN --int8: layer {layer.name} has {weight.size} weights for {outputs} outputs")
-            chunks.append(Chunk(layer, start, offset, weight.reshape(outputs, -1), bias))
+            # one weight scale per output channel; per group for a grouped (depthwise) convolution, as ncnn reads it
+            rows = outputs if layer.type == "Convolution" else integer(layer, "7", 1)
+            if rows < 1 or outputs % rows or weight.size % rows:
+                raise NcnnInt8Error(f"NCNN --int8: layer {layer.name} has {weight.size} weights for {outputs} outputs "
+                                    f"in {rows} scale groups")
+            chunks.append(Chunk(layer, start, offset, weight.reshape(rows, -1), bias))
         elif layer.type == "MemoryData":  # constants (the decode grids), raw float32
             sizes = [integer(layer, key) for key in ("0", "1", "11", "2")]
             take(4 * int(np.prod([size for size in sizes if size > 0] or [0])))
@@ -135,7 +144,7 @@ def quantised_layers(layers: list[Layer], chunks: list[Chunk]) -> list[Chunk]:
 
 
 def weight_scales(weight: np.ndarray) -> np.ndarray:
-    """One scale per output channel: 127 / max |w| (1 for an all-zero channel)."""
+    """One scale per row (output channel, or group): 127 / max |w| (1 for an all-zero row)."""
     largest = np.abs(weight).max(axis=1)
     return np.where(largest > 0, 127 / np.maximum(largest, 1e-30), 1.0).astype(np.float32)
 
