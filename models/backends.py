@@ -124,11 +124,14 @@ class Backend(nn.Module):
             chunks.append(self._checked_run(padded)[:chunk.shape[0]])
         return torch.cat(chunks), []
 
+    # what a fixed-size file's refusal of another size suggests (a format that refuses --dynamic says --imgsz)
+    other_sizes = "export with --dynamic for other sizes"
+
     def _checked_run(self, images: torch.Tensor) -> torch.Tensor:
         if not self.info.dynamic and tuple(images.shape[2:]) != self.info.imgsz:
             height, width = self.info.imgsz
             raise BackendError(f"{self.path.name} was exported for {height}x{width} inputs, got "
-                               f"{images.shape[2]}x{images.shape[3]}; export with --dynamic for other sizes")
+                               f"{images.shape[2]}x{images.shape[3]}; {self.other_sizes}")
         return self._run(images)
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:

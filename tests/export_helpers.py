@@ -77,3 +77,33 @@ def check_int8_export(path: Path, weights: Path, data: Path, height: int, width:
     model = for_inference(load_model(weights))
     check_int8_tracks(backend(images)[0], eager_output(model, images), height, width)
     assert stored.stat().st_size < 0.5 * 4 * sum(p.numel() for p in model.parameters())
+
+
+def label_rows(save_dir: Path) -> dict:
+    """{file name: sorted rows of class, cx, cy, w, h, conf} from a --save-txt --save-conf run."""
+    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
+            for path in sorted((save_dir / "labels").glob("*.txt"))}
+
+
+def detect_labels(weights: Path, source: Path, imgsz: tuple, project: Path, name: str) -> dict:
+    """label_rows of detect.py on ``source`` with ``weights`` (fp32 on the CPU; a low threshold and a few boxes
+    per image, as the tiny models' scores are small)."""
+    import detect
+
+    assert detect.main(["--weights", str(weights), "--source", str(source), "--imgsz", *map(str, imgsz), "--device",
+                        "cpu", "--amp", "off", "--conf-thres", "0.001", "--max-det", "20", "--save-txt", "--save-conf",
+                        "--nosave", "--project", str(project), "--name", name]) == 0
+    return label_rows(project / name)
+
+
+def check_same_labels(expected: dict, got: dict, box_tolerance: float) -> None:
+    """Two detect.py runs found the same boxes: the same files and classes, the boxes (normalised) within
+    ``box_tolerance``, the confidences within 1e-3."""
+    import numpy as np
+
+    assert expected and got.keys() == expected.keys()
+    for name, rows in expected.items():
+        rows, other = np.array(rows), np.array(got[name])
+        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
+        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= box_tolerance
+        assert np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3

@@ -18,6 +18,7 @@ from models import for_inference, load_model
 from models.backends import (METADATA_KEYS, TORCHSCRIPT_METADATA, BackendError, OnnxBackend, PyTorchBackend,
                              TorchScriptBackend, load_backend)
 from tests.conftest import save_random_checkpoint
+from tests.export_helpers import copy_weights, eager_output
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -53,16 +54,6 @@ def eager(weights):
 
 def run_export(weights: Path, *flags: str) -> int:
     return export.main(["--weights", str(weights), "--imgsz", str(IMGSZ), *flags])
-
-
-def copy_weights(weights: Path, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(weights, folder / "best.pt"))
-
-
-def eager_output(model, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(images.contiguous(memory_format=torch.channels_last))[0]
 
 
 def assert_close(exported: torch.Tensor, reference: torch.Tensor, size: int) -> None:

@@ -11,7 +11,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,7 +18,8 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import check_int8_export, copy_weights, eager_output, empty_dataset, max_differences
+from tests.export_helpers import (check_int8_export, check_same_labels, copy_weights, detect_labels, eager_output,
+                                  empty_dataset, max_differences)
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -208,13 +208,7 @@ def test_metadata_with_a_bad_field_or_size_is_refused_naming_it(static_file, tmp
 
 # --- val.py, detect.py and the hub on the exported file -----------------------------------------------------
 
-def label_rows(save_dir: Path) -> dict:
-    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
-            for path in sorted((save_dir / "labels").glob("*.txt"))}
-
-
 def test_val_detect_and_hub_on_the_pte_equal_the_same_shape_torchscript(static_file, tmp_path):
-    import detect
     import val
     from utils.hub import load_hub_model
 
@@ -227,20 +221,9 @@ def test_val_detect_and_hub_on_the_pte_equal_the_same_shape_torchscript(static_f
     assert reference.seen == 5 and reference.map50 > 0
     for metric in ("mp", "mr", "map50", "map"):
         assert getattr(exported, metric) == pytest.approx(getattr(reference, metric), abs=0.001), metric
-    runs = []
-    for name, path in (("torchscript", source), ("pte", static_file)):
-        assert detect.main(["--weights", str(path), "--source", str(tmp_path / "data" / "images" / "val"), "--imgsz",
-                            str(IMGSZ), "--device", "cpu", "--amp", "off", "--conf-thres", "0.001", "--max-det", "20",
-                            "--save-txt", "--save-conf", "--nosave", "--project", str(tmp_path / "detect"),
-                            "--name", name]) == 0
-        runs.append(label_rows(tmp_path / "detect" / name))
-    expected, got = runs
-    assert expected and got.keys() == expected.keys()
-    for name, rows in expected.items():
-        rows, other = np.array(rows), np.array(got[name])
-        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
-        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= 1.0 / 96 + 1e-6  # whole pixels of 96x112 images
-        assert np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3
+    expected, got = (detect_labels(path, tmp_path / "data" / "images" / "val", (IMGSZ,), tmp_path / "detect", name)
+                     for name, path in (("torchscript", source), ("pte", static_file)))
+    check_same_labels(expected, got, 1.0 / 96 + 1e-6)  # whole pixels of 96x112 images
     image = sorted((tmp_path / "data" / "images" / "val").iterdir())[0]
     detections = []
     for path in (source, static_file):

@@ -22,8 +22,8 @@ from models import for_inference, load_model
 from models.backends import BackendError, MissingPackage, load_backend
 from models.formats import litert
 from tests.conftest import save_random_checkpoint
-from tests.export_helpers import (check_int8_tracks, copy_weights, eager_output, empty_dataset, letterboxed,
-                                  max_differences)
+from tests.export_helpers import (check_int8_tracks, check_same_labels, copy_weights, detect_labels, eager_output,
+                                  empty_dataset, letterboxed, max_differences)
 
 HEIGHT, WIDTH = 64, 96  # non-square, as phones' camera frames
 
@@ -235,32 +235,16 @@ def test_missing_packages_are_named_with_the_install_command(random_weights, tmp
 
 # --- val.py, detect.py and the hub on the exported file -----------------------------------------------------
 
-def label_rows(save_dir: Path) -> dict:
-    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
-            for path in sorted((save_dir / "labels").glob("*.txt"))}
-
-
 def test_detect_and_hub_on_the_tflite_equal_the_same_shape_torchscript(exports, trained, tmp_path):
     """detect.py and the hub letterbox to the file's own 64x96 (val.py needs a square fixed-size export, or refuses
     in one line, as for ONNX)."""
-    import detect
     import val
     from utils.hub import load_hub_model
 
     images = trained[1].parent / "images" / "val"
-    runs = []
-    for name, path in (("torchscript", exports.with_suffix(".torchscript")), ("tflite", exports)):
-        assert detect.main(["--weights", str(path), "--source", str(images), "--imgsz", str(HEIGHT), str(WIDTH),
-                            "--device", "cpu", "--amp", "off", "--conf-thres", "0.001", "--max-det", "20", "--save-txt",
-                            "--save-conf", "--nosave", "--project", str(tmp_path / "detect"), "--name", name]) == 0
-        runs.append(label_rows(tmp_path / "detect" / name))
-    expected, got = runs
-    assert expected and got.keys() == expected.keys()
-    for name, rows in expected.items():
-        rows, other = np.array(rows), np.array(got[name])
-        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
-        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= 1.0 / 96 + 1e-6  # whole pixels of 96x112 images
-        assert np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3
+    expected, got = (detect_labels(path, images, (HEIGHT, WIDTH), tmp_path / "detect", name)
+                     for name, path in (("torchscript", exports.with_suffix(".torchscript")), ("tflite", exports)))
+    check_same_labels(expected, got, 1.0 / 96 + 1e-6)  # whole pixels of 96x112 images
     hub = load_hub_model(exports)
     hub.conf, hub.amp = 0.001, "off"
     detections = hub(str(sorted(images.iterdir())[0]), size=(HEIGHT, WIDTH)).xyxy[0]

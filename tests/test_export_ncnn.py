@@ -20,7 +20,8 @@ import export
 from models import for_inference, load_model
 from models.backends import BackendError, OpenVinoBackend, _backend_class, load_backend
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import check_int8_export, copy_weights, eager_output, max_differences
+from tests.export_helpers import (check_int8_export, check_same_labels, copy_weights, detect_labels, eager_output,
+                                  label_rows, max_differences)
 from utils.errors import ArgumentError
 
 NAMES = ["cat", "dog"]
@@ -302,12 +303,6 @@ def test_missing_packages_are_named_with_the_install_command(weights, tmp_path, 
 
 # --- val.py, detect.py and the hub on the folder ---------------------------------------------------------
 
-def label_rows(save_dir: Path) -> dict:
-    """{file name: sorted rows of class, cx, cy, w, h, conf} from a --save-txt --save-conf run."""
-    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
-            for path in sorted((save_dir / "labels").glob("*.txt"))}
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("ncnn-val")
@@ -339,19 +334,9 @@ def test_detect_and_the_hub_on_the_ncnn_folder_give_the_static_torchscripts_boxe
     folder, reference_file, _ = square_export
     root, data = dataset
     images = root / "data" / "images" / "val"
-    runs = []
-    for name, path in (("torchscript", reference_file), ("ncnn", folder)):
-        code = detect.main(["--weights", str(path), "--source", str(images), "--imgsz", str(IMGSZ), "--device", "cpu",
-                            "--amp", "off", "--conf-thres", "0.001", "--max-det", "20", "--save-txt", "--save-conf",
-                            "--nosave", "--project", str(root / "detect"), "--name", name])
-        assert code == 0
-        runs.append(label_rows(root / "detect" / name))
-    expected, got = runs
-    assert expected and got.keys() == expected.keys()
-    for name, rows in expected.items():
-        rows, other = np.array(rows), np.array(got[name])
-        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
-        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= 1e-3 and np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3
+    expected, got = (detect_labels(path, images, (IMGSZ,), root / "detect", name)
+                     for name, path in (("torchscript", reference_file), ("ncnn", folder)))
+    check_same_labels(expected, got, 1e-3)
     files = sorted(images.iterdir())[:2]
     model = hubconf.custom(path=str(folder), device="cpu")  # the hub (and the API) load the folder as detect.py does
     model.conf, model.amp, model.max_det = 0.001, "off", 20

@@ -24,7 +24,8 @@ from models import for_inference, load_model
 from models.backends import (BackendError, OpenVinoBackend, _libc_sigaltstack, _SignalStack, import_openvino,
                              kept_signal_stack, load_backend)
 from tests.conftest import make_tiny_dataset, save_random_checkpoint
-from tests.export_helpers import copy_weights, eager_output, max_differences
+from tests.export_helpers import (check_same_labels, copy_weights, detect_labels, eager_output,
+                                  label_rows, max_differences)
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -325,12 +326,6 @@ def test_openvino_then_loader_workers_and_child_processes_and_the_reverse_end_cl
 
 # --- val.py and detect.py on the exported folder ----------------------------------------------------------
 
-def label_rows(save_dir: Path) -> dict:
-    """{file name: sorted rows of class, cx, cy, w, h, conf} from a --save-txt --save-conf run."""
-    return {path.name: sorted(tuple(float(v) for v in line.split()) for line in path.read_text().splitlines())
-            for path in sorted((save_dir / "labels").glob("*.txt"))}
-
-
 @pytest.fixture(scope="module")
 def dataset_and_exports(weights, tmp_path_factory):
     """A tiny dataset, and the weights beside their --dynamic OpenVINO export (fp32)."""
@@ -362,22 +357,9 @@ def test_val_on_the_openvino_folder_equals_the_checkpoint(dataset_and_exports):
 
 
 def test_detect_on_the_openvino_xml_writes_the_checkpoints_boxes(dataset_and_exports):
-    import detect
-
     root, data, source = dataset_and_exports
     images = root / "data" / "images" / "val"
-    runs = []
-    for name, path in (("pt", source), ("openvino", source.parent / "best_openvino_model" / "best.xml")):
-        # the random tiny model's scores are small: a low threshold, and a few boxes per image
-        code = detect.main(["--weights", str(path), "--source", str(images), "--imgsz", str(IMGSZ), "--device", "cpu",
-                            "--amp", "off", "--conf-thres", "0.001", "--max-det", "20", "--save-txt", "--save-conf",
-                            "--nosave", "--project", str(root / "detect"), "--name", name])
-        assert code == 0
-        runs.append(label_rows(root / "detect" / name))
-    expected, got = runs
-    assert expected and got.keys() == expected.keys()
-    for name, rows in expected.items():
-        rows, other = np.array(rows), np.array(got[name])
-        assert other.shape == rows.shape and np.array_equal(other[:, 0], rows[:, 0]), name
-        assert np.abs(other[:, 1:5] - rows[:, 1:5]).max() <= 1.0 / 96 + 1e-6  # whole pixels of 96x112 images: one
-        assert np.abs(other[:, 5] - rows[:, 5]).max() <= 1e-3
+    xml = source.parent / "best_openvino_model" / "best.xml"
+    expected, got = (detect_labels(path, images, (IMGSZ,), root / "detect", name)
+                     for name, path in (("pt", source), ("openvino", xml)))
+    check_same_labels(expected, got, 1.0 / 96 + 1e-6)  # whole pixels of 96x112 images: one

@@ -184,6 +184,7 @@ class ExecuTorchBackend(Backend):
     predictions out (an int8 program quantises inside)."""
 
     kind = "executorch"
+    other_sizes = "export it again with --imgsz for other sizes"  # --dynamic is refused
 
     def __init__(self, path, device="cpu"):
         path = Path(path)
@@ -213,13 +214,6 @@ class ExecuTorchBackend(Backend):
         except Exception as error:
             raise BackendError(f"{path}: ExecuTorch cannot load its forward method ({first_line(error)})") from None
         self.program = program  # the method runs inside the program's memory
-
-    def _checked_run(self, images: torch.Tensor) -> torch.Tensor:
-        if tuple(images.shape[2:]) != self.info.imgsz:  # the base class's hint would be --dynamic, refused here
-            height, width = self.info.imgsz
-            raise BackendError(f"{self.path.name} was exported for {height}x{width} inputs, got {images.shape[2]}x"
-                               f"{images.shape[3]}; export it again with --imgsz for other sizes")
-        return self._run(images)
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:
         array = images.detach().to("cpu", torch.float32).contiguous()

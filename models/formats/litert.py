@@ -310,6 +310,7 @@ class LiteRtBackend(Backend):
     """A ``.tflite`` file run by ai-edge-litert's Interpreter on the CPU, on as many threads as torch uses."""
 
     kind = "litert"
+    other_sizes = "export it again with --imgsz for other sizes"  # --dynamic is refused
 
     def __init__(self, path, device="cpu"):
         path = Path(path)
@@ -334,13 +335,6 @@ class LiteRtBackend(Backend):
         self.int8 = np.issubdtype(self.input["dtype"], np.integer)
         self.parity_tolerance = INT8_TOLERANCE if self.int8 else None  # read by export.py's parity check
         self.box_scale = torch.tensor([width, height, width, height], dtype=torch.float32)
-
-    def _checked_run(self, images: torch.Tensor) -> torch.Tensor:
-        if tuple(images.shape[2:]) != self.info.imgsz:  # the base class's hint would be --dynamic, refused here
-            height, width = self.info.imgsz
-            raise BackendError(f"{self.path.name} was exported for {height}x{width} inputs, got {images.shape[2]}x"
-                               f"{images.shape[3]}; export it again with --imgsz for other sizes")
-        return self._run(images)
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:
         array = images.detach().to("cpu", torch.float32).permute(0, 2, 3, 1).contiguous().numpy()

@@ -199,8 +199,8 @@ def quantise_folder(folder: Path, param_name: str, weights_name: str, run_blobs,
     blob's values for one image; ``images`` gives (3, H, W) float arrays, twice (a callable). Returns the number of
     convolutions quantised."""
     param, weights = folder / param_name, folder / weights_name
-    lines = param.read_text(encoding="ascii").splitlines()
-    layers = parse_param([line for line in lines if line.strip()])
+    lines = [line for line in param.read_text(encoding="ascii").splitlines() if line.strip()]
+    layers = parse_param(lines)
     data = weights.read_bytes()
     chunks = walk_weights(layers, data)
     targets = quantised_layers(layers, chunks)
@@ -215,7 +215,6 @@ def quantise_folder(folder: Path, param_name: str, weights_name: str, run_blobs,
     LOGGER.info("NCNN --int8: calibrated %d convolutions on %d images", len(targets), count)
     rewritten = {chunk.start: chunk for chunk in targets}
     out, offset = bytearray(), 0
-    body = [line for line in lines if line.strip()]
     for chunk in sorted(chunks, key=lambda chunk: chunk.start):
         out += data[offset:chunk.start]
         offset = chunk.end
@@ -229,8 +228,8 @@ def quantise_folder(folder: Path, param_name: str, weights_name: str, run_blobs,
             out += chunk.bias.astype("<f4").tobytes()
         out += scales.astype("<f4").tobytes()
         out += struct.pack("<f", calibration.scale(chunk.layer.inputs[0]))
-        body[chunk.layer.line] += " 8=1"
+        lines[chunk.layer.line] += " 8=1"
     out += data[offset:]
-    param.write_text("\n".join(body) + "\n", encoding="ascii")
+    param.write_text("\n".join(lines) + "\n", encoding="ascii")
     weights.write_bytes(bytes(out))
     return len(targets)
