@@ -450,9 +450,9 @@ def place_folder(temp: Path, path: Path) -> None:
     file replaced in turn (other files there are left alone); the folder gets a new folder's permissions."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise ExportError(f"{path}: exists and is not a folder; move it away to export here")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temp, 0o777 & ~umask)
+    from utils.files import new_mode
+
+    os.chmod(temp, new_mode(folder=True))
     if not path.exists():
         try:
             os.rename(temp, path)

@@ -70,8 +70,31 @@ def test_stale_temp_files_of_a_killed_writer_are_removed(tmp_path):
     stale.write_bytes(b"killed mid-save")
     other = files.temp_path(tmp_path / "best.pt")
     other.write_bytes(b"another file's")
-    remove_stale_temps(path)
-    assert not stale.exists() and other.exists()
+    young = files.temp_path(path)
+    young.write_bytes(b"just created: its writer may not hold its lock yet")
+    handle, live = files.create_temp(path)  # a live writer (its lock held by this open handle)
+    for old in (stale, other, live):
+        os.utime(old, (time.time() - 60, time.time() - 60))
+    try:
+        assert remove_stale_temps(path) == [stale]
+        assert not stale.exists() and other.exists() and young.exists() and live.exists()
+    finally:
+        os.close(handle)
+    assert remove_stale_temps(path) == [live]  # its writer is gone (the handle closed): the lock is free
+
+
+def test_create_temp_gives_the_umask_mode_or_a_private_one(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        assert files.current_umask() == 0o027 and files.new_mode() == 0o640 and files.new_mode(folder=True) == 0o750
+        handle, temp = files.create_temp(tmp_path / "a.pt")
+        os.close(handle)
+        handle, private = files.create_temp(tmp_path / "b.pt", private=True)
+        os.close(handle)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(temp.stat().st_mode) == 0o640 and stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert temp.name.startswith(".a.pt.") and temp.name.endswith(".tmp.pt")
 
 
 @pytest.mark.parametrize("links", [True, False])

@@ -6,6 +6,11 @@
   failure removes the temp file and leaves the target as it was. New files get 0o666 minus the umask.
 - ``replace_with_link(source, target)``: ``target`` holds ``source``'s bytes atomically (a hard link, else a copy
   through ``AtomicFile``); ``remove_stale_temps(path)`` removes what a killed writer of ``path`` left.
+- ``create_temp``: THE temp file beside a target (``.NAME.<random>.tmp.SUFFIX``): created with O_EXCL | O_NOFOLLOW
+  and held under ``flock`` while its writer lives, so ``remove_stale_temps`` can tell a dead writer's leftover
+  from a live download; mode 0o666 minus the umask (files in folders the user names), or 0o600 with ``private``.
+- ``current_umask`` / ``new_mode``: the umask read without setting it (no process-wide ``os.umask(0)`` window in
+  which another thread's new file would get mode 0o666).
 - ``append_text``: O_APPEND, never through a link.
 - ``read_regular``: THE safe read of a file of ours that others may have touched: never through a link, never
   blocking on a FIFO, only a regular file, at most ``limit`` bytes (``FileTooLarge`` past it).
@@ -115,12 +120,90 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(8)}{TEMP_MARK}{path.suffix}")
 
 
-def remove_stale_temps(path) -> None:
-    """Remove temp files that killed writers of ``path`` left beside it. Only for a file that one process writes
-    (a run's checkpoints), never where other processes may be writing the same name."""
+def current_umask() -> int:
+    """The process's umask without changing it: Linux reports it in /proc/self/status. Elsewhere it can only be
+    read by setting it (``os.umask``), so there it is set back to the value it had at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def new_mode(folder: bool = False) -> int:
+    """The mode a new file (or folder) gets here: 0o666 (0o777) minus the umask."""
+    return (0o777 if folder else 0o666) & ~current_umask()
+
+
+def create_temp(path, private: bool = False) -> tuple[int, Path]:
+    """(handle, temp path): a new temp file beside ``path`` (``temp_path``), opened for writing with O_EXCL and
+    O_NOFOLLOW and locked (``flock``) by the handle until it is closed, so that ``remove_stale_temps`` leaves a
+    live writer's file alone. Mode 0o666 minus the umask, or 0o600 with ``private`` (a private cache's file)."""
     path = Path(path)
+    for _ in range(10):
+        temp = temp_path(path)
+        try:
+            handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC,
+                             0o600 if private else 0o666)
+        except FileExistsError:
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a file system without locks: the age rule of remove_stale_temps still protects it
+            pass
+        return handle, temp
+    raise FileExistsError(errno.EEXIST, "no free temp name", str(path))
+
+
+def write_temp(path, data: bytes) -> Path:
+    """A ``create_temp`` file beside ``path`` holding ``data``, for a caller that checks it before it takes the
+    name (export.py's formats); removed again when the write fails."""
+    handle, temp = create_temp(path)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+STALE_AGE = 10.0  # seconds: a temp file younger than this is never removed (its writer may not hold its lock yet)
+
+
+def remove_stale_temps(path) -> list[Path]:
+    """Remove the temp files (``create_temp``/``AtomicFile``) that killed writers of ``path`` left beside it and
+    return them: only a file whose lock this process can take (its writer is gone: the kernel drops a flock
+    with the last handle, however the process ended) and that is older than STALE_AGE seconds. A live writer's
+    file, even another process's, is left alone."""
+    import time
+
+    path = Path(path)
+    removed = []
     for stale in path.parent.glob(f".{_glob_escape(path.name)}.*{TEMP_MARK}{_glob_escape(path.suffix)}"):
-        stale.unlink(missing_ok=True)
+        try:
+            handle = os.open(stale, os.O_RDONLY | NOFOLLOW | CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(handle)
+            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime < STALE_AGE:
+                continue
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
+                    continue  # a live writer holds it
+            if _same_file(handle, stale):
+                stale.unlink(missing_ok=True)
+                removed.append(stale)
+        finally:
+            os.close(handle)
+    return removed
 
 
 def _glob_escape(text: str) -> str:
@@ -138,7 +221,7 @@ class AtomicFile:
         self.file = None
 
     def __enter__(self) -> "AtomicFile":
-        handle = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o666)
+        handle, self.temp = create_temp(self.path)
         self.file = os.fdopen(handle, "wb")
         return self
 

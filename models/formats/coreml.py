@@ -235,9 +235,9 @@ def place(temp: Path, path: Path) -> None:
     """Give the checked package ``temp`` the name ``path``: a rename, or, over an earlier package, the old one moved
     aside first and removed after (a package is a folder tree, so it is replaced whole)."""
     check_target(path)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temp, 0o777 & ~umask)
+    from utils.files import new_mode
+
+    os.chmod(temp, new_mode(folder=True))
     old = None
     if path.exists():
         old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))

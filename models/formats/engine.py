@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
@@ -113,10 +112,9 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
     trt = import_tensorrt("--include engine")
     engine = build_engine(trt, onnx_bytes(graph, example), half)
     metadata = json.dumps(info.to_dict()).encode()
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    with open(handle, "wb") as out:
-        out.write(HEADER.pack(len(metadata)) + metadata + engine)
-    return Path(temp)
+    from utils.files import write_temp
+
+    return write_temp(path, HEADER.pack(len(metadata)) + metadata + engine)
 
 
 place = place_file  # the checked temp file takes its name

@@ -112,16 +112,9 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
     else:  # XNNPACK's lowering refuses channels_last parameters (see the module docstring)
         module = copy.deepcopy(graph).float().to(memory_format=torch.contiguous_format).eval()
     content = program_bytes(module, example, info)
-    from utils.files import temp_path
+    from utils.files import write_temp
 
-    temp = temp_path(path)
-    try:
-        with open(temp, "xb") as out:  # a new file, with the permissions of one (umask)
-            out.write(content)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return temp
+    return write_temp(path, content)
 
 
 class Int8Graph(nn.Module):

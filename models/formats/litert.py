@@ -118,7 +118,7 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
            int8: bool = False, data: str | None = None) -> Path:
     """Convert ``graph`` (export.PredictionOnly) at ``example``'s shape and write the .tflite with its metadata to
     a hidden temp file beside ``path``; export.py checks it against the PyTorch model, then ``place`` names it."""
-    from utils.files import temp_path
+    from utils.files import write_temp
 
     model = graph.model
     height, width = example.shape[2:]
@@ -130,10 +130,8 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
         flatbuffer = convert(ExportGraph(body, head), nhwc, int8)
     if half:
         flatbuffer = fp16_weights(flatbuffer)
-    temp = temp_path(path)
+    temp = write_temp(path, flatbuffer)
     try:
-        with open(temp, "xb") as out:  # a new file, with the permissions of one (umask)
-            out.write(flatbuffer)
         append_metadata(temp, info)
     except BaseException:
         temp.unlink(missing_ok=True)
