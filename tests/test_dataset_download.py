@@ -3,16 +3,20 @@ unpacked beside the repository as YOLOv5 places it; an interrupted download rest
 done; archives that escape their folder, hold links or are bombs are refused before anything is written."""
 from __future__ import annotations
 
+import fcntl
 import http.server
+import os
 import shutil
 import threading
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import make_tiny_dataset
 from utils import downloads
+from utils.data import dataset_download
 from utils.data.dataset_download import DatasetDownloadError, ensure_downloaded
 from utils.data.dataset_yaml import load_data_config
 
@@ -208,3 +212,141 @@ def test_voc_by_name_is_fetched_and_imported_with_yolov5s_split(tmp_path, mirror
     labels = (root / "labels" / "train" / "000002d.txt").read_text().splitlines()
     assert len(labels) == 1 and labels[0].startswith("11 ")  # the difficult cat left out; dog is class 11
     assert (root / "labels" / "train" / "000001.txt").read_text().splitlines()[0].startswith("7 ")  # cat: 7
+
+
+class Ranges(http.server.BaseHTTPRequestHandler):
+    """One archive with a strong ETag; Range requests honoured when If-Range names the current ETag; the first
+    ``cut`` answers stop after half of what they announce (a dropped connection)."""
+    body, etag, cut, requests = b"", '"v1"', 0, []
+
+    def do_GET(self):  # noqa: N802
+        type(self).requests.append({key: self.headers.get(key) for key in ("Range", "If-Range")})
+        body, status, start = self.body, 200, 0
+        asked = self.headers.get("Range", "")
+        if asked.startswith("bytes=") and self.headers.get("If-Range") == self.etag:
+            start, status = int(asked[6:].rstrip("-")), 206
+        self.send_response(status)
+        self.send_header("Content-Type", "application/zip")
+        self.send_header("ETag", self.etag)
+        self.send_header("Content-Length", str(len(body) - start))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.end_headers()
+        part = body[start:]
+        if type(self).cut:
+            type(self).cut -= 1
+            part = part[: len(part) // 2]
+        self.wfile.write(part)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def ranges(monkeypatch):
+    Ranges.requests, Ranges.cut, Ranges.etag = [], 0, '"v1"'
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ranges)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv(downloads.MIRROR_VARIABLE, f"http://127.0.0.1:{httpd.server_address[1]}")
+    yield Ranges
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_an_interrupted_archive_resumes_with_a_range_request(tmp_path, ranges):
+    tree = tmp_path / "tree" / "big"
+    tree.mkdir(parents=True)
+    (tree / "noise.bin").write_bytes(np.random.default_rng(0).bytes(400_000))  # incompressible
+    ranges.body = zip_folder(tree, "big")
+    ranges.cut = 1
+    root = tmp_path / "datasets" / "big"
+    with pytest.raises(DatasetDownloadError, match="broke off|truncated"):
+        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    partial = tmp_path / "datasets" / ".big.download" / "archives" / ".big.zip.partial"
+    assert partial.stat().st_size == len(ranges.body) // 2
+    ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    assert ranges.requests[1] == {"Range": f"bytes={len(ranges.body) // 2}-", "If-Range": '"v1"'}
+    assert (root / "noise.bin").read_bytes() == (tree / "noise.bin").read_bytes()
+    assert not (tmp_path / "datasets" / ".big.download").exists()
+
+
+def test_a_changed_archive_is_fetched_whole_instead_of_resumed(tmp_path, ranges):
+    tree = tmp_path / "tree" / "big"
+    tree.mkdir(parents=True)
+    (tree / "noise.bin").write_bytes(np.random.default_rng(1).bytes(300_000))
+    ranges.body = zip_folder(tree, "big")
+    ranges.cut = 1
+    root = tmp_path / "datasets" / "big"
+    with pytest.raises(DatasetDownloadError):
+        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    (tree / "noise.bin").write_bytes(np.random.default_rng(2).bytes(300_000))  # a new release of the archive
+    ranges.body, ranges.etag = zip_folder(tree, "big"), '"v2"'
+    ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")  # If-Range no longer matches: 200, whole
+    assert ranges.requests[1]["If-Range"] == '"v1"'
+    assert (root / "noise.bin").read_bytes() == (tree / "noise.bin").read_bytes()
+
+
+def test_a_half_unpacked_archive_left_by_a_killed_start_is_removed(tmp_path, mirror):
+    mirror.files["/coco128.zip"] = coco128_standin(tmp_path)
+    staging = tmp_path / "datasets" / ".coco128.download"
+    stale = staging / ".coco128.zip.k1ll3d.unpack"
+    (stale / "coco128" / "images").mkdir(parents=True)
+    (stale / "coco128" / "images" / "half.jpg").write_bytes(b"x" * 1000)
+    load_data_config(repo_copy_with(tmp_path, "coco128.yaml"))
+    assert not staging.exists() and (tmp_path / "datasets" / "coco128" / "images" / "train2017").is_dir()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_users_lock_file_in_a_shared_folder_is_used_not_a_traceback(request):
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="shared-datasets-"))  # in /tmp: pytest's own folders are 0700
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    os.chmod(shared, 0o1777)
+    lock = shared / ".set.download.lock"
+    lock.write_text("")
+    os.chmod(lock, 0o644)  # root's, as another user's would be: we may read it, not write it
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: nobody
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            handle = dataset_download._open_lock(lock, "set.yaml")
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(write, b"locked")
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            os.write(write, repr(error).encode()[:500])
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        assert pipe.read() == b"locked"
+
+
+def test_the_member_count_is_checked_before_the_directory_is_parsed(tmp_path, monkeypatch):
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        for index in range(10):
+            out.writestr(f"many/{index}.txt", "x")
+    assert downloads.declared_members(archive) == 10
+    monkeypatch.setattr(downloads, "MAX_MEMBERS", 5)
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *args, **kwargs: pytest.fail("the directory was parsed"))
+    with pytest.raises(downloads.DownloadError, match="10 entries, more than 5"):
+        downloads.check_zip(archive, tmp_path)
+
+
+def test_the_zip64_member_count_is_read(tmp_path):
+    archive = tmp_path / "zip64.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        for index in range(70_000):  # past 65,535 entries: only the zip64 record holds the count
+            out.writestr(zipfile.ZipInfo(f"{index}"), b"")
+    assert downloads.declared_members(archive) == 70_000
+
+
+def test_a_colon_in_a_member_name_is_a_legal_name_here(tmp_path):
+    archive = tmp_path / "colon.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("set:v2/labels/a.txt", "0 0.5 0.5 0.1 0.1\n")
+    assert [member.filename for member in downloads.check_zip(archive, tmp_path)] == ["set:v2/labels/a.txt"]

@@ -11,7 +11,13 @@ import pytest
 from utils import downloads
 from utils.downloads import DownloadError, weights_file
 
-CHECKPOINT_BYTES = b"PK\x03\x04" + bytes(200_000)  # passes the download's checks; not a loadable checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoint_bytes(yolov5_lookalike) -> bytes:
+    """A real checkpoint (YOLOv5's format, written by look-alike classes): a download is kept only once the
+    checkpoint loader has read it."""
+    return yolov5_lookalike.checkpoint.read_bytes()
 
 
 class Routes(http.server.BaseHTTPRequestHandler):
@@ -48,26 +54,26 @@ def workdir(tmp_path, monkeypatch):
 
 
 def leftovers(folder):
-    return sorted(p.name for p in folder.rglob("*") if p.name.endswith(".part"))
+    return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name or p.name.endswith(".part"))
 
 
-def test_a_release_name_comes_from_the_mirror_into_the_path_given(server, workdir, monkeypatch):
+def test_a_release_name_comes_from_the_mirror_into_the_path_given(checkpoint_bytes, server, workdir, monkeypatch):
     base, routes = server
-    routes["/assets/yolov5n6.pt"] = (200, "application/octet-stream", CHECKPOINT_BYTES, None)
+    routes["/assets/yolov5n6.pt"] = (200, "application/octet-stream", checkpoint_bytes, None)
     monkeypatch.setenv(downloads.MIRROR_VARIABLE, base + "/assets/")
     assert weights_file("yolov5n6.pt") == workdir.joinpath("yolov5n6.pt").relative_to(workdir)
-    assert (workdir / "yolov5n6.pt").read_bytes() == CHECKPOINT_BYTES
-    assert weights_file("weights/yolov5n6.pt").read_bytes() == CHECKPOINT_BYTES  # the folder is made
+    assert (workdir / "yolov5n6.pt").read_bytes() == checkpoint_bytes
+    assert weights_file("weights/yolov5n6.pt").read_bytes() == checkpoint_bytes  # the folder is made
     routes.clear()  # an existing file is never fetched again
-    assert weights_file("yolov5n6.pt").read_bytes() == CHECKPOINT_BYTES
+    assert weights_file("yolov5n6.pt").read_bytes() == checkpoint_bytes
     assert weights_file("mine.pt").name == "mine.pt" and not (workdir / "mine.pt").exists()  # not a release name
 
 
-def test_a_mirror_folder_and_the_release_address(workdir, monkeypatch, tmp_path_factory):
+def test_a_mirror_folder_and_the_release_address(checkpoint_bytes, workdir, monkeypatch, tmp_path_factory):
     folder = tmp_path_factory.mktemp("mirror")
-    (folder / "yolov5x.pt").write_bytes(CHECKPOINT_BYTES)
+    (folder / "yolov5x.pt").write_bytes(checkpoint_bytes)
     monkeypatch.setenv(downloads.MIRROR_VARIABLE, str(folder))
-    assert weights_file("yolov5x.pt").read_bytes() == CHECKPOINT_BYTES
+    assert weights_file("yolov5x.pt").read_bytes() == checkpoint_bytes
     with pytest.raises(DownloadError, match="yolov5s.pt: not in the mirror folder"):
         weights_file("yolov5s.pt")
     monkeypatch.delenv(downloads.MIRROR_VARIABLE)
@@ -76,11 +82,11 @@ def test_a_mirror_folder_and_the_release_address(workdir, monkeypatch, tmp_path_
     assert downloads.RELEASE_WEIGHTS == {f"yolov5{s}{p}.pt" for s in "nsmlx" for p in ("", "6")}
 
 
-def test_a_url_is_fetched_as_given_under_its_own_file_name(server, workdir):
+def test_a_url_is_fetched_as_given_under_its_own_file_name(checkpoint_bytes, server, workdir):
     base, routes = server
-    routes["/files/custom.pt?token=1"] = (200, "application/octet-stream", CHECKPOINT_BYTES, None)
+    routes["/files/custom.pt?token=1"] = (200, "application/octet-stream", checkpoint_bytes, None)
     assert weights_file(base + "/files/custom.pt?token=1") == workdir.joinpath("custom.pt").relative_to(workdir)
-    assert (workdir / "custom.pt").read_bytes() == CHECKPOINT_BYTES
+    assert (workdir / "custom.pt").read_bytes() == checkpoint_bytes
     for bad in ("/files/", "/files/..%2F..%2Fevil.pt", "/files/.hidden.pt", "/files/a%2Fb.pt"):
         with pytest.raises(DownloadError, match="does not end with a plain file name"):
             weights_file(base + bad)
@@ -91,7 +97,7 @@ def test_a_url_is_fetched_as_given_under_its_own_file_name(server, workdir):
     ((200, "text/html; charset=utf-8", b"<html>Sign in</html>" + bytes(200_000), None), "sent a web page"),
     ((200, "application/octet-stream", b"<!DOCTYPE html><html>" + bytes(200_000), None), "sent a web page"),
     ((404, "text/plain", b"Not Found", None), "HTTP 404"),
-    ((200, "application/octet-stream", CHECKPOINT_BYTES[:150_000], 5_000_000), "truncated|broke off"),
+    ((200, "application/octet-stream", b"PK\x03\x04" + bytes(150_000), 5_000_000), "truncated|broke off"),
     ((200, "application/octet-stream", b"PK\x03\x04" + bytes(96), None), "only 100 bytes arrived"),
     ((200, "application/octet-stream", b"\x80\x02" + bytes(200_000), None), "not a torch checkpoint"),
     ((200, "application/octet-stream", b"PK", 3 << 30), "3221 MB announced, more than the 2147 MB"),

@@ -180,7 +180,7 @@ def load_hub_model(path, autoshape: bool = True, device=None):
 
     from utils.downloads import weights_file
 
-    if not Path(path).suffix and not Path(path).is_dir():
+    if not is_url(path) and not Path(path).suffix and not Path(path).is_dir():
         path = Path(path).with_suffix(".pt")  # custom(path='yolov5n') or path='runs/.../best', as YOLOv5's hub
     path = weights_file(path)  # a URL or a YOLOv5 release name is downloaded first
     if not path.exists():

@@ -107,12 +107,12 @@ def _media_url(url: str) -> bool:
 def resolve_source(source: str) -> list[Path]:
     """``--source`` value (not a live one) -> sorted media files; SourceError when missing, unsupported or empty.
     An image or video URL is downloaded first (utils/downloads.py) into the current folder, or reused from there."""
-    text = str(source).strip()
-    if text.lower().startswith(("http://", "https://")):
-        from utils.downloads import fetch, url_file_name
+    from utils.downloads import MAX_MEDIA_BYTES, download_here, is_url, verify_media
 
-        target = Path(url_file_name(text))
-        return [target if target.is_file() else fetch(text, target, what="image or video")]
+    text = str(source).strip()
+    if is_url(text):  # kept only if it decodes (an error page saved as bus.jpg would be reused by every run)
+        suffixes = tuple(f".{suffix}" for suffix in IMG_EXTENSIONS + VID_EXTENSIONS)
+        return [download_here(text, suffixes, "image or video", verify_media, MAX_MEDIA_BYTES)]
     path = Path(text).expanduser()
     files = _read_list(path) if path.suffix.lower() == ".txt" and path.is_file() else _resolve_entry(text)
     if not files:

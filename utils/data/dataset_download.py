@@ -28,7 +28,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.downloads import DownloadError, fetch, is_url, url_file_name
+from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_zip
 from utils.errors import UserError, shorten
 
 LOGGER = logging.getLogger(__name__)
@@ -99,13 +99,13 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DatasetDownloadError(f"{label}: cannot make {parent} for the download ({error.strerror})") from None
-    lock = os.open(parent / f".{root.name}.download.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                   0o644)
+    lock = _open_lock(parent / f".{root.name}.download.lock", label)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together: one downloads, the others wait
         if root.exists():
             return
         staging = parent / f".{root.name}.download"
+        _remove_leftovers(staging)
         LOGGER.info("%s: downloading %d archive(s) into %s (%s)", label, len(archives), parent,
                     ", ".join(url_file_name(a.url) for a in archives))
         for step in steps:
@@ -129,6 +129,30 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         os.close(lock)
 
 
+def _open_lock(path: Path, label: str) -> int:
+    """The download lock's handle. Another user's lock file in a shared folder cannot be opened for writing:
+    a read-only handle locks it just as well. Never through a link."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)  # the umask decides, as for any new file
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | flags)
+    except OSError as error:
+        raise DatasetDownloadError(f"{label}: cannot open the download lock {path} ({error.strerror or error}): "
+                                   "remove it if no download is running, or ask its owner") from None
+
+
+def _remove_leftovers(staging: Path) -> None:
+    """Under the lock: what an interrupted start left in ``staging`` that a new start cannot use. Half-unpacked
+    archives (``*.unpack`` folders, which would also count against the free-space check) go; fetched archives,
+    the finished steps' markers and a resumable partial archive (``.NAME.partial``) stay."""
+    for unpack in staging.glob(".*.unpack"):
+        if unpack.is_dir() and not unpack.is_symlink():
+            LOGGER.info("%s: removing %s, left by an interrupted unpack", staging, unpack.name)
+            shutil.rmtree(unpack, ignore_errors=True)
+
+
 def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
     from utils.downloads import extract_zip
 
@@ -138,7 +162,8 @@ def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
         LOGGER.info("%s: %s unpacked earlier", label, name)
         return
     if not stored.is_file():
-        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES, zip_archive=True, named=True)
+        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES, verify=verify_zip, named=True,
+              resumable=True)  # under the dataset's lock: a broken transfer is resumed by the next start
     tree = staging / "tree" / archive.into
     tree.mkdir(parents=True, exist_ok=True)
     try:
