@@ -206,8 +206,24 @@ def test_switched_off_by_the_environment(monkeypatch):
         native.bn_silu_library.cache_clear()
 
 
+def test_cc_is_split_as_a_shell_would_and_a_missing_one_is_named(tmp_path, monkeypatch, caplog):
+    launcher = tmp_path / "ccache"
+    launcher.write_text("#!/bin/sh\nexec \"$@\"\n")
+    launcher.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CC", "ccache gcc -m64")
+    assert native._compiler() == [str(launcher), "gcc", "-m64"]
+    monkeypatch.setenv("CC", "no-such-ccache gcc")
+    monkeypatch.delenv(native.REQUIRED, raising=False)
+    assert native._compiler() is None
+    with caplog.at_level(logging.INFO, logger="models.native"):
+        assert native.build(native.SOURCE, tmp_path / "kernels") is None
+    assert "$CC='no-such-ccache gcc': its first word is not a program on PATH" in caplog.text
+
+
 def test_no_compiler_means_no_kernels(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv(native.REQUIRED, raising=False)
     with caplog.at_level(logging.INFO, logger="models.native"):
         assert native.build(native.SOURCE, tmp_path) is None
@@ -333,14 +349,15 @@ def test_a_denormal_survives_building_loading_and_a_training_step(tmp_path):
 
 @compiler
 def test_two_processes_starting_at_once_build_once(tmp_path):
-    """torchrun ranks starting together: one compiles under the lock, the other waits and loads its file."""
+    """torchrun ranks starting together: one compiles under the lock, the other waits and loads its file. $CC is
+    a launcher and the compiler, as ``CC="ccache gcc"`` is."""
     log = tmp_path / "compiles.log"
-    wrapper = tmp_path / "cc"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' -c '*) echo compile >> {log};; esac\n"
-                       f"exec {native._compiler()} \"$@\"\n")
-    wrapper.chmod(0o755)
+    launcher = tmp_path / "launcher"
+    launcher.write_text(f"#!/bin/sh\ncase \"$*\" in *' -c '*) echo compile >> {log};; esac\nexec \"$@\"\n")
+    launcher.chmod(0o755)
     cache = tmp_path / "cache"
-    children = [run_child(tmp_path, cache, {"CC": str(wrapper)}, wait=False) for _ in range(2)]
+    children = [run_child(tmp_path, cache, {"CC": f"{launcher} {native._compiler()[0]}"}, wait=False)
+                for _ in range(2)]
     outputs = [child.communicate(timeout=300) for child in children]
     assert all(child.returncode == 0 for child in children), [err[-2000:] for _, err in outputs]
     results = [json.loads(out.split("RESULT ", 1)[1]) for out, _ in outputs]

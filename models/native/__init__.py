@@ -104,11 +104,28 @@ def _unavailable(reason: str, level: int = logging.INFO) -> None:
     LOGGER.log(level, "native kernels: %s; training uses torch's operations", reason)
 
 
-def _compiler() -> str | None:
-    configured = os.environ.get("CC")
+def _compiler() -> list[str] | None:
+    """The compiler's command words: ``$CC`` split as a shell would (``CC="ccache gcc"`` is a launcher and its
+    compiler), its first word found on PATH; else ``cc`` or ``gcc``. None when there is none."""
+    import shlex
+
+    configured = os.environ.get("CC", "").strip()
     if configured:
-        return shutil.which(configured)
-    return shutil.which("cc") or shutil.which("gcc")
+        try:
+            words = shlex.split(configured)
+        except ValueError:
+            return None
+        found = shutil.which(words[0]) if words else None
+        return [found, *words[1:]] if found else None
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
+
+
+def _no_compiler() -> str:
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        return f"$CC={configured!r}: its first word is not a program on PATH"
+    return "no C compiler found ($CC, cc, gcc)"
 
 
 def openmp_runtime(maps: str | None = None) -> str | None:
@@ -142,9 +159,9 @@ def _isa_flags() -> list[str]:
     return ISA_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
 
 
-def _version(compiler: str) -> str:
+def _version(compiler: list[str]) -> str:
     try:
-        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -156,11 +173,11 @@ def build(source: Path, folder: Path, openmp: str | None = None) -> Path | None:
     compiler = _compiler()
     openmp = openmp or openmp_runtime()
     if compiler is None or openmp is None:
-        _unavailable("no C compiler found ($CC, cc, gcc)" if compiler is None else
+        _unavailable(_no_compiler() if compiler is None else
                      "torch's OpenMP runtime here is not GNU libgomp alone")
         return None
     flags = [*COMPILE_FLAGS, *_isa_flags()]
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), compiler.encode(), _version(compiler).encode(),
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(compiler).encode(), _version(compiler).encode(),
                                      " ".join(flags).encode(), openmp.encode()])).hexdigest()[:20]
     folder = private_folder(folder)
     target, failed = folder / f"{source.stem}-{key}.so", folder / f"{source.stem}-{key}.failed"
@@ -185,20 +202,20 @@ def build(source: Path, folder: Path, openmp: str | None = None) -> Path | None:
         os.close(lock)
 
 
-def _build_checked(compiler: str, flags: list, source: Path, openmp: str, folder: Path, target: Path) -> str | None:
+def _build_checked(compiler: list[str], flags: list, source: Path, openmp: str, folder: Path, target: Path) -> str | None:
     """Compile, link against ``openmp``, check in a child process, rename into ``target``; the reason on failure."""
     with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as scratch:
         obj, library = Path(scratch) / f"{source.stem}.o", Path(scratch) / f"{source.stem}.so"
-        commands = ([compiler, *flags, "-c", "-o", str(obj), str(source)],
-                    [compiler, "-shared", "-o", str(library), str(obj), openmp,
+        commands = ([*compiler, *flags, "-c", "-o", str(obj), str(source)],
+                    [*compiler, "-shared", "-o", str(library), str(obj), openmp,
                      f"-Wl,-rpath,{Path(openmp).parent}", "-lm"])
         for command in commands:
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_SECONDS)
             except (OSError, subprocess.SubprocessError) as error:
-                return f"{compiler} could not build {source.name}: {error}"
+                return f"{' '.join(compiler)} could not build {source.name}: {error}"
             if done.returncode != 0:
-                return (f"{compiler} could not build {source.name}: "
+                return (f"{' '.join(compiler)} could not build {source.name}: "
                         f"{(done.stderr.strip().splitlines() or ['(no message)'])[-1]}")
         problem = check_in_child(library, openmp)
         if problem:
