@@ -512,4 +512,4 @@ Model = DetectionModel  # YOLOv5's alias
 if __name__ == "__main__":  # python models/yolo.py --cfg yolov5n.yaml [--profile] [--line-profile] [--test]
     from models.model_cli import main
 
-    sys.exit(main())
+    sys.exit(main(DetectionModel))
