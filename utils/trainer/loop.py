@@ -27,6 +27,10 @@ from utils.trainer.state import RunState, StepCounters
 LOGGER = logging.getLogger(__name__)
 
 MAX_NONFINITE_IN_ROW = 20  # iterations with a NaN/inf loss, or optimizer steps with NaN/inf gradients, in a row
+# The epoch's loss sums stay on the training device; the progress bar reads them every REPORT_EVERY batches and at
+# the epoch's last batch (a read waits for the device: on a GPU, once per REPORT_EVERY steps instead of every
+# step). The figures shown at a read are the ones an every-batch read shows; between reads the bar keeps them.
+REPORT_EVERY = 10
 
 
 class NonFiniteLossError(TrainingDiverged):
@@ -155,8 +159,11 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     step.model.train()
     epoch, first_batch = state.epoch, state.batch
     num_batches = first_batch + len(loader)
-    totals = torch.tensor(state.loss_sums, dtype=torch.float32)  # exact: float32 values kept as floats
+    # exact: float32 sums, added in the same order on any device; a checkpoint reads them (RunState.to_dict)
+    totals = torch.tensor(state.loss_sums, dtype=torch.float32, device=device)
+    state.loss_sums = totals
     stats = EpochStats(mean_losses=totals)
+    shown = None  # the mean losses last read for the progress bar
     LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
     bar = tqdm(enumerate(loader, start=first_batch), total=num_batches, initial=first_batch,
                disable=not dist.is_main_process(), bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
@@ -174,10 +181,10 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
             size, stride = multi_scale_size()
             images = scale_batch(images, size, stride)
         compute_start = time.perf_counter()
-        items, finite = step.forward_backward(images, targets.to(device), sync=stepping)
+        items, finite = step.forward_backward(images, targets.to(device, non_blocking=True), sync=stepping)
         stats.compute_time += time.perf_counter() - compute_start
         if finite:
-            totals += items.cpu()
+            totals += items.float()
             state.loss_batches += 1
         else:
             stats.skipped_steps += 1
@@ -189,16 +196,17 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
         stats.images += images.shape[0]
         counters.global_step += 1
         state.batch = batch_index + 1
-        state.loss_sums = totals.tolist()
-        mean = totals / max(state.loss_batches, 1)
+        if shown is None or stats.iterations % REPORT_EVERY == 0 or state.batch == num_batches:
+            shown = (totals / max(state.loss_batches, 1)).tolist()
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
-            f"{epoch + 1}/{epochs or '?'}", memory_string(device), *mean.tolist(), targets.shape[0], images.shape[-1]))
+            f"{epoch + 1}/{epochs or '?'}", memory_string(device), *shown, targets.shape[0], images.shape[-1]))
         if stepping and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
             stats.stopped = True
             break
         tick = time.perf_counter()
     bar.close()
-    stats.mean_losses = totals / max(state.loss_batches, 1)
+    state.loss_sums = totals.tolist()
+    stats.mean_losses = totals.cpu() / max(state.loss_batches, 1)
     return stats
 
 

@@ -34,6 +34,7 @@ class RunState:
     results: list = field(default_factory=list)  # one dict per finished epoch: {"epoch": e, column: value}
     maps: list | None = None           # per-class mAP50-95 of the last validation (--image-weights)
     loss_sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # box, obj, cls summed over the epoch so far
+    # (while train_one_epoch runs: a float32 tensor on the training device, read only when a checkpoint is written)
     loss_batches: int = 0              # batches whose losses are in loss_sums (finite ones)
     world_size: int = 1                # processes that trained this run
     finished: bool = False
@@ -63,7 +64,9 @@ class RunState:
 
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict:
-        return asdict(self)
+        values = asdict(self)
+        values["loss_sums"] = [float(value) for value in self.loss_sums]  # a device tensor while an epoch trains
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunState":

@@ -1,0 +1,68 @@
+"""The host's reads of tensor values in steady-state training steps (on a GPU each read waits for the device):
+counted on the CPU with benchmarks/host_reads.py, place by place. A new read in the step fails here; the ones
+left are the decisions a step still takes at once (a finite loss, finite gradients) and the progress bar's reads
+every REPORT_EVERY batches."""
+from __future__ import annotations
+
+import math
+
+import torch
+import yaml
+
+from benchmarks.host_reads import HostReads
+from tests.conftest import TINY_MODEL_YAML
+from utils.config import Hyp
+from utils.loss import ComputeLoss
+from utils.trainer.amp import choose_precision
+from utils.trainer.ema import ModelEMA
+from utils.trainer.loop import REPORT_EVERY, TrainStep, train_one_epoch
+from utils.trainer.optim import build_optimizer
+from utils.trainer.state import RunState
+
+
+def tiny_step():
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(0)
+    model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML)).train()
+    return TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64),
+                     choose_precision("off", torch.device("cpu"), model), ModelEMA(model))
+
+
+def batches(count: int):
+    generator = torch.Generator().manual_seed(1)
+    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.4, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.5]])
+    return [((torch.rand(2, 3, 64, 64, generator=generator) * 255).to(torch.uint8), targets, ["a", "b"], None)
+            for _ in range(count)]
+
+
+def test_a_steady_state_step_reads_only_its_two_decisions_and_the_bar_reads_every_n_batches():
+    step, state, count = tiny_step(), RunState(), 2 * REPORT_EVERY + 3
+    loader = batches(count)
+    train_one_epoch(step, loader[:2], state, 1, torch.device("cpu"), lambda *args: 1)  # warm-up, not counted
+    state = RunState()
+    with HostReads() as reads:
+        stats = train_one_epoch(step, loader, state, 1, torch.device("cpu"), lambda *args: 1)
+    assert stats.iterations == count and state.loss_batches == count
+    places = reads.by_place()
+    assert places.pop("utils/trainer/loop.py:_forward_backward") == count  # is the loss finite? (skip the step)
+    assert places.pop("utils/trainer/loop.py:optimizer_step") == count  # are the gradients finite?
+    bar = places.pop("utils/trainer/loop.py:train_one_epoch")
+    assert bar <= math.ceil(count / REPORT_EVERY) + 3  # first batch, every N, the last, the epoch's sums
+    assert places == {}  # nothing else reads: the loss, EMA and optimizer stay on the device
+
+
+def test_the_sums_a_checkpoint_records_mid_epoch_are_the_batches_trained_so_far():
+    step, state = tiny_step(), RunState()
+    seen = []
+
+    def at_step_boundary():  # what a mid-epoch checkpoint writes (RunState.to_dict), after each optimizer step
+        seen.append((state.to_dict()["loss_batches"], state.to_dict()["loss_sums"]))
+        return False
+
+    stats = train_one_epoch(step, batches(5), state, 1, torch.device("cpu"), lambda *args: 1, at_step_boundary)
+    assert [batches_done for batches_done, _ in seen] == [1, 2, 3, 4]  # not after the last: the epoch ends there
+    assert all(isinstance(value, float) for _, sums in seen for value in sums)
+    assert all(later[1][0] > earlier[1][0] for earlier, later in zip(seen, seen[1:]))  # box loss sums grow
+    assert torch.equal(torch.tensor(state.loss_sums) / 5, stats.mean_losses)
+    assert isinstance(state.loss_sums, list)  # plain data again once the epoch ends
