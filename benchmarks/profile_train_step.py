@@ -1,20 +1,27 @@
-"""Where one training step's time goes: torch.profiler over the trainer's own step (TrainStep: forward, loss,
-backward, and an optimizer step + EMA every ``accumulate`` batches) of yolov5n on real augmented batches.
+"""Where one training step's time goes: the trainer's own epoch loop (utils/trainer/loop.py: train_one_epoch and
+TrainStep) over real augmented batches, timed phase by phase, then torch.profiler over the same steps.
 
     python benchmarks/profile_train_step.py --imgsz 256 --amp off            # fp32, this CPU's kernels
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/profile_train_step.py --amp off
                                                                              # fp32 as an AVX2-only CPU runs it
+    python benchmarks/profile_train_step.py --device 0 --cfg models/yolov5s.yaml --imgsz 640 --batch-size 64 \
+        --amp auto --source loader --workers 8 --json out.json              # a GPU, batches from the loader
 
-Prints the median step time over ``--steps`` timed steps (after 3 warm-up steps), then the profiled steps'
-operators grouped into families (convolution forward/backward, BatchNorm, SiLU, loss, optimizer, EMA,
-copies and allocation, other), and the top operators by self time. The batches come from the embedded
-default dataset (or --data) through the training loader, collated once and held in memory, so the figures
-are the compute alone.
+Prints the mean step time over ``--steps`` timed steps (after 3 warm-up steps) and the phase table: waiting for
+data, the host-to-device copy, forward, loss, backward, gradient clipping (with its finite check), the optimizer
+step, EMA and the progress bar's logging. Each phase ends at a mark the loop makes (TrainStep.phase); the host's
+time per phase comes from the clock, and on CUDA the GPU's from CUDA events recorded at the same marks (no
+synchronisation is added inside a step: the events are read after the timed steps). Then the profiled steps:
+on CUDA, kernels launched and host-device synchronisations per step; on the CPU, the host's reads of tensor values
+per step by place (benchmarks/host_reads.py), the operators grouped into families (convolution forward/backward,
+BatchNorm, SiLU, loss, optimizer, EMA, copies and allocation, other) and the top operators by self time.
+
+``--source memory`` (the default) collates ``--hold`` batches once and replays them from memory (the compute alone,
+plus the copy to the device); ``--source loader`` reads the training loader with ``--workers`` processes.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -44,14 +51,19 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--amp", default="off", choices=("auto", "bf16", "off"))
     parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--device", default="cpu", help="cpu, or a CUDA device (0)")
+    parser.add_argument("--source", default="memory", choices=("memory", "loader"))
+    parser.add_argument("--workers", type=int, default=0, help="loader processes (--source loader)")
+    parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
+    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--no-profile", action="store_true", help="only the step times")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (then as many profiled)")
     parser.add_argument("--top", type=int, default=25, help="operators listed by self time")
     return parser.parse_args()
 
 
-def build(args):
-    """(TrainStep, accumulate, batches) as the trainer builds them."""
+def build(args, device):
+    """(TrainStep, accumulate, loader batches or the loader) as the trainer builds them, on ``device``."""
     import torch
 
     from utils.config import Hyp
@@ -67,39 +79,111 @@ def build(args):
 
     hyp = Hyp.load("hyp.scratch-low.yaml")
     data = load_data_config(resolve_data(args.data))
-    model = build_training_model(args.cfg, "", len(data.names), data.names)
-    channels_last = use_channels_last(args.channels_last, torch.device("cpu"))
+    model = build_training_model(args.cfg, "", len(data.names), data.names).to(device)
+    channels_last = use_channels_last(args.channels_last, device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    loader, _ = create_dataloader(data.train, args.imgsz, args.batch_size, 32, hyp=hyp, augment=True, workers=0,
-                                  shuffle=True, names=data.names)
-    batches = []
-    for images, targets, _, _ in loader:
-        batches.append((images.float() / 255, targets))
-        if len(batches) == 8:
-            break
+    workers = args.workers if args.source == "loader" else 0
+    loader, _ = create_dataloader(data.train, args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
+                                  workers=workers, shuffle=True, names=data.names)
+    if args.source == "memory":
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == args.hold:
+                break
+        if device.type == "cuda":  # as the loader hands them over on a CUDA machine
+            batches = [(images.pin_memory(), targets.pin_memory(), paths, shapes)
+                       for images, targets, paths, shapes in batches]
+        loader = batches
     accumulate = accumulate_steps(args.batch_size)
     optimizer = build_optimizer(model, "SGD", hyp.lr0, hyp.momentum,
                                 scaled_weight_decay(hyp.weight_decay, args.batch_size, accumulate))
     ema = ModelEMA(model)
     activations_out_of_place(model)  # as utils.trainer.trainer.build_step: after the EMA's copy
     step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz),
-                     choose_precision(args.amp, torch.device("cpu"), model), ema, channels_last)
+                     choose_precision(args.amp, device, model), ema, channels_last)
     model.train()
-    return step, accumulate, batches
+    return step, accumulate, loader
 
 
-def run_steps(step, accumulate, batches, count: int, done: int) -> list[float]:
-    times = []
-    for index in range(done, done + count):
-        images, targets = batches[index % len(batches)]
-        start = time.perf_counter()
-        step.forward_backward(images, targets)
-        if (index + 1) % accumulate == 0:
-            step.optimizer_step()
-        step.counters.global_step += 1
-        times.append(time.perf_counter() - start)
-    return times
+class Batches:
+    """``count`` batches for train_one_epoch: the held ones in turn, or the loader's (restarted when it ends)."""
+
+    def __init__(self, source, count: int):
+        self.source, self.count = source, count
+        self.iterator = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        for _ in range(self.count):
+            if isinstance(self.source, list):
+                yield self.source[0]
+                self.source.append(self.source.pop(0))
+                continue
+            try:
+                batch = next(self.iterator) if self.iterator is not None else None
+            except StopIteration:
+                batch = None
+            if batch is None:
+                self.iterator = iter(self.source)
+                batch = next(self.iterator)
+            yield batch
+
+
+class PhaseTimer:
+    """TrainStep.phase: at each mark, the host's clock and, on CUDA, an event on the current stream."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.torch = torch
+        self.marks = []  # (name, host seconds, event or None)
+
+    def __call__(self, name: str) -> None:
+        event = None
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((name, time.perf_counter(), event))
+
+    def phases(self, steps: int) -> dict:
+        """{phase: {"host_ms": per step, "gpu_ms": per step or None}}: each span between two marks belongs to the
+        later mark's phase (the first mark of a step, "data", covers the wait since the last step's logging)."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        host, gpu = defaultdict(float), defaultdict(float)
+        for (_, before, start), (name, after, end) in zip(self.marks, self.marks[1:]):
+            host[name] += (after - before) * 1000
+            if start is not None:
+                gpu[name] += start.elapsed_time(end)
+        order = [name for name in PHASES if name in host] + [name for name in host if name not in PHASES]
+        return {name: {"host_ms": host[name] / steps, "gpu_ms": gpu[name] / steps if self.cuda else None}
+                for name in order}
+
+
+PHASES = ("data", "copy", "forward", "loss", "backward", "clip", "optimizer", "ema", "logging")
+
+
+def run_steps(step, accumulate, source, count: int, device, timer=None) -> float:
+    """Train ``count`` batches through train_one_epoch (an optimizer step every ``accumulate``); seconds taken."""
+    import torch
+
+    from utils.trainer.loop import train_one_epoch
+    from utils.trainer.state import RunState
+
+    step.phase = timer
+    if timer is not None:
+        timer("start")
+    start = time.perf_counter()
+    train_one_epoch(step, Batches(source, count), RunState(), None, device, lambda *args: accumulate)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    step.phase = None
+    return time.perf_counter() - start
 
 
 def family(name: str) -> str:
@@ -109,28 +193,27 @@ def family(name: str) -> str:
     return "other"
 
 
-def main():
-    args = parse_args()
-    import os
-
+def profile_steps(step, accumulate, source, args, device) -> dict:
+    """torch.profiler over ``--steps`` steps: on CUDA kernels and synchronisations per step, on the CPU operator
+    families and the host's reads per step; printed, and returned for --json."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from utils.memory import keep_freed_memory
+    from benchmarks.host_reads import HostReads
 
-    keep_freed_memory()  # as train.py does
-    capability = torch.backends.cpu.get_cpu_capability()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ATen CPU capability {capability}, "
-          f"oneDNN max ISA {os.environ.get('ONEDNN_MAX_CPU_ISA', 'default')}; yolov5n {args.imgsz} px, batch "
-          f"{args.batch_size}, amp {args.amp}, channels_last {args.channels_last}")
-    step, accumulate, batches = build(args)
-    run_steps(step, accumulate, batches, 3, 0)
-    times = run_steps(step, accumulate, batches, args.steps, 3)
-    print(f"step: median {statistics.median(times) * 1000:.1f} ms, min {min(times) * 1000:.1f} ms over {len(times)} "
-          f"(every {accumulate}th with the optimizer step and EMA)")
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run_steps(step, accumulate, batches, args.steps, 3 + args.steps)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with HostReads() as reads, profile(activities=activities) as prof:
+        run_steps(step, accumulate, source, args.steps, device)
     events = prof.key_averages()
+    figures = {"host_reads_per_step": {place: count / args.steps for place, count in reads.by_place().items()}}
+    if device.type == "cuda":
+        kernels = sum(e.count for e in events if "LaunchKernel" in e.key)
+        syncs = {e.key: e.count / args.steps for e in events if "Synchronize" in e.key}
+        figures.update(kernels_per_step=kernels / args.steps, syncs_per_step=syncs)
+        print(f"\nper step: {kernels / args.steps:.0f} kernels launched; synchronisations: "
+              + (", ".join(f"{name} {count:.1f}" for name, count in syncs.items()) or "none"))
+    print("host reads of tensor values per step: " + (", ".join(
+        f"{place} {count:.1f}" for place, count in figures["host_reads_per_step"].items()) or "none"))
     total = sum(e.self_cpu_time_total for e in events)
     groups = defaultdict(float)
     for event in events:
@@ -140,7 +223,53 @@ def main():
     for label, spent in sorted(groups.items(), key=lambda item: -item[1]):
         print(f"  {label:30s} {spent / 1e3 / args.steps:8.1f} ms  {spent / total:6.1%}")
     print()
-    print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    print(events.table(sort_by="self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total",
+                       row_limit=args.top))
+    return figures
+
+
+def main():
+    args = parse_args()
+    import json
+    import os
+
+    import torch
+
+    from utils.device import select_device
+    from utils.memory import keep_freed_memory
+
+    device = select_device(args.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # as train.py does on the CPU
+    capability = torch.backends.cpu.get_cpu_capability()
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+             f"{torch.get_num_threads()} threads, ATen CPU capability {capability}, oneDNN max ISA "
+             f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'default')}")
+    print(f"torch {torch.__version__}, {where}; {Path(args.cfg).stem} {args.imgsz} px, batch {args.batch_size}, "
+          f"amp {args.amp}, channels_last {args.channels_last}, batches from {args.source}")
+    step, accumulate, source = build(args, device)
+    run_steps(step, accumulate, source, 3, device)  # warm-up (cuDNN's algorithm search, the allocator)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    timer = PhaseTimer(device)
+    seconds = run_steps(step, accumulate, source, args.steps, device, timer)
+    phases = timer.phases(args.steps)
+    result = {"device": where, "cfg": Path(args.cfg).stem, "imgsz": args.imgsz, "batch": args.batch_size,
+              "amp": step.precision.name, "source": args.source, "steps": args.steps,
+              "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
+              "phases": phases}
+    if device.type == "cuda":
+        result["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 1e9
+    print(f"step: {result['step_ms']:.1f} ms on average over {args.steps} ({result['images_per_s']:.0f} images/s; "
+          f"every {accumulate}th with the optimizer step and EMA)")
+    print(f"\n{'phase':10s} {'host ms':>9s} {'GPU ms':>9s}")
+    for name, times in phases.items():
+        gpu = f"{times['gpu_ms']:9.2f}" if times["gpu_ms"] is not None else f"{'-':>9s}"
+        print(f"{name:10s} {times['host_ms']:9.2f} {gpu}")
+    if not args.no_profile:
+        result.update(profile_steps(step, accumulate, source, args, device))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -66,3 +66,27 @@ def test_the_sums_a_checkpoint_records_mid_epoch_are_the_batches_trained_so_far(
     assert all(later[1][0] > earlier[1][0] for earlier, later in zip(seen, seen[1:]))  # box loss sums grow
     assert torch.equal(torch.tensor(state.loss_sums) / 5, stats.mean_losses)
     assert isinstance(state.loss_sums, list)  # plain data again once the epoch ends
+
+
+def test_the_profile_script_times_each_phase_of_the_real_loop(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, make_tiny_dataset
+
+    data = make_tiny_dataset(tmp_path / "data")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_MODEL_YAML)
+    output = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "benchmarks/profile_train_step.py", "--data", str(data), "--cfg", str(cfg),
+                           "--imgsz", "64", "--batch-size", "2", "--steps", "4", "--top", "3", "--hold", "2",
+                           "--json", str(output)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(output.read_text())
+    assert result["batch"] == 2 and result["steps"] == 4 and result["images_per_s"] > 0
+    # in the loop's order; no optimizer step in these 4 (accumulate: 64 / 2 = 32 batches a step)
+    assert list(result["phases"]) == ["data", "copy", "forward", "loss", "backward", "logging"]
+    assert all(times["host_ms"] >= 0 and times["gpu_ms"] is None for times in result["phases"].values())
+    assert result["host_reads_per_step"]["utils/trainer/loop.py:_forward_backward"] == 1.0
+    assert "phase        host ms" in done.stdout

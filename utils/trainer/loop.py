@@ -64,6 +64,14 @@ class TrainStep:
     ema: object | None
     channels_last: bool = False
     counters: StepCounters = field(default_factory=StepCounters)
+    # phase(name) at the end of each phase of a step ("forward", "loss", "backward", "clip", "optimizer", "ema";
+    # train_one_epoch adds "data", "copy", "logging"): benchmarks/profile_train_step.py records a CUDA event or the
+    # time there. None in training.
+    phase: object = None
+
+    def mark(self, name: str) -> None:
+        if self.phase is not None:
+            self.phase(name)
 
     def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool = True
                          ) -> tuple[torch.Tensor, bool]:
@@ -79,7 +87,9 @@ class TrainStep:
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         with self.precision.autocast():
             predictions = self.model(images)
+        self.mark("forward")
         loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
+        self.mark("loss")
         finite = bool(torch.isfinite(loss).all())
         if dist.get_world_size() > 1:  # every process skips the step together, or none does
             finite = not dist.all_reduce_max([int(not finite)], "agree whether the loss is finite")[0]
@@ -96,6 +106,7 @@ class TrainStep:
             return items, False
         self.counters.nonfinite_in_row = 0
         self.precision.scaler.scale(loss).backward()
+        self.mark("backward")
         return items, True
 
     def optimizer_step(self) -> None:
@@ -108,6 +119,7 @@ class TrainStep:
         scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
         finite = bool(torch.isfinite(norm))
+        self.mark("clip")
         scales = None
         if scaler.is_enabled():
             before = scaler.get_scale()
@@ -117,8 +129,10 @@ class TrainStep:
         elif finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.mark("optimizer")
         if self.ema is not None and finite:
             self.ema.update(self.model)
+            self.mark("ema")
         self.counters.last_optimizer_step = self.counters.global_step
         self._count_step(finite, scales)
 
@@ -171,6 +185,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     tick = time.perf_counter()
     for batch_index, (images, targets, _paths, _shapes) in bar:
         stats.data_time += time.perf_counter() - tick
+        step.mark("data")
         if batch_hook is not None:
             batch_hook(epoch, batch_index, images, targets, _paths)
         counters = step.counters
@@ -180,8 +195,10 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
         if multi_scale_size is not None:
             size, stride = multi_scale_size()
             images = scale_batch(images, size, stride)
+        targets = targets.to(device, non_blocking=True)
+        step.mark("copy")
         compute_start = time.perf_counter()
-        items, finite = step.forward_backward(images, targets.to(device, non_blocking=True), sync=stepping)
+        items, finite = step.forward_backward(images, targets, sync=stepping)
         stats.compute_time += time.perf_counter() - compute_start
         if finite:
             totals += items.float()
@@ -200,6 +217,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
             shown = (totals / max(state.loss_batches, 1)).tolist()
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
             f"{epoch + 1}/{epochs or '?'}", memory_string(device), *shown, targets.shape[0], images.shape[-1]))
+        step.mark("logging")
         if stepping and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
             stats.stopped = True
             break
