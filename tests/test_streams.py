@@ -74,6 +74,26 @@ def test_the_kinds_of_source():
                                    "a.jpg")] == ["streams"] * 5 + ["screen"] * 2 + [None] * 4
 
 
+def test_a_number_that_int_refuses_is_not_a_webcam_index(tmp_path, weights, capsys):
+    """'½' and '²' are numeric to str.isnumeric (and '²' a digit to str.isdigit), but int() refuses them:
+    '--source ½' was taken for a webcam and 'screen ²' for a screen number, each ended in a ValueError traceback.
+    Webcam and screen numbers are ASCII digits."""
+    import detect
+
+    assert [live_kind(s) for s in ("12", "½", "²", "١", "0x1", "-1")] == ["streams"] + [None] * 5
+    assert [streams.is_index(s) for s in ("0", "12", "½", "²", "١", " 1", "")] == [True, True] + [False] * 5
+    with pytest.raises(SourceError, match="source not found: ½"):
+        Sources("½")
+    with pytest.raises(streams.StreamError, match="expected 'screen', 'screen N' or"):
+        Sources("screen ²")
+    assert detect.main(["--weights", str(weights), "--source", "²", "--project", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == ["detect.py: error: source not found: ²"]
+    listing = tmp_path / "cams.streams"
+    listing.write_text("½\n", encoding="utf-8")
+    with pytest.raises(streams.StreamError, match="'½' is not a stream URL"):
+        Sources(str(listing))
+
+
 def test_a_stream_is_read_until_it_ends_and_written_as_a_video(server, weights, tmp_path):
     import detect
 

@@ -88,6 +88,11 @@ class CheckpointError(UserError):
     """A weights file that cannot be used; the one-line message names the file and the reason."""
 
 
+class SourceError(UserError):
+    """A --source that cannot be used (missing, empty, unsupported); one line naming it. Here, not in utils/sources.py,
+    because utils/streams.py raises it too (as StreamError) and utils/sources.py imports utils/streams.py."""
+
+
 class TrainingDiverged(UserError):
     """Training stopped because of the values it trained with: the loss, or the gradients, stayed NaN/inf.
     ``--evolve`` records such a generation with fitness 0 (its hyperparameters failed) and goes on."""

@@ -17,13 +17,11 @@ import cv2
 import numpy as np
 
 from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS, ImageError, read_image
-from utils.errors import UserError
+from utils.downloads import is_url
+from utils.errors import SourceError
+from utils.streams import is_index, is_stream_url, open_streams, parse_screen, read_screen, read_streams, stream_urls
 
 LOGGER = logging.getLogger(__name__)
-
-
-class SourceError(UserError):
-    """A --source that cannot be used (missing, empty, unsupported); one line naming it."""
 
 
 @dataclass
@@ -86,14 +84,12 @@ def _read_list(txt: Path) -> list[Path]:
 
 def live_kind(text: str) -> str | None:
     """'screen', 'streams' (webcam indices, stream URLs, .streams files) or None (files, and media URLs)."""
-    from utils.streams import STREAM_PREFIXES
-
     lowered = text.lower()
     if lowered == "screen" or lowered.startswith("screen "):
         return "screen"
-    if lowered.startswith(("http://", "https://")) and _media_url(text):
+    if is_url(text) and _media_url(text):
         return None
-    if text.isnumeric() or lowered.startswith(STREAM_PREFIXES) or lowered.endswith(".streams"):
+    if is_index(text) or is_stream_url(text) or lowered.endswith(".streams"):
         return "streams"
     return None
 
@@ -132,12 +128,8 @@ class Sources:
         self.live = live_kind(self.source)
         self.streams = []
         if self.live == "streams":
-            from utils.streams import open_streams, stream_urls
-
             self.streams = open_streams(stream_urls(self.source))
         elif self.live == "screen":
-            from utils.streams import parse_screen
-
             parse_screen(self.source)  # a malformed region: one line now
         self.files = [] if self.live else resolve_source(source)
         self.videos = [p for p in self.files if _kind(p) == "video"]
@@ -166,16 +158,12 @@ class Sources:
 
     def __iter__(self) -> Iterator[SourceItem]:
         if self.live == "streams":
-            from utils.streams import read_streams
-
             count = len(self.streams)
             for index, frame, image in read_streams(self.streams, self.vid_stride):
                 yield SourceItem(self.streams[index].source, image, index + 1, count, True, frame, 0,
                                  self.streams[index].fps, name=f"stream{index}")
             return
         if self.live == "screen":
-            from utils.streams import read_screen
-
             for frame, image in enumerate(read_screen(self.source), 1):
                 yield SourceItem(self.source, image, 1, 1, True, frame, 0, 30.0, name="screen")
             return

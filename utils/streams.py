@@ -22,11 +22,12 @@ from typing import Iterator
 import cv2
 import numpy as np
 
-from utils.sources import SourceError
+from utils.downloads import is_url
+from utils.errors import SourceError
 
 LOGGER = logging.getLogger(__name__)
 
-STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://")
+STREAM_SCHEMES = ("rtsp://", "rtmp://")  # and http(s):// (utils.downloads.is_url)
 RECONNECTS = 3
 FRAME_TIMEOUT = 10.0  # seconds without a new frame before a stream counts as ended
 MAX_STREAMS = 64
@@ -34,6 +35,17 @@ MAX_STREAMS = 64
 
 class StreamError(SourceError):
     """A live source that cannot be opened; one line naming it."""
+
+
+def is_index(text: str) -> bool:
+    """A webcam or screen number: ASCII digits only, '0', '12' (``str.isnumeric`` also takes '½' and '²', and
+    ``str.isdigit`` '²', which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def is_stream_url(text: str) -> bool:
+    """An rtsp://, rtmp:// or http(s):// URL (an http(s) one may also name a media file: see utils.sources)."""
+    return text.lower().startswith(STREAM_SCHEMES) or is_url(text)
 
 
 def stream_urls(text: str) -> list[str]:
@@ -48,7 +60,7 @@ def stream_urls(text: str) -> list[str]:
     if not urls or len(urls) > MAX_STREAMS:
         raise StreamError(f"{text}: expected 1 to {MAX_STREAMS} stream URLs, one a line, found {len(urls)}")
     for url in urls:
-        if not (url.isnumeric() or url.lower().startswith(STREAM_PREFIXES)):
+        if not (is_index(url) or is_stream_url(url)):
             raise StreamError(f"{text}: {url[:200]!r} is not a stream URL (rtsp://, rtmp://, http(s)://) or a webcam "
                               "index")
     return urls
@@ -59,11 +71,11 @@ class Stream:
 
     def __init__(self, source: str):
         self.source = source
-        self.target = int(source) if source.isnumeric() else source
+        self.target = int(source) if is_index(source) else source
         self.capture = _open(self.target)
         if not self.capture.isOpened():
             self.capture.release()
-            what = f"webcam {source} (is a camera attached?)" if source.isnumeric() else f"stream {source}"
+            what = f"webcam {source} (is a camera attached?)" if is_index(source) else f"stream {source}"
             raise StreamError(f"--source {source}: cannot open {what}")
         ok, image = self.capture.read()
         if not ok or image is None:
@@ -161,7 +173,7 @@ def read_streams(streams: list[Stream], vid_stride: int = 1) -> Iterator[tuple[i
 def parse_screen(text: str) -> tuple[int, dict | None]:
     """``screen [N] [left top width height]`` -> (screen number, region or None)."""
     parts = text.split()[1:]
-    if not all(part.isdigit() for part in parts) or len(parts) not in (0, 1, 4, 5):
+    if not all(is_index(part) for part in parts) or len(parts) not in (0, 1, 4, 5):
         raise StreamError(f"--source {text}: expected 'screen', 'screen N' or 'screen N left top width height'")
     numbers = [int(part) for part in parts]
     screen = numbers.pop(0) if len(numbers) in (1, 5) else 0
