@@ -234,14 +234,18 @@ def test_an_rtmp_stream_is_read_and_written_until_its_server_stops(rtmp_server, 
     detect_until_the_server_stops(*rtmp_server, weights, tmp_path, caplog, colour=(255, 0, 0))  # blue, in BGR
 
 
-def test_a_stalled_stream_ends_after_the_frame_timeout_and_its_reader_lets_go(rtsp_server, monkeypatch):
-    """A camera that hangs with its connection open: the stream ends FRAME_TIMEOUT seconds after its last frame, and
-    its reader, blocked in read() until the same timeout, releases the capture itself. (Released from the closing
-    thread under that read, the capture crashed the process when the read timed out.)"""
+def test_a_stalled_stream_ends_after_its_reconnects_and_its_reader_lets_go(rtsp_server, monkeypatch):
+    """A camera that hangs with its connection open (its server stopped): the read times out (READ_TIMEOUT), so does
+    the open of the reconnect (the stopped server's kernel takes the connection, nothing answers: OPEN_TIMEOUT), and
+    the stream ends; its reader, blocked in that read and that open until their timeouts, releases the capture
+    itself. (Released from the closing thread under that read, the capture crashed the process when the read timed
+    out.)"""
     from utils.sources import Sources
 
     server, url = rtsp_server
-    monkeypatch.setattr(streams, "FRAME_TIMEOUT", 1.0)  # also the capture's read timeout
+    for name, value in (("READ_TIMEOUT", 1.0), ("OPEN_TIMEOUT", 1.0), ("RECONNECT_WAIT", 0.2), ("RECONNECTS", 1),
+                        ("FRAME_TIMEOUT", 2.0)):
+        monkeypatch.setattr(streams, name, value)
     frames, stalled = 0, None
     for item in Sources(url):
         assert item.image.shape == (HEIGHT, WIDTH, 3)
@@ -249,7 +253,7 @@ def test_a_stalled_stream_ends_after_the_frame_timeout_and_its_reader_lets_go(rt
         if frames == 3:
             os.killpg(server.process.pid, signal.SIGSTOP)
             stalled = time.monotonic()
-    assert frames >= 3 and time.monotonic() - stalled < 6  # the frames already sent, then 1 s of nothing
+    assert frames >= 3 and time.monotonic() - stalled < 8  # the frames already sent, then 1 + 0.2 + 1 s of nothing
     deadline = time.monotonic() + 10
     while any(thread.name == f"stream {url}" for thread in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)

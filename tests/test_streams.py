@@ -3,8 +3,11 @@ on the loopback, read by a thread each until they end; an image URL downloaded f
 this machine has none: one line each."""
 from __future__ import annotations
 
+import collections
 import http.server
+import socket
 import threading
+import time
 
 import cv2
 import numpy as np
@@ -15,6 +18,7 @@ from utils import streams
 from utils.sources import SourceError, Sources, live_kind
 
 FRAMES = 12
+BITS = 10  # a numbered frame's number: 0 to 1023
 
 
 def jpeg(index: int) -> bytes:
@@ -61,6 +65,118 @@ def server(monkeypatch):
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
+
+
+def numbered(number: int) -> bytes:
+    """A JPEG whose number ``frame_number`` reads back: bit i of it a white block in column i."""
+    image = np.zeros((48, 64, 3), np.uint8)
+    for bit in range(BITS):
+        if number >> bit & 1:
+            image[16:32, 2 + 6 * bit:8 + 6 * bit] = 255
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
+def frame_number(image: np.ndarray) -> int:
+    return sum(1 << bit for bit in range(BITS) if image[20:28, 3 + 6 * bit:7 + 6 * bit].mean() > 128)
+
+
+class Camera:
+    """An MJPEG camera on 127.0.0.1 whose every connection (counted in ``connections``) follows a plan: connection i
+    (1-based) plans[i - 1], later ones 404. A plan is None (take the request, never answer) or (first, count, fps,
+    then): frames numbered first, first + 1, ... at fps, then "close" the connection or "stall" (keep it, silent).
+    With ``warmup``, each connection first sends that many frames numbered 0 at once (an open reads a few), then waits
+    for ``go`` before its plan's frames."""
+
+    def __init__(self, plans, warmup: int = 0):
+        self.plans, self.warmup, self.connections = list(plans), warmup, 0
+        self.go, self.release = threading.Event(), threading.Event()
+        if not warmup:
+            self.go.set()
+        camera = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                camera.connections += 1
+                if camera.connections > len(camera.plans):
+                    self.send_error(404)
+                    return
+                plan = camera.plans[camera.connections - 1]
+                if plan is None:
+                    camera.release.wait()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+                self.end_headers()
+                try:
+                    camera.serve(self.wfile, *plan)
+                except OSError:  # the reader went away
+                    return
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/live.mjpg"
+
+    def serve(self, out, first: int, count: int, fps: float, then: str) -> None:
+        for _ in range(self.warmup):
+            self.send(out, 0)
+        self.go.wait()
+        start = time.monotonic()
+        for index in range(count):
+            time.sleep(max(0.0, start + index / fps - time.monotonic()))
+            self.send(out, first + index)
+        if then == "stall":
+            self.release.wait()
+
+    @staticmethod
+    def send(out, number: int) -> None:
+        body = numbered(number)
+        out.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: " + str(len(body)).encode()
+                  + b"\r\n\r\n" + body + b"\r\n")
+        out.flush()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.go.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def cameras():
+    """``cameras(*plans, warmup=0)`` -> a Camera, stopped when the test ends."""
+    made = []
+
+    def make(*plans, warmup: int = 0) -> Camera:
+        made.append(Camera(plans, warmup))
+        return made[-1]
+
+    yield make
+    for camera in made:
+        camera.stop()
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """Short waits, in the proportions of the defaults: each step of a reader (a read, an open, a wait before
+    reconnecting) shorter than FRAME_TIMEOUT, which the reconnects together outlast."""
+    for name, value in (("READ_TIMEOUT", 0.5), ("OPEN_TIMEOUT", 0.5), ("RECONNECT_WAIT", 0.3), ("FRAME_TIMEOUT", 1.5),
+                        ("RECONNECTS", 2)):
+        monkeypatch.setattr(streams, name, value)
+
+
+def reader_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith(("stream ", "opening "))]
+
+
+def wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +276,106 @@ class _Closed:
 
     def release(self):
         pass
+
+
+def test_a_stalled_stream_is_opened_again_and_read_on(cameras, quick, caplog):
+    """A camera that stops sending with its connection open: the read times out (READ_TIMEOUT), the stream is opened
+    again, the next connection is taken but never answered (the open times out), the one after serves frames again.
+    The stream goes on with them: the reconnects take longer than FRAME_TIMEOUT in all, but each step less, and the
+    stream is not given up meanwhile. (The read timeout was FRAME_TIMEOUT itself: the stream was given up when the
+    read timed out, and never opened again.)"""
+    caplog.set_level("INFO", logger="utils.streams")
+    camera = cameras((1, 5, 20, "stall"), None, (6, 10, 20, "close"))
+    start, seen = time.monotonic(), []
+    for _, frame, image in streams.read_streams(streams.open_streams([camera.url])):
+        seen.append(frame_number(image))
+    assert time.monotonic() - start < 15
+    assert seen == sorted(set(seen)) and seen[-1] == 15 and min(seen) <= 5 < 6 <= seen[-2]
+    assert camera.connections == 5  # frames, silence, frames again, then two refusals: RECONNECTS = 2
+    assert "opening it again (2 of 2)" in caplog.text and f"stream ended after {len(seen)} frames" in caplog.text
+    assert wait_until(lambda: not reader_threads(), 5)
+
+
+def test_each_stream_of_a_list_keeps_its_own_pace(cameras, monkeypatch):
+    """A 20 fps and a 1 fps camera read together for 4 s: nearly every frame of each is yielded, none twice. (Each
+    stream was waited for in turn: the fast one ran at the slow one's rate, 12 frames each in 8 s.)"""
+    monkeypatch.setattr(streams, "RECONNECTS", 0)
+    seconds, rates = 4, (20, 1)
+    fast, slow = (cameras((1, seconds * rate, rate, "close"), warmup=3) for rate in rates)
+    opened = streams.open_streams([fast.url, slow.url])
+    fast.go.set(), slow.go.set()
+    seen = collections.defaultdict(list)
+    for index, _, image in streams.read_streams(opened):
+        seen[index].append(frame_number(image))
+    for index, rate in enumerate(rates):
+        numbers = [number for number in seen[index] if number]  # warm-up frames are numbered 0
+        assert numbers == sorted(set(numbers)), index  # none twice, in order
+        assert len(numbers) >= seconds * rate * 7 / 8, (index, len(numbers))
+
+
+def test_a_list_of_silent_servers_is_one_line_within_the_open_timeout(tmp_path, monkeypatch):
+    """64 servers that take the connection and never answer: one StreamError line after OPEN_TIMEOUT (1 s here), not
+    64 opens one after another (OpenCV's default open timeout is 30 s), and no connection left open."""
+    monkeypatch.setattr(streams, "OPEN_TIMEOUT", 1.0)
+    listeners = []
+    try:
+        for _ in range(streams.MAX_STREAMS):
+            listeners.append(socket.create_server(("127.0.0.1", 0), backlog=4))
+        listing = tmp_path / "silent.streams"
+        listing.write_text("".join(f"http://127.0.0.1:{server.getsockname()[1]}/cam.mjpg\n" for server in listeners))
+        start = time.monotonic()
+        with pytest.raises(streams.StreamError) as raised:
+            Sources(str(listing))
+        assert time.monotonic() - start < 6
+        assert len(str(raised.value).splitlines()) == 1 and "cannot open stream http://127.0.0.1:" in str(raised.value)
+        assert wait_until(lambda: not reader_threads(), 3), reader_threads()
+        connections = []
+        for server in listeners:
+            server.setblocking(False)
+            while True:
+                try:
+                    connections.append(server.accept()[0])
+                except BlockingIOError:
+                    break
+        assert 1 <= len(connections) <= 2  # the open that failed, and at most the one that had its turn meanwhile
+        for connection in connections:
+            connection.settimeout(5)
+            while connection.recv(4096):  # the request, then the end: closed by the client
+                pass
+            connection.close()
+    finally:
+        for server in listeners:
+            server.close()
+
+
+def test_close_waits_for_a_reconnecting_reader_to_let_go(cameras, monkeypatch, caplog):
+    """close() during the wait before a reconnect returns at once; during an open of a server that never answers it
+    returns once the open has timed out and the capture is released; a reader still inside a read after close's
+    wait is logged. (close waited 5 s, then returned while an open of up to 30 s went on, saying nothing.)"""
+    monkeypatch.setattr(streams, "OPEN_TIMEOUT", 2.0)
+    monkeypatch.setattr(streams, "RECONNECT_WAIT", 60.0)
+    camera = cameras((1, 3, 20, "close"))
+    caplog.set_level("WARNING", logger="utils.streams")
+    stream, = streams.open_streams([camera.url])
+    assert wait_until(lambda: "opening it again (1 of 3)" in caplog.text, 5)  # then a 60 s wait
+    start = time.monotonic()
+    stream.close()
+    assert time.monotonic() - start < 1 and not stream.thread.is_alive()
+
+    monkeypatch.setattr(streams, "RECONNECT_WAIT", 0.1)
+    camera = cameras((1, 3, 20, "close"), None)
+    stream, = streams.open_streams([camera.url])
+    assert wait_until(lambda: camera.connections == 2, 5)  # opening the silent connection
+    start = time.monotonic()
+    stream.close()
+    assert not stream.thread.is_alive() and time.monotonic() - start < streams.OPEN_TIMEOUT + 1
+
+    monkeypatch.setattr(streams, "READ_TIMEOUT", 2.0)
+    monkeypatch.setattr(streams, "CLOSE_MARGIN", -1.5)  # close waits 0.5 s: less than the read
+    camera = cameras((1, 3, 20, "stall"))
+    stream, = streams.open_streams([camera.url])
+    time.sleep(0.3)  # the three frames read; the reader waits in a read
+    stream.close()
+    assert stream.thread.is_alive() and "still reading after" in caplog.text
+    stream.thread.join(5)
+    assert not stream.thread.is_alive()
