@@ -19,7 +19,8 @@ import numpy as np
 from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS, ImageError, read_image
 from utils.downloads import is_url
 from utils.errors import SourceError
-from utils.streams import is_index, is_stream_url, open_streams, parse_screen, read_screen, read_streams, stream_urls
+from utils.streams import (close_streams, is_index, is_stream_url, open_streams, parse_screen, read_screen, read_streams,
+                           stream_urls)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -153,8 +154,7 @@ class Sources:
 
     def close(self) -> None:
         """Stop the live streams' threads (iterating to the end, or stopping early, does it too)."""
-        for stream in self.streams:
-            stream.close()
+        close_streams(self.streams)  # all told to stop first: their readers wind down together
 
     def __iter__(self) -> Iterator[SourceItem]:
         if self.live == "streams":
