@@ -44,15 +44,20 @@ class Files(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def serve_as_mirror(handler, monkeypatch):
+    """A loopback server of ``handler`` as YOLO_TRAINER_MIRROR, for the length of a test."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv(downloads.MIRROR_VARIABLE, f"http://127.0.0.1:{httpd.server_address[1]}")
+    yield handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
 @pytest.fixture
 def mirror(monkeypatch):
     Files.files, Files.requests = {}, []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    monkeypatch.setenv(downloads.MIRROR_VARIABLE, f"http://127.0.0.1:{httpd.server_address[1]}")
-    yield Files
-    httpd.shutdown()
-    httpd.server_close()
+    yield from serve_as_mirror(Files, monkeypatch)
 
 
 def zip_folder(folder: Path, prefix: str, extra=()) -> bytes:
@@ -245,12 +250,7 @@ class Ranges(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def ranges(monkeypatch):
     Ranges.requests, Ranges.cut, Ranges.etag = [], 0, '"v1"'
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ranges)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    monkeypatch.setenv(downloads.MIRROR_VARIABLE, f"http://127.0.0.1:{httpd.server_address[1]}")
-    yield Ranges
-    httpd.shutdown()
-    httpd.server_close()
+    yield from serve_as_mirror(Ranges, monkeypatch)
 
 
 def test_an_interrupted_archive_resumes_with_a_range_request(tmp_path, ranges):
