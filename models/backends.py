@@ -56,16 +56,21 @@ class MissingPackage(BackendError, Unavailable):
     """An optional package a format needs is not installed; names the install command."""
 
 
-def require(module: str, package: str | None = None, purpose: str = ""):
-    """Import an optional package or raise a one-line BackendError naming it and how to install it."""
+def require(module: str, purpose: str = "", package: str | None = None, install: str | None = None):
+    """Import an optional package (``module``, e.g. ``ncnn`` or ``executorch.runtime``) or raise a one-line
+    MissingPackage: ``<purpose> needs the optional package '<package>': <install>``. ``package``: its PyPI name
+    (default: the module's top name); ``install``: the command (a format's requirements file; default
+    ``pip install <package> (or pip install -r requirements-export.txt)``). The one optional-import helper:
+    the format modules call it with their requirements file."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError:
-        package = package or module
+        package = package or module.split(".")[0]
+        install = install or f"pip install {package} (or {INSTALL_HINT})"
         raise MissingPackage(f"{purpose + ' needs' if purpose else 'needs'} the optional package '{package}': "
-                           f"pip install {package} (or {INSTALL_HINT})") from None
+                             f"{install}") from None
 
 
 def parse_info(values, source: str, input_shape=None) -> ExportInfo:
@@ -224,7 +229,7 @@ class OnnxBackend(Backend):
             raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
         meta = session.get_modelmeta().custom_metadata_map
         _check_metadata_size(sum(len(key) + len(value) for key, value in meta.items()), path, "metadata_props")
-        values = {key: _json_or_text(value) for key, value in meta.items()}
+        values = {key: json_or_text(value) for key, value in meta.items()}
         graph_input = session.get_inputs()[0]
         info = parse_info(values, str(path), [dim if isinstance(dim, int) else None for dim in graph_input.shape])
         super().__init__(path, info, device)
@@ -248,7 +253,8 @@ class OpenVinoBackend(Backend):
         xml = openvino_xml(path)
         _check_ir_header(xml)
         ov = import_openvino(f"running {xml.name}")
-        values, source = _openvino_metadata(xml)
+        source = xml.with_suffix(".yaml")  # YOLOv5's layout: <stem>.yaml beside <stem>.xml
+        values = read_metadata_yaml(source, xml)
         core = ov.Core()
         try:
             model = core.read_model(str(xml))  # and <stem>.bin beside it
@@ -315,17 +321,18 @@ def openvino_xml(path) -> Path:
     return found[0]
 
 
-def _openvino_metadata(xml: Path) -> tuple[dict, Path]:
-    """The metadata YAML beside the IR (``<stem>.yaml``, as YOLOv5 writes it), read with the bounded reader."""
+def read_metadata_yaml(source: Path, model: Path) -> dict:
+    """The metadata YAML export.py writes beside ``model`` (OpenVINO's ``<stem>.yaml``, NCNN's ``metadata.yaml``),
+    read with the bounded YAML reader (utils/safe_yaml.py); a one-line BackendError when it is missing, unreadable
+    or not YAML (the fields are checked by parse_info)."""
     import yaml
 
     from utils.safe_yaml import read_yaml, yaml_reason
 
-    source = xml.with_suffix(".yaml")
     if not source.is_file():
-        raise BackendError(f"{xml}: no metadata file {source.name} beside it (export.py writes it with the model)")
+        raise BackendError(f"{model}: no metadata file {source.name} beside it (export.py writes it with the model)")
     try:
-        return read_yaml(source), source
+        return read_yaml(source)
     except OSError as error:
         raise BackendError(f"{source}: cannot read it ({error.strerror or error})") from None
     except yaml.YAMLError as error:
@@ -404,11 +411,14 @@ def import_openvino(purpose: str):
         return require("openvino", purpose=purpose)
 
 
-def _json_or_text(value: str):
+def json_or_text(value: str):
+    """A metadata value stored as text, one JSON value per key (ONNX ``metadata_props``, CoreML's user-defined
+    metadata): its JSON value, else the text itself (e.g. YOLOv5's names, a Python dict literal that
+    models/export_info.py parses with ast.literal_eval)."""
     try:
         return json.loads(value)
     except (json.JSONDecodeError, RecursionError):
-        return value  # e.g. YOLOv5's names, a Python dict literal (parsed with ast.literal_eval)
+        return value
 
 
 def _check_device(info: ExportInfo, path, device) -> None:

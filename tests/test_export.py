@@ -306,6 +306,28 @@ def test_missing_optional_packages_are_named_with_the_install_command(weights, t
         load_backend(onnx_file)
 
 
+def test_optional_imports_metadata_text_and_metadata_yaml_have_one_home_each():
+    """models.backends holds the optional-import helper (require: the only code that raises MissingPackage), the
+    reading of a metadata value stored as text (json_or_text) and of a metadata YAML beside a model
+    (read_metadata_yaml); export.py and the format modules call them instead of keeping copies."""
+    import ast
+
+    root = Path(export.__file__).parent
+    found = {"raise MissingPackage": set(), "json_or_text": set(), "read_yaml": set()}
+    formats = sorted((root / "models" / "formats").glob("*.py"))
+    for path in [root / "export.py", root / "models" / "backends.py", *formats]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and \
+                    getattr(node.exc.func, "id", "") == "MissingPackage":
+                found["raise MissingPackage"].add(path.name)
+            if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "json_or_text":
+                found["json_or_text"].add(path.name)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "read_yaml":
+                found["read_yaml"].add(path.name)
+    assert found == {"raise MissingPackage": {"backends.py"}, "json_or_text": {"backends.py"},
+                     "read_yaml": {"backends.py"}}
+
+
 def test_simplify_without_onnxsim_is_one_line(weights, capsys, monkeypatch):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")

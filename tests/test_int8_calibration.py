@@ -3,6 +3,8 @@ images of --data, sorted and capped, letterboxed as detect.py letterboxes for a 
 package."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -36,16 +38,11 @@ def test_at_most_calibration_images_are_taken_in_name_order(data, monkeypatch):
     assert sum(batch.shape[0] for batch in int8.calibration_batches(str(data), (HEIGHT, WIDTH), 2)) == 6
 
 
-def test_the_parity_check_takes_calibration_images_for_int8_and_noise_otherwise(data):
-    class Config:
-        int8, data = True, ""
-
-    config = Config()
-    config.data = str(data)
-    images = int8.parity_inputs(config, (2, 3, HEIGHT, WIDTH))
-    assert torch.equal(images, letterboxed(data, "train", (HEIGHT, WIDTH))[:2])
-    config.int8 = False
-    assert int8.parity_inputs(config, (2, 3, HEIGHT, WIDTH)) is None
+def test_the_parity_check_of_an_int8_file_takes_its_first_calibration_images_in_whole_batches(data):
+    """PARITY_IMAGES (8) calibration images, rounded up to whole batches of the export's batch size (3: 9)."""
+    images = int8.parity_inputs(SimpleNamespace(data=str(data)), (3, 3, HEIGHT, WIDTH))
+    assert int8.PARITY_IMAGES == 8 and torch.equal(images, letterboxed(data, "train", (HEIGHT, WIDTH))[:9])
+    assert int8.parity_inputs(SimpleNamespace(data=str(data)), (1, 3, HEIGHT, WIDTH)).shape[0] == 8
 
 
 def test_a_dataset_without_train_images_is_one_line(tmp_path):

@@ -14,11 +14,17 @@ on load). ``--int8`` (``<stem>-int8_ncnn_model/``) quantises the convolutions be
 on the train images of ``--data`` (models/formats/ncnn_int8.py: ncnn's int8 format written here, since ncnn's
 own tools for it are not in the pip wheels).
 
-Reading: the ``.param`` text is checked here (magic number, counts, one line per layer) before ncnn parses it,
-and ncnn's own complaints (it prints them to stderr) are caught and reported as one BackendError line.
+Reading: ncnn prints what it cannot parse to stderr (its C++ code writes to file descriptor 2; ncnn has no switch
+to silence it), so what it would complain about is refused here first, as one BackendError line: the ``.param``
+text is checked (magic number, counts, one line per layer, ``key=value`` words as ncnn's ParamDict reads them,
+layer types ncnn knows, every input blob made by an earlier layer), and the ``.bin`` is fed to ncnn through a
+reader of ours (``weights_reader``) that notes a file shorter or longer than the weights ncnn reads, instead of
+letting ncnn fail on a short read. Nothing redirects the process's stderr (another thread's errors stay
+visible); what ncnn might still print for a file that passes these checks is left on stderr.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
 import logging
@@ -28,15 +34,13 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from models.backends import Backend, BackendError, ExportInfo, MissingPackage, parse_info
-from models.formats.int8 import INT8_TOLERANCE, calibration_batches, calibration_files
-from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
+from models.backends import Backend, BackendError, ExportInfo, parse_info, read_metadata_yaml, require
+from models.formats.int8 import calibration_batches, calibration_files
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -48,21 +52,16 @@ MAX_PARAM_BYTES = 16 << 20  # yolov5x's graph is ~30 kB of text
 MAX_LAYERS = 100_000
 PNNX_SECONDS = 1_800  # pnnx converts yolov5s in a few seconds; a hung conversion is an error, not a wait forever
 LAYER_TYPE = re.compile(r"[A-Za-z_][\w.:]*\Z")
+# A .param line's parameter words as ncnn's ParamDict reads them: ``id=value`` (id 0-31, a value of at most 15
+# characters) or an array ``-(23300 + id)=count,item,...``; a number is a float when it holds '.', 'e' or 'E'.
+MAX_PARAM_ID, ARRAY_BASE, MAX_VALUE_CHARS = 32, 23300, 15
+PARAM_WORD = re.compile(r"(-?\d+)=(\S+)\Z")
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z")
 EXPORT_OPTIONS = ("int8", "data")  # the ExportConfig fields export() takes besides half
 
 
 class NcnnExportError(UserError):
     """pnnx could not convert the model; one line with its reason."""
-
-
-def require(module: str, purpose: str):
-    """Import ``ncnn`` or ``pnnx`` (optional) or raise a one-line MissingPackage with the install command."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MissingPackage(f"{purpose} needs the optional package '{module}': {INSTALL}") from None
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -77,8 +76,8 @@ def check_options(config, device: torch.device) -> None:
         raise ArgumentError("--include ncnn: --int8 and --half are two precisions; pick one")
     if device.type != "cpu":
         raise UnavailableOption(f"--include ncnn exports and runs on the CPU: use --device cpu (not {device.type})")
-    require("pnnx", "--include ncnn")
-    require("ncnn", "--include ncnn (the parity check)")
+    require("pnnx", "--include ncnn", install=INSTALL)
+    require("ncnn", "--include ncnn (the parity check)", install=INSTALL)
     if config.int8:
         calibration_files(config.data)  # a missing or empty dataset is refused now, not after the conversion
 
@@ -100,7 +99,7 @@ def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path
         LOGGER.info("NCNN takes one image at a time: exported for batch 1, batches of %d run image by image",
                     example.shape[0])
     if half:
-        fp16 = require("ncnn", "--include ncnn").cpu_support_arm_asimdhp()
+        fp16 = require("ncnn", "--include ncnn", install=INSTALL).cpu_support_arm_asimdhp()
         LOGGER.info("NCNN --half: fp16 weights; %s", "fp16 arithmetic on this CPU" if fp16 else
                     "this CPU has no fp16 arithmetic, so ncnn computes in fp32 (the weights rounded to fp16)")
     folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
@@ -128,8 +127,8 @@ def quantise(folder: Path, data: str, imgsz: tuple) -> None:
 
     from models.formats.ncnn_int8 import quantise_folder
 
-    ncnn = require("ncnn", "--include ncnn --int8")
-    net, input_name, _ = load_net(folder / PARAM, folder / WEIGHTS, half=False)
+    ncnn = require("ncnn", "--include ncnn --int8", install=INSTALL)
+    net, input_name, _ = load_net(folder / PARAM, folder / WEIGHTS, half=False, layer_types=check_param(folder / PARAM))
 
     def run_blobs(image: np.ndarray, blobs: list[str]) -> dict:
         with net.create_extractor() as extractor:
@@ -163,7 +162,7 @@ def save_trace(graph: nn.Module, example: torch.Tensor, file: Path) -> None:
 
 def run_pnnx(trace: Path, chw: tuple, folder: Path, half: bool) -> None:
     """Run the pnnx program on ``trace`` with every output named inside ``folder`` (its working folder)."""
-    pnnx = require("pnnx", "--include ncnn")
+    pnnx = require("pnnx", "--include ncnn", install=INSTALL)
     program = Path(pnnx.EXEC_PATH)
     if not os.access(program, os.X_OK):
         raise NcnnExportError(f"{program}: the pnnx program is missing or not executable (reinstall: {INSTALL})")
@@ -203,9 +202,10 @@ def ncnn_files(path) -> tuple[Path, Path, Path]:
     return param, weights, folder / METADATA
 
 
-def check_param(param: Path) -> None:
-    """The .param text's lines, checked for ncnn's structure before ncnn reads it (ncnn prints its parse
-    errors to stderr and would allocate whatever counts the header states): a BackendError naming the fault."""
+def check_param(param: Path) -> list[str]:
+    """The .param text checked as ncnn will read it, before it does (ncnn prints its parse errors to stderr and
+    would allocate whatever counts the header states): a BackendError naming the fault. Returns the layer types
+    (load_net checks that ncnn knows them)."""
     from utils.files import FileTooLarge, read_regular
 
     def refuse(reason: str):
@@ -230,31 +230,64 @@ def check_param(param: Path) -> None:
         refuse(f"{layer_count} layers and {blob_count} blobs")
     if len(lines) - 2 != layer_count:
         refuse(f"the header says {layer_count} layers, the file has {len(lines) - 2} layer lines")
+    blobs: set[str] = set()
     for number, words in enumerate(lines[2:], start=3):
         counts = words[2:4]
         if (len(words) < 4 or not LAYER_TYPE.match(words[0]) or not all(word.isdecimal() for word in counts)
-                or len(words) < 4 + sum(int(word) for word in counts)):
+                or len(words) < 4 + sum(int(word) for word in counts) or max(map(len, words)) > 255):
             refuse(f"line {number} is not '<type> <name> <inputs> <outputs> <blobs...> <params...>'")
+        inputs, outputs = int(counts[0]), int(counts[1])
+        names = words[4:4 + inputs + outputs]
+        missing = [name for name in names[:inputs] if name not in blobs]
+        if missing:
+            refuse(f"line {number} reads blob {missing[0]}, which no earlier layer makes")
+        if any(name in blobs for name in names[inputs:]) or len(set(names[inputs:])) != outputs:
+            refuse(f"line {number} makes a blob that already exists")
+        blobs.update(names[inputs:])
+        for word in words[4 + inputs + outputs:]:
+            if not param_word_ok(word):
+                refuse(f"line {number} has a parameter ncnn cannot read: {word[:40]}")
+    if len(blobs) > blob_count:
+        refuse(f"the header says {blob_count} blobs, the layers make {len(blobs)}")
+    return [words[0] for words in lines[2:]]
 
 
-@contextmanager
-def captured_stderr():
-    """Collect what C code writes to file descriptor 2 meanwhile (ncnn's load errors) into ``lines``."""
-    import sys
+def param_word_ok(word: str) -> bool:
+    """One ``key=value`` word as ncnn's ParamDict parses it (PARAM_WORD): a scalar id below MAX_PARAM_ID with a
+    number of at most MAX_VALUE_CHARS characters, or an array id with its stated count of such numbers."""
+    match = PARAM_WORD.match(word)
+    if not match:
+        return False
+    key, value = int(match[1]), match[2]
+    if key >= 0:
+        return key < MAX_PARAM_ID and len(value) <= MAX_VALUE_CHARS and bool(NUMBER.match(value))
+    count, *items = value.split(",")
+    return (0 <= -key - ARRAY_BASE < MAX_PARAM_ID and count.isdecimal() and int(count) == len(items)
+            and all(len(item) <= MAX_VALUE_CHARS and NUMBER.match(item) for item in items))
 
-    lines: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            lines.extend(line.strip() for line in sink.read(65_536).decode("utf-8", "replace").splitlines()
-                         if line.strip())
+
+def weights_reader(ncnn, file):
+    """An ``ncnn.DataReader`` that fills ncnn's buffers from the open ``file``: a read past the end is filled with
+    zeros and counted in ``short`` (ncnn would print "ModelBin read weight_data failed" to stderr and fail), so
+    the loader can refuse a truncated file in its own words. ncnn hands each buffer over as a capsule; its address
+    comes from a prototype of our own of PyCapsule_GetPointer (ctypes.pythonapi's shared one is left as it is)."""
+    capsule_address = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+    class WeightsReader(ncnn.DataReader):
+        def __init__(self):
+            super().__init__()
+            self.short = 0  # bytes asked for beyond the end of the file
+
+        def read(self, buffer, size: int) -> int:
+            address = capsule_address(buffer, None)
+            got = file.readinto(memoryview((ctypes.c_char * size).from_address(address)).cast("B")) if size else 0
+            if got < size:
+                ctypes.memset(address + got, 0, size - got)
+                self.short += size - got
+            return size
+
+    return WeightsReader()
 
 
 class NcnnBackend(Backend):
@@ -266,15 +299,13 @@ class NcnnBackend(Backend):
 
     def __init__(self, path, device="cpu"):
         param, weights, metadata = ncnn_files(path)
-        check_param(param)
-        values = read_metadata(metadata, param)
-        info = parse_info(values, str(metadata))
-        ncnn = require("ncnn", f"running {Path(path).name}")
+        layer_types = check_param(param)
+        info = parse_info(read_metadata_yaml(metadata, param), str(metadata))
+        ncnn = require("ncnn", f"running {Path(path).name}", install=INSTALL)
         if torch.device(device).type != "cpu":
             LOGGER.warning("WARNING: NCNN models run on the CPU here; running %s on the CPU", Path(path).name)
         super().__init__(path, info, device)
-        self.parity_tolerance = INT8_TOLERANCE if info.int8 else None  # read by export.py's parity check
-        self.net, self.input_name, self.output_name = load_net(param, weights, info.half)
+        self.net, self.input_name, self.output_name = load_net(param, weights, info.half, layer_types)
         self.ncnn = ncnn
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:
@@ -295,43 +326,39 @@ class NcnnBackend(Backend):
         return torch.from_numpy(result)
 
 
-def load_net(param: Path, weights: Path, half: bool):
+def load_net(param: Path, weights: Path, half: bool, layer_types: list[str]):
     """(net, input name, output name): the model loaded by ncnn for the CPU, on as many threads as torch uses; fp32
-    (ncnn's fp16 storage and arithmetic off) unless ``half``; int8 layers run in int8 (ncnn's default)."""
-    ncnn = require("ncnn", f"running {param.parent.name}")
+    (ncnn's fp16 storage and arithmetic off) unless ``half``; int8 layers run in int8 (ncnn's default).
+    ``layer_types``: what check_param returned for ``param``; the weights go through ``weights_reader``."""
+    ncnn = require("ncnn", f"running {param.parent.name}", install=INSTALL)
+    unknown = sorted({name for name in layer_types if ncnn.layer_to_index(name) < 0})
+    if unknown:
+        raise BackendError(f"{param}: not an NCNN model this ncnn can run (layer type {unknown[0]} unknown to it)")
     net = ncnn.Net()
     net.opt.num_threads = torch.get_num_threads()
     net.opt.use_vulkan_compute = False
     for option in ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic"):
         setattr(net.opt, option, half)
     net.opt.use_bf16_storage = False
-    with captured_stderr() as complaints:
-        status = net.load_param(str(param))
-        status = status or net.load_model(str(weights))
+    if net.load_param(str(param)) != 0:  # what check_param did not foresee; ncnn printed its reason to stderr
+        raise BackendError(f"{param.parent}: not a readable NCNN model (ncnn could not read {param.name})")
+    try:
+        with open(weights, "rb") as file:
+            reader = weights_reader(ncnn, file)
+            status = net.load_model(reader)
+            used, size = file.tell() + reader.short, os.fstat(file.fileno()).st_size
+    except OSError as error:
+        raise BackendError(f"{weights}: cannot read it ({error.strerror or error})") from None
+    if used != size:
+        raise BackendError(f"{param.parent}: not a readable NCNN model ({weights.name} holds {size:,} bytes, the "
+                           f"layers of {param.name} read {used:,})")
     if status != 0:
-        reason = complaints[0][:200] if complaints else "ncnn could not read it"
-        raise BackendError(f"{param.parent}: not a readable NCNN model ({reason})")
+        raise BackendError(f"{param.parent}: not a readable NCNN model (ncnn could not load {weights.name})")
     inputs, outputs = list(net.input_names()), list(net.output_names())
     if len(inputs) != 1 or not outputs:
         raise BackendError(f"{param}: expected one input (images) and an output, found {len(inputs)} inputs and "
                            f"{len(outputs)} outputs")
     return net, inputs[0], outputs[0]
-
-
-def read_metadata(metadata: Path, param: Path) -> dict:
-    """``metadata.yaml`` beside the model, read with the bounded YAML reader."""
-    import yaml
-
-    from utils.safe_yaml import read_yaml, yaml_reason
-
-    if not metadata.is_file():
-        raise BackendError(f"{param}: no metadata file {metadata.name} beside it (export.py writes it with the model)")
-    try:
-        return read_yaml(metadata)
-    except OSError as error:
-        raise BackendError(f"{metadata}: cannot read it ({error.strerror or error})") from None
-    except yaml.YAMLError as error:
-        raise BackendError(f"{metadata}: not valid YAML ({yaml_reason(error)})") from None
 
 
 def checked_backend(written: Path, info: ExportInfo, device) -> NcnnBackend:
