@@ -25,7 +25,8 @@ fixed-shape. ``--int8`` is calibrated on the train images of ``--data`` (models/
 Each file is checked before it is kept: the exported model is loaded back and run on the same random
 input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
 difference above ``TOLERANCE`` of the output's scale is an error (exit 1) and nothing is written.
-An int8 file is checked on its first calibration images instead, within its module's looser tolerance.
+An ``--int8`` file (any format) is checked on its first calibration images instead, by its detections
+(models/formats/int8.py: compare_detections); ``compare_output`` is where the check is chosen.
 """
 from __future__ import annotations
 
@@ -64,8 +65,7 @@ TITLES = {"torchscript": "TorchScript", "onnx": "ONNX", "openvino": "OpenVINO"}
 # when the format is asked for: each has check_options(config, device), export(graph, example, info, path, half)
 # -> a temp file or folder beside path, checked_backend(written, info, device) and optionally place(temp, path).
 # Optional too: EXPORT_OPTIONS (ExportConfig fields export() also takes as keywords), output_path(weights, config)
-# (a name of its own), parity_inputs(config, shape) (images for the parity check instead of noise, or None), and
-# a backend attribute parity_tolerance (a looser TOLERANCE, e.g. for int8).
+# (a name of its own). An --int8 export is checked by compare_output's int8 check, whatever its format.
 FORMAT_MODULES = {"ncnn": "models.formats.ncnn"}
 SUFFIXES["ncnn"], TITLES["ncnn"] = "_ncnn_model", "NCNN"  # a folder: model.ncnn.param/.bin, metadata.yaml
 FORMAT_MODULES["coreml"] = "models.formats.coreml"
@@ -371,9 +371,9 @@ class Exporter:
             raise
         return folder
 
-    def check(self, fmt: str, written: Path, path: Path) -> list[Parity]:
-        """Load the ``written`` file back and compare it with the PyTorch model; ParityError beyond
-        TOLERANCE (``path`` is the name it is meant to get)."""
+    def check(self, fmt: str, written: Path, path: Path) -> list:
+        """Load the ``written`` file back and compare it with the PyTorch model (compare_output); ParityError
+        where it differs (``path`` is the name it is meant to get). Returns the figures (Parity or DetectionParity)."""
         if fmt in FORMAT_MODULES:
             backend = format_module(fmt).checked_backend(written, self.info, self.device)
             if backend is None:  # a format that cannot run here: its module checked the file's description
@@ -384,10 +384,9 @@ class Exporter:
         if self.info.dynamic:
             shapes.append(second_shape(self.example.shape, self.info.stride))
         figures = []
-        tolerance = getattr(backend, "parity_tolerance", None) or TOLERANCE[torch.float16 if self.info.half
-                                                                            else torch.float32]  # int8: its own
         for shape in shapes:
-            image = self.parity_input(fmt, shape)
+            image = self.parity_input(shape)
+            shape = tuple(image.shape)  # an int8 check runs PARITY_IMAGES images
             with torch.no_grad():
                 reference = self.graph(image).float()
                 try:
@@ -395,20 +394,20 @@ class Exporter:
                 except Exception as error:  # e.g. a size baked into the graph: a parity failure, not a crash
                     raise ParityError(f"{path}: the {TITLES[fmt]} model fails on a {'x'.join(map(str, shape))} "
                                       f"input ({first_line(error)}); not written") from None
-            figure = compare(reference, exported, shape, tolerance)
+            figure = compare_output(reference, exported, shape, self.info)
             figures.append(figure)
             if not figure.ok:
                 raise ParityError(f"{path}: the {TITLES[fmt]} model differs from the PyTorch model: "
                                   f"{figure.describe()}; not written")
         return figures
 
-    def parity_input(self, fmt: str, shape) -> torch.Tensor:
-        """Random images of ``shape``, or what the format's module asks for (an int8 file: calibration images)."""
-        images = None
-        if fmt in FORMAT_MODULES and hasattr(format_module(fmt), "parity_inputs"):
-            images = format_module(fmt).parity_inputs(self.config, shape)
-        if images is None:
+    def parity_input(self, shape) -> torch.Tensor:
+        """Random images of ``shape``; for an int8 export, calibration images of its size (int8.parity_inputs)."""
+        if not self.info.int8:
             return self.input(shape)
+        from models.formats.int8 import parity_inputs
+
+        images = parity_inputs(self.config, shape)
         return images.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
 
 
@@ -420,6 +419,18 @@ def second_shape(shape, stride: int) -> tuple:
     if (new_height, new_width) == (height, width):
         new_height += stride
     return batch + 1, channels, new_height, new_width
+
+
+def compare_output(reference: torch.Tensor, exported: torch.Tensor, shape, info: ExportInfo):
+    """The one place that picks the parity check, from the export's int8 flag (the flag its metadata carries):
+    an int8 file's detections against the PyTorch model's (models/formats/int8.py: a DetectionParity), any other
+    file's outputs within TOLERANCE (fp16 with --half) of their scale (``compare``: a Parity). Both have ``ok``
+    and ``describe()``."""
+    if info.int8:
+        from models.formats.int8 import compare_detections
+
+        return compare_detections(reference, exported, shape)
+    return compare(reference, exported, shape, TOLERANCE[torch.float16 if info.half else torch.float32])
 
 
 def compare(reference: torch.Tensor, exported: torch.Tensor, shape, tolerance: float) -> Parity:

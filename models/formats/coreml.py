@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.backends import (MAX_METADATA_CHARS, METADATA_KEYS, Backend, BackendError, ExportInfo, MissingPackage,
-                             parse_info)
+from models.backends import (MAX_METADATA_CHARS, METADATA_KEYS, Backend, BackendError, ExportInfo, json_or_text,
+                             parse_info, require)
 from utils.errors import ArgumentError, Unavailable, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -52,11 +52,7 @@ def require_coremltools(purpose: str):
     """coremltools (optional), imported without its import-time notices (unsupported scikit-learn/torch versions,
     the missing macOS-only runtime): a one-line MissingPackage without it."""
     with quiet_coremltools():
-        try:
-            import coremltools
-        except ImportError:
-            raise MissingPackage(f"{purpose} needs the optional package 'coremltools': {INSTALL}") from None
-    return coremltools
+        return require("coremltools", purpose, install=INSTALL)
 
 
 @contextlib.contextmanager
@@ -209,14 +205,7 @@ def read_package(package: Path) -> tuple:
     metadata = dict(spec.description.metadata.userDefined)
     if sum(len(key) + len(value) for key, value in metadata.items()) > MAX_METADATA_CHARS:
         raise BackendError(f"{package}: its user-defined metadata holds more than {MAX_METADATA_CHARS:,} characters")
-    return spec, {key: _json_or_text(value) for key, value in metadata.items() if key in METADATA_KEYS}
-
-
-def _json_or_text(value: str):
-    try:
-        return json.loads(value)
-    except (json.JSONDecodeError, RecursionError):
-        return value
+    return spec, {key: json_or_text(value) for key, value in metadata.items() if key in METADATA_KEYS}
 
 
 def reason(error: Exception) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.backends import Backend, BackendError, ExportInfo, MissingPackage, _check_metadata_size, parse_info
+from models.backends import Backend, BackendError, ExportInfo, _check_metadata_size, parse_info, require
 from models.formats import place_file
 from utils.errors import ArgumentError, Unavailable, UnavailableOption, UserError
 
@@ -49,11 +49,7 @@ class NoGpu(BackendError, Unavailable):
 
 
 def import_tensorrt(purpose: str):
-    try:
-        import tensorrt
-    except ImportError:
-        raise MissingPackage(f"{purpose} needs the optional package 'tensorrt': {INSTALL}") from None
-    return tensorrt
+    return require("tensorrt", purpose, install=INSTALL)
 
 
 # ------------------------------------------------------------------------------------------------ export

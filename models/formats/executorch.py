@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, MissingPackage,
-                             _check_metadata_size, first_line, parse_info)
+from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, _check_metadata_size, first_line,
+                             parse_info)
+from models.backends import require as require_package
 from models.formats import check_flatbuffer_identifier, place_file
-from models.formats.int8 import INT8_TOLERANCE, Body, calibration_files, quantised_body
-from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
+from models.formats.int8 import Body, calibration_files, quantised_body
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -54,12 +54,12 @@ class ExecuTorchExportError(UserError):
 
 
 def require(module: str, purpose: str):
-    """Import a part of ``executorch`` (optional) or raise a one-line MissingPackage with the install command.
+    """Import a part of ``executorch`` (optional) or raise a one-line MissingPackage with the install command
+    (models.backends.require).
 
     Importing it leaves the process as it was: its runtime module sets ``OPENVINO_LIB_PATH`` in the environment
     when openvino is installed (for an ExecuTorch OpenVINO backend this project does not use), which is undone;
     its "experimental API" warning and torchao's deprecation notice (torch's pytree logger) are not shown."""
-    import importlib
     import warnings
 
     pytree_log = logging.getLogger("torch.utils._pytree")
@@ -68,9 +68,7 @@ def require(module: str, purpose: str):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This API is experimental")
-            return importlib.import_module(module)
-    except ImportError:
-        raise MissingPackage(f"{purpose} needs the optional package 'executorch': {INSTALL}") from None
+            return require_package(module, purpose, "executorch", install=INSTALL)
     finally:
         pytree_log.setLevel(level)
         if not had_variable:
@@ -201,7 +199,6 @@ class ExecuTorchBackend(Backend):
         if torch.device(device).type != "cpu":
             LOGGER.warning("WARNING: ExecuTorch (XNNPACK) models run on the CPU here; running %s on the CPU", path.name)
         super().__init__(path, info, device)
-        self.parity_tolerance = INT8_TOLERANCE if info.int8 else None  # read by export.py's parity check
         try:
             self.method = program.load_method("forward")
         except Exception as error:

@@ -40,12 +40,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.backends import (MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, MissingPackage, first_line,
-                             parse_info)
+from models.backends import MAX_METADATA_CHARS, Backend, BackendError, ExportInfo, first_line, parse_info, require
 from models.export_info import MAX_LITERAL_CHARS
 from models.formats import check_flatbuffer_identifier, place_file
-from models.formats.int8 import INT8_TOLERANCE, Body, calibration_files, quantised_body
-from models.formats.int8 import parity_inputs  # noqa: F401  (export.py's parity check asks the module)
+from models.formats.int8 import Body, calibration_files, quantised_body
 from utils.errors import ArgumentError, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -60,19 +58,13 @@ class LiteRtExportError(UserError):
     """litert-torch could not convert or quantise the model; one line with the reason."""
 
 
-def require(module: str, purpose: str, package: str = "litert-torch"):
-    """Import ``litert_torch``, ``ai_edge_litert`` or ``ai_edge_quantizer`` (optional) or raise a one-line
-    MissingPackage with the install command."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MissingPackage(f"{purpose} needs the optional package '{package}': {INSTALL}") from None
+def require_litert(module: str, purpose: str, package: str = "litert-torch"):
+    """``litert_torch``, ``ai_edge_litert`` or ``ai_edge_quantizer`` (optional; models.backends.require)."""
+    return require(module, purpose, package, install=INSTALL)
 
 
 def import_interpreter(purpose: str):
-    return require("ai_edge_litert.interpreter", purpose, "ai-edge-litert")
+    return require_litert("ai_edge_litert.interpreter", purpose, "ai-edge-litert")
 
 
 @contextmanager
@@ -100,10 +92,10 @@ def check_options(config, device: torch.device) -> None:
     if device.type != "cpu":
         raise UnavailableOption(f"--include litert exports and runs on the CPU: use --device cpu (not {device.type})")
     with quiet_conversion():  # importing it imports torchao and jax
-        require("litert_torch", "--include litert")
+        require_litert("litert_torch", "--include litert")
     import_interpreter("--include litert (the parity check)")
     if config.half:
-        require("ai_edge_quantizer", "--include litert --half", "ai-edge-quantizer")
+        require_litert("ai_edge_quantizer", "--include litert --half", "ai-edge-quantizer")
     if config.int8:
         calibration_files(config.data)  # a missing or empty dataset is refused now, not after the conversion
 
@@ -209,7 +201,7 @@ def quiet_conversion():
 
 def convert(graph: nn.Module, example: torch.Tensor, int8: bool) -> bytes:
     """The flatbuffer litert-torch makes of ``graph`` (NHWC ``example``)."""
-    litert_torch = require("litert_torch", "--include litert")
+    litert_torch = require_litert("litert_torch", "--include litert")
     options = {}
     if int8:
         from litert_torch.quantize.quant_config import QuantConfig
@@ -233,7 +225,7 @@ def int8_quantizer():
 
 def fp16_weights(flatbuffer: bytes) -> bytes:
     """The same model with its convolution weights stored in fp16 (expanded to fp32 when it loads)."""
-    quantizer = require("ai_edge_quantizer", "--include litert --half", "ai-edge-quantizer")
+    quantizer = require_litert("ai_edge_quantizer", "--include litert --half", "ai-edge-quantizer")
     from ai_edge_quantizer import algorithm_manager, qtyping, recipe_manager
 
     recipes = recipe_manager.RecipeManager()
@@ -330,8 +322,7 @@ class LiteRtBackend(Backend):
             LOGGER.warning("WARNING: LiteRT models run on the CPU here; running %s on the CPU", path.name)
         super().__init__(path, info, device)
         self.interpreter, self.input, self.output = interpreter, inputs[0], outputs[0]
-        self.int8 = np.issubdtype(self.input["dtype"], np.integer)
-        self.parity_tolerance = INT8_TOLERANCE if self.int8 else None  # read by export.py's parity check
+        self.int8 = np.issubdtype(self.input["dtype"], np.integer)  # an int8 input, quantised by _run
         self.box_scale = torch.tensor([width, height, width, height], dtype=torch.float32)
 
     def _run(self, images: torch.Tensor) -> torch.Tensor:
