@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sync-bn", action="store_true", help="use SyncBatchNorm, only available in DDP mode")
     parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers (per process in DDP mode)")
     add_run_folder_flags(parser, "runs/train")
-    parser.add_argument("--quad", action="store_true", help="quad dataloader (accepted; not used)")
+    parser.add_argument("--quad", action="store_true",
+                        help="quad dataloader: each 4 images train as one of twice the side (YOLOv5's collate_fn4)")
     parser.add_argument("--cos-lr", action="store_true", help="cosine LR scheduler")
     parser.add_argument("--label-smoothing", type=cli.label_smoothing, default=0.0, help="label smoothing epsilon")
     parser.add_argument("--patience", type=non_negative_int, default=100, help="EarlyStopping patience (epochs without improvement)")

@@ -68,6 +68,7 @@ class TrainStep:
     # train_one_epoch adds "data", "copy", "logging"): benchmarks/profile_train_step.py records a CUDA event or the
     # time there. None in training.
     phase: object = None
+    loss_scale: float = 1.0  # the loss is multiplied by this before backward (4 with --quad, as YOLOv5)
 
     def mark(self, name: str) -> None:
         if self.phase is not None:
@@ -105,6 +106,8 @@ class TrainStep:
                     "the labels; stopping")
             return items, False
         self.counters.nonfinite_in_row = 0
+        if self.loss_scale != 1.0:
+            loss = loss * self.loss_scale
         self.precision.scaler.scale(loss).backward()
         self.mark("backward")
         return items, True
@@ -163,12 +166,15 @@ def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tens
 
 
 def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None, device: torch.device, warmup,
-                    at_step_boundary=None, multi_scale_size=None, batch_hook=None) -> EpochStats:
+                    at_step_boundary=None, multi_scale_size=None, batch_hook=None, batch_transform=None
+                    ) -> EpochStats:
     """Train over the rest of ``loader``'s epoch (``state.epoch`` from batch ``state.batch``; the loader
     must already skip the batches done; ``epochs`` is the run's epoch count for the progress bar, None when
     not known yet). ``warmup`` is a callable(global_step, epoch) -> accumulate count;
     ``at_step_boundary()`` runs after each optimizer step and returns True to end the epoch there;
-    ``batch_hook(epoch, batch_index, images, targets, paths)`` sees each raw batch (e.g. to plot mosaics);
+    ``batch_transform(epoch, batch_index, images, targets, paths)`` -> (images, targets, paths) changes each batch
+    as it arrives (--quad: utils/data/quad.py); ``batch_hook(epoch, batch_index, images, targets, paths)`` then sees
+    it (e.g. to plot mosaics);
     ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch."""
     step.model.train()
     epoch, first_batch = state.epoch, state.batch
@@ -186,6 +192,8 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     for batch_index, (images, targets, _paths, _shapes) in bar:
         stats.data_time += time.perf_counter() - tick
         step.mark("data")
+        if batch_transform is not None:
+            images, targets, _paths = batch_transform(epoch, batch_index, images, targets, _paths)
         if batch_hook is not None:
             batch_hook(epoch, batch_index, images, targets, _paths)
         counters = step.counters

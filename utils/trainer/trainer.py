@@ -34,6 +34,7 @@ from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
+from utils.data.quad import LOSS_SCALE as QUAD_LOSS_SCALE, QuadBatches
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps, build_optimizer, lr_lambda,
                                  restore_optimizer, restore_scaler, restore_schedule, scaled_weight_decay,
@@ -267,8 +268,9 @@ class Trainer:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
         batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
+        quad = QuadBatches(config.seed, self.info.rank) if config.quad else None
         stats = train_one_epoch(step, self.data.train_loader, state, self._epochs_shown(), self.device, self.warmup,
-                                self._at_step_boundary, multi_scale, batch_hook)
+                                self._at_step_boundary, multi_scale, batch_hook, quad)
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
@@ -431,6 +433,15 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last)
+    if config.quad:
+        step.loss_scale = QUAD_LOSS_SCALE
+        per_process = config.batch_size // max(info.world_size, 1)
+        LOGGER.info("--quad: each 4 images of a batch train as one of twice the side (2x2 tiles, or the first "
+                    "upscaled), %d per batch of %d; loss x%g, as YOLOv5", per_process // 4, per_process,
+                    QUAD_LOSS_SCALE)
+        if per_process < 4:
+            LOGGER.warning("WARNING: --quad groups 4 images of a batch, and a batch here holds %d: batches train as "
+                           "they are (use --batch-size %d or more)", per_process, 4 * max(info.world_size, 1))
     warmup_iters = warmup_iterations(hyp.warmup_epochs, data.batches_per_epoch)
     warmup = make_warmup(optimizer, warmup_iters, lf, hyp, config.batch_size, config.nbs)
     return step, scheduler, warmup
