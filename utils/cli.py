@@ -107,6 +107,7 @@ label_smoothing = float_in_range(Range(0, 1, high_open=True))
 freeze_layer = int_in_range(0, 1000)
 save_period = int_in_range(-1, MAX_INT)
 save_every_min = float_in_range(Range(0, 10 ** 6))
+bbox_interval = int_in_range(-1, MAX_INT)  # YOLOv5's W&B option (-1: its default)
 local_rank = int_in_range(-MAX_INT - 1, MAX_INT)  # accepted and ignored (torchrun sets LOCAL_RANK)
 # train.py's choices, defined once
 CACHE_MODES = ("ram", "disk", "auto", "off")

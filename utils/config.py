@@ -199,6 +199,11 @@ class TrainConfig:
     channels_last: str = "auto"
     time: float | None = None  # --time HOURS: training time budget; sets the epoch count after the first epoch
     tensorboard: bool = True  # --no-tensorboard turns it off
+    trackers: bool = True  # --no-trackers: log to no experiment tracker (utils.trackers)
+    entity: str | None = None  # YOLOv5's W&B options, accepted (docs/trackers.md: what each tracker does with them)
+    upload_dataset: bool | str = False
+    bbox_interval: int = -1
+    artifact_alias: str = "latest"
     save_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,4 +314,9 @@ OPTION_RULES = {
     "channels_last": _one_of(*cli.CHANNELS_LAST_MODES),
     "time": _optional(TIME_HOURS.check),
     "tensorboard": _flag,
+    "trackers": _flag,
+    "entity": _optional(_text),
+    "upload_dataset": lambda value: value if isinstance(value, bool) else _text(value),
+    "bbox_interval": cli.bbox_interval.check,
+    "artifact_alias": _text,
 }

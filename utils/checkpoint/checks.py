@@ -22,6 +22,7 @@ process), so a crafted file answers in one line, in time bounded by the file's s
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import fields
 
 import torch
@@ -140,11 +141,33 @@ def check_run(run: dict, epochs: int, where: Fields) -> dict:
         where.integer(run["planned_epochs"], "training.run.planned_epochs", 0, epochs, " (0: not chosen yet)")
     if "train_seconds" in run:
         where.number(run["train_seconds"], "training.run.train_seconds", 0.0)
+    if "tracker_runs" in run:  # experiment trackers' run ids (absent from checkpoints written before them)
+        check_tracker_runs(run["tracker_runs"], where)
     run_state, _, _ = _run_layout()
-    for name in {f.name for f in fields(run_state)} - set(RUN_RULES) - {"planned_epochs", "train_seconds"}:
+    for name in {f.name for f in fields(run_state)} - set(RUN_RULES) - {"planned_epochs", "train_seconds",
+                                                                         "tracker_runs"}:
         if name in run:
             _plain(run[name], f"training.run.{name}", where)
     return run
+
+
+TRACKER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+TRACKER_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # MLflow's are 32 hex digits
+MAX_TRACKERS = 16
+
+
+def check_tracker_runs(runs, where: Fields) -> None:
+    """Tracker name -> run id: a few short names and ids of plain characters (the ids go into a tracker's URLs)."""
+    name = "training.run.tracker_runs"
+    where.kind(runs, name, dict, "a dict of tracker name -> run id")
+    if len(runs) > MAX_TRACKERS:
+        where.fail(name, f"{len(runs)} entries, more than {MAX_TRACKERS} trackers")
+    for key, value in runs.items():
+        if not isinstance(key, str) or not TRACKER_NAME.fullmatch(key):
+            where.fail(name, f"expected tracker names of lower-case letters, digits and _, got {shorten(key, 40)}")
+        if not isinstance(value, str) or not TRACKER_RUN_ID.fullmatch(value):
+            where.fail(f"{name}.{key}", f"expected a run id of at most 128 letters, digits, '_', '.' or '-', "
+                                        f"got {shorten(value, 40)}")
 
 
 def check_counters(counters, where: Fields) -> dict:

@@ -50,7 +50,8 @@ from utils.paths import increment_path, linked_part, symlinks_in
 
 LOGGER = logging.getLogger(__name__)
 
-CHANGEABLE = ("device", "workers", "cache", "save_every_min", "tensorboard")
+CHANGEABLE = ("device", "workers", "cache", "save_every_min", "tensorboard", "trackers", "entity", "upload_dataset",
+              "bbox_interval", "artifact_alias")
 LOCATING = ("resume", "project", "name", "exist_ok", "local_rank")  # how the run is found, not what it does
 WHY_FIXED = {
     "epochs": "the learning-rate schedule spans the run's epochs",

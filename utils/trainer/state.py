@@ -40,6 +40,7 @@ class RunState:
     finished: bool = False
     planned_epochs: int = 0            # --time: the epoch count chosen after the first epoch (0: not yet)
     train_seconds: float = 0.0         # --time: training time spent so far (a resumed run's included)
+    tracker_runs: dict = field(default_factory=dict)  # experiment trackers' run ids ({"mlflow": id}): --resume continues them
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def start_epoch(self, epoch: int) -> None:
@@ -82,6 +83,7 @@ class RunState:
         state.planned_epochs, state.train_seconds = int(state.planned_epochs), float(state.train_seconds)
         if state.planned_epochs < 0 or not 0 <= state.train_seconds < float("inf"):
             raise ValueError("malformed run state (--time epoch count or time spent)")
+        state.tracker_runs = dict(state.tracker_runs)  # absent from checkpoints written before trackers: {}
         state.loss_sums = [float(v) for v in state.loss_sums]
         if len(state.loss_sums) != 3 or not isinstance(state.results, list):
             raise ValueError("malformed run state")

@@ -27,7 +27,6 @@ from utils.checkpoint.checks import check_against_run
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
 from utils.errors import UserError
-from utils.loggers import TensorBoardLogger
 from utils.loss import ComputeLoss
 from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
@@ -41,7 +40,7 @@ from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps,
                                  warmup_iterations)
 from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
-from utils.trainer.recorder import Recorder, epoch_values, fitness_of
+from utils.trainer.recorder import epoch_values, fitness_of, open_recorder
 from utils.trainer.setup import build_training_model, freeze_layers, resumed_model, seed_everything
 from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
 from utils.rng import capture_rng, restore_rng
@@ -122,7 +121,7 @@ class Trainer:
         self.epochs, self.budget = config.epochs, None
         self._start_budget()
         self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
-        self.recorder = Recorder(self.save_dir, config.save_period, self._tensorboard(resume)) if self.main else None
+        self.recorder = open_recorder(config, hyp, self.save_dir, self.state, resume is not None) if self.main else None
         self.control = SaveControl(0.0 if config.nosave else config.save_every_min)  # signals still save
         if self.main:
             self._start_outputs(resume is None)
@@ -168,12 +167,6 @@ class Trainer:
                        "result will not be bit-identical to an uninterrupted run", self.state.world_size,
                        self.info.world_size)
         self.state.world_size = self.info.world_size
-
-    def _tensorboard(self, resume: TrainingState | None) -> TensorBoardLogger:
-        """The run's TensorBoard writer (off with --no-tensorboard); a resumed run hides what an earlier process
-        logged past the checkpoint's position."""
-        return TensorBoardLogger(self.save_dir, enabled=self.config.tensorboard,
-                                 purge_step=self.state.epoch if resume is not None else None)
 
     def _start_budget(self) -> None:
         """--time: the run's clock (a resumed run's time spent included) and the epoch count it chose, if any."""
@@ -257,7 +250,7 @@ class Trainer:
             return self._finish(start)
         finally:
             if self.recorder is not None:
-                self.recorder.close()  # on every way out: TensorBoard's writer thread ends with the run
+                self.recorder.close()  # on every way out: TensorBoard's and the trackers' threads end with the run
 
     def _run_epoch(self, epoch: int) -> bool:
         """Train, validate and record one epoch; True when early stopping or the --time budget ends the run."""
@@ -355,6 +348,7 @@ class Trainer:
         if self.main:
             if self.budget is not None:
                 self.state.train_seconds = self.budget.spent()
+            self.state.tracker_runs.update(self.recorder.tracker_runs())  # a --resume continues the trackers' runs
             step = self.step
             checkpoint = training_checkpoint(step.model, step.ema, step.optimizer, step.precision.scaler,
                                              self.scheduler, self.state.to_dict(), rng, self.config.to_dict(),
@@ -387,7 +381,7 @@ class Trainer:
                 self.recorder.log_images(existing_plots(self.save_dir, FINAL_PLOTS), max(self.state.epoch - 1, 0))
             result.best = weights / "best.pt" if (weights / "best.pt").exists() else None
             result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
-            self.recorder.close()
+            self.recorder.close(finished=True)  # best.pt, stripped, to the trackers
             clear_marker(self.save_dir, dist.launch_info().launch_id)  # finished: no restart may adopt it
             self.callbacks.run("on_train_end", save_dir=self.save_dir, best=result.best, results=result.final_metrics)
         return result

@@ -1,0 +1,98 @@
+"""What MLflow logging costs a training run: per-epoch time, the tracker's start, and the whole run, with MLflow on
+(a real ``mlflow server`` on 127.0.0.1, SQLite store) and with --no-trackers, taking turns on the same command
+(a timing: run it on an otherwise idle machine; needs requirements-trackers.txt).
+
+    python benchmarks/bench_trackers.py [--data data.yaml] [--imgsz 96] [--epochs 10] [--repeat 2] [--images 64]
+
+Without --data a generated dataset (benchmarks/generated_dataset.py: ``--images`` 96-px JPEGs, 16 val) is made under
+a temporary folder. Each run trains yolov5n from scratch on the CPU in this process (train.run), no plots, no
+TensorBoard; epoch times are measured around each epoch (training, validation, results row, checkpoint), the
+"tracker start" around the Recorder's start (MLflow's import on the first run, its experiment and run created), and
+the import of ``mlflow.tracking`` alone in a fresh interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_memory import cpu_name  # noqa: E402
+from benchmarks.generated_dataset import make_dataset  # noqa: E402
+
+
+def timed(owner, name: str, times: list):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - start)
+    setattr(owner, name, wrapper)
+    return original
+
+
+def one_run(options: dict, tracked: bool) -> dict:
+    import train
+    from utils.trainer import recorder, trainer
+
+    epochs, starts = [], []
+    run_epoch = timed(trainer.Trainer, "_run_epoch", epochs)
+    restart = timed(recorder.Recorder, "restart_results", starts)
+    begin = time.perf_counter()
+    try:
+        train.run(**options, no_trackers=not tracked)
+    finally:
+        trainer.Trainer._run_epoch, recorder.Recorder.restart_results = run_epoch, restart
+    return {"epochs": epochs, "start": starts[0], "wall": time.perf_counter() - begin}
+
+
+def import_seconds() -> float:
+    code = "import time; t = time.perf_counter(); import mlflow.tracking; print(time.perf_counter() - t)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="")
+    parser.add_argument("--imgsz", type=int, default=96)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--images", type=int, default=64)
+    args = parser.parse_args()
+    from tests.test_trackers import mlflow_server  # the tests' loopback server
+
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        data = args.data or str(make_dataset(folder / "data", args.images, val=16))
+        options = dict(data=data, cfg="models/yolov5n.yaml", weights="", imgsz=args.imgsz, epochs=args.epochs,
+                       batch_size=16, workers=2, device="cpu", noautoanchor=True, noplots=True, no_tensorboard=True,
+                       project=str(folder / "runs"))
+        with mlflow_server(folder / "mlflow") as (uri, _):
+            os.environ["MLFLOW_TRACKING_URI"] = uri
+            rows = {False: [], True: []}
+            for _ in range(args.repeat):
+                for tracked in (False, True):
+                    rows[tracked].append(one_run(options, tracked))
+    print(f"# {cpu_name()}; {args.epochs} epochs of yolov5n at {args.imgsz}, {data}, {args.repeat} runs each")
+    for tracked, runs in rows.items():
+        later = [t for run in runs for t in run["epochs"][1:]]
+        starts = ", ".join(f"{run['start']:.2f}" for run in runs)
+        walls = ", ".join(f"{run['wall']:.1f}" for run in runs)
+        print(f"{'MLflow' if tracked else 'none  '}: epoch median {statistics.median(later):.3f} s "
+              f"(mean {statistics.mean(later):.3f}, {len(later)} epochs after each run's first); "
+              f"tracker start {starts} s; whole run {walls} s")
+    print(f"import mlflow.tracking in a fresh interpreter: {import_seconds():.2f} s")
+
+
+if __name__ == "__main__":
+    main()

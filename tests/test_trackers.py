@@ -1,0 +1,366 @@
+"""Experiment trackers (utils.trackers): the queue that keeps a failing tracker away from training, the metric-name
+table, redaction, the checkpoint's tracker_runs field; and MLflow against a real ``mlflow server`` on 127.0.0.1 (SQLite
+store, artifacts served from tmp_path), read back with MlflowClient: params, per-epoch metrics equal to results.csv,
+artifacts, --resume into the same run without an epoch logged twice, a server killed mid-run. The MLflow tests skip by
+name where the ``mlflow`` package is not installed (requirements-trackers.txt; CI does not install it)."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import train as train_script
+from tests.conftest import make_tiny_run
+from utils.checkpoint import training_state
+from utils.config import Hyp, TrainConfig
+from utils.loggers import RESULTS_KEYS
+from utils.plots import read_results_csv
+from utils.trackers import METRIC_NAMES, Tracker, Trackers, dispatch, open_trackers, redacted
+
+MLFLOW = importlib.util.find_spec("mlflow") is not None
+needs_mlflow = pytest.mark.skipif(not MLFLOW, reason="mlflow not installed (pip install -r requirements-trackers.txt)")
+SERVER_WAIT_S = 90  # a cold mlflow server (imports, SQLite migrations) takes ~7 s on an idle 2-core machine
+
+
+# ---------------------------------------------------------------------- the queue, without any tracker package
+
+class FakeTracker(Tracker):
+    name, label = "fake", "Fake"
+
+    def __init__(self, fail_on: str = "", block: threading.Event | None = None):
+        super().__init__()
+        self.calls, self.fail_on, self.block = [], fail_on, block
+
+    def start(self, run):
+        self.calls.append(("start", run.run_name, [row["epoch"] for row in run.rows]))
+        self.run_id, self.url = "run1", "fake://run1"
+        self._maybe_fail("start")
+
+    def log_epoch(self, epoch, values):
+        self.calls.append(("log_epoch", epoch))
+        self._maybe_fail("log_epoch")
+
+    def log_files(self, paths, folder):
+        self.calls.append(("log_files", [p.name for p in paths], folder))
+
+    def finish(self, finished):
+        if self.block is not None:
+            self.block.wait()
+        self.calls.append(("finish", finished))
+
+    def _maybe_fail(self, method):
+        if method == self.fail_on:
+            raise ConnectionError("server down")
+
+
+def trackers_of(*trackers) -> Trackers:
+    for tracker in trackers:
+        tracker.why = "test"
+    return Trackers(list(trackers), open_trackers(TrainConfig(trackers=False), Hyp(), Path("runs/exp")).run)
+
+
+def test_a_failing_tracker_says_so_once_and_the_others_get_every_call(caplog):
+    caplog.set_level(logging.INFO)
+    good, bad = FakeTracker(), FakeTracker(fail_on="log_epoch")
+    bad.name, bad.label = "bad", "Bad"
+    trackers = trackers_of(good, bad)
+    trackers.start([{"epoch": 0, **dict.fromkeys(RESULTS_KEYS, 0.0)}])
+    for epoch in (1, 2, 3):
+        trackers.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 1.0))
+    trackers.log_files([Path("a.png")], "plots")
+    assert trackers.run_ids() == {"fake": "run1", "bad": "run1"}
+    trackers.close(finished=True)
+    trackers.close(finished=True)  # closing twice is harmless
+    assert good.calls == [("start", "exp", [0]), ("log_epoch", 1), ("log_epoch", 2), ("log_epoch", 3),
+                          ("log_files", ["a.png"], "plots"), ("finish", True)]
+    assert bad.calls == [("start", "exp", [0]), ("log_epoch", 1)]  # nothing after its failure
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["WARNING: Bad: log_epoch failed, no more logging to it; training goes on "
+                        "(ConnectionError: server down)"]
+    (start,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Trackers:")]
+    assert start == ("Trackers: Fake on (test): fake://run1; Bad on (test): fake://run1; "
+                     "--no-trackers turns them off")
+
+
+def test_calls_return_at_once_and_close_waits_a_bounded_time(monkeypatch, caplog):
+    monkeypatch.setattr(dispatch, "CLOSE_WAIT_SECONDS", 0.5)
+    release = threading.Event()
+    stuck = FakeTracker(block=release)  # its server never answers the run's end
+    trackers = trackers_of(stuck)
+    trackers.start([])
+    began = time.perf_counter()
+    for epoch in range(1000):
+        trackers.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 1.0))
+    assert time.perf_counter() - began < 1.0  # queued, not sent: the training loop never waits for a tracker
+    began = time.perf_counter()
+    trackers.close(finished=True)
+    assert time.perf_counter() - began < 5.0
+    assert "still unsent after 0.5 s" in caplog.text
+    release.set()
+
+
+def test_trackers_are_chosen_by_their_switch_and_none_run_off_the_main_process(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+
+    class On(FakeTracker):
+        switch = classmethod(lambda cls: (True, "configured"))
+
+    class Off(FakeTracker):
+        label = "Off"
+        switch = classmethod(lambda cls: (False, "not configured"))
+
+    class Absent(FakeTracker):
+        switch = classmethod(lambda cls: None)
+
+    classes = (On, Off, Absent)
+    chosen = open_trackers(TrainConfig(), Hyp(), Path("runs/exp"), {"fake": "abc"}, classes=classes)
+    assert [type(t) for t in chosen.trackers] == [On] and chosen.off == ["Off off (not configured)"]
+    assert chosen.resume_ids == {"fake": "abc"} and chosen.run.run_name == "exp"
+    assert chosen.run.params["hyp/lr0"] == 0.01 and chosen.run.params["epochs"] == 100
+    assert open_trackers(TrainConfig(trackers=False), Hyp(), Path("x"), classes=classes).trackers == []
+    silent = open_trackers(TrainConfig(), Hyp(), Path("x"), classes=(Off,))
+    silent.start([])
+    assert "Trackers: Off off (not configured)" in caplog.text  # installed but not set up: said once
+    monkeypatch.setattr(dispatch.dist, "is_main_process", lambda: False)
+    assert open_trackers(TrainConfig(), Hyp(), Path("x"), classes=classes).trackers == []
+
+
+def test_options_are_redacted_before_they_are_logged():
+    values = redacted({"weights": "https://user:s3cret@host/a.pt?token=abc&x=1#sha256=ff", "api_key": "k",
+                       "data": "s3://bucket/d.yaml?X-Amz-Signature=zz&X-Amz-Date=1", "epochs": 3,
+                       "freeze": ["http://u:p@h/", 0], "name": "exp", "comet_token": ""})
+    assert values == {"weights": "https://***@host/a.pt?token=***&x=1#sha256=ff", "api_key": "***",
+                      "data": "s3://bucket/d.yaml?X-Amz-Signature=***&X-Amz-Date=1", "epochs": 3,
+                      "freeze": ["http://***@h/", 0], "name": "exp", "comet_token": ""}
+
+
+def test_metric_names_are_yolov5s_mapped_to_names_every_mlflow_store_takes():
+    assert list(METRIC_NAMES) == list(RESULTS_KEYS)
+    names = [METRIC_NAMES[key]["mlflow"] for key in RESULTS_KEYS]
+    assert all(re.fullmatch(r"[/\w.\- ]+", name) for name in names)  # MLflow's rule on Windows (no ':')
+    assert len(set(names)) == len(names)
+    assert METRIC_NAMES["metrics/mAP_0.5:0.95"]["mlflow"] == "metrics/mAP_0.5-0.95"
+    assert METRIC_NAMES["train/box_loss"]["mlflow"] == "train/box_loss"
+
+
+# ---------------------------------------------------------------------- the checkpoint's optional field
+
+def test_tracker_run_ids_in_a_checkpoint_are_optional_and_checked():
+    from tests.test_checkpoint_validation import make_resumable, mutate, refused, run_of
+
+    resumable = make_resumable()
+    assert "tracker_runs" in run_of(resumable)  # written by this version
+    older = mutate(resumable, lambda c: run_of(c).pop("tracker_runs"))  # before trackers
+    assert training_state(older, Path("last.pt")).run.get("tracker_runs") is None
+    good = mutate(resumable, lambda c: run_of(c).update(tracker_runs={"mlflow": "0123abcd" * 4}))
+    assert training_state(good, Path("last.pt")).run["tracker_runs"] == {"mlflow": "0123abcd" * 4}
+    path = Path("runs/train/exp/weights/last.pt")
+    for bad, field in (([1], "training.run.tracker_runs"), ({"mlflow": "../../x"}, "training.run.tracker_runs.mlflow"),
+                       ({"MLflow!": "a"}, "training.run.tracker_runs"), ({"mlflow": 5}, "training.run.tracker_runs"),
+                       ({f"t{i}": "a" for i in range(17)}, "training.run.tracker_runs")):
+        refused(lambda b=bad: training_state(mutate(resumable, lambda c: run_of(c).update(tracker_runs=b)), path),
+                str(path), field)
+
+
+def test_yolov5s_tracker_flags_are_accepted_and_may_change_on_resume():
+    args = train_script.parse_args(["--entity", "team", "--upload_dataset", "val", "--bbox_interval", "5",
+                                    "--artifact_alias", "v2", "--no-trackers"])
+    config = train_script.config_from_args(args)
+    assert (config.entity, config.upload_dataset, config.bbox_interval, config.artifact_alias, config.trackers) == (
+        "team", "val", 5, "v2", False)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert train_script.config_from_args(train_script.parse_args(["--upload_dataset"])).upload_dataset is True
+    from utils.trainer.resume import option_changes
+
+    assert option_changes({"trackers": False}, TrainConfig()) == {"trackers": (True, False)}
+
+
+# ---------------------------------------------------------------------- MLflow against a real server
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path):
+    """``mlflow server`` on 127.0.0.1 (a free port), SQLite store and served artifacts in ``folder``; yields
+    (uri, process)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = open(folder / "server.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                                "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+                                "--artifacts-destination", str(folder / "artifacts")],
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_WAIT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield uri, process
+    finally:
+        stop(process)
+        log.close()
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End the server (its whole process group: uvicorn's worker included)."""
+    import os
+    import signal
+
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not MLFLOW:
+        pytest.skip("mlflow not installed (pip install -r requirements-trackers.txt)")
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as (uri, _):
+        yield uri
+
+
+@pytest.fixture
+def tracked(server, monkeypatch):
+    """MLflow on (the server's URI set), and MLflow's client failing fast rather than retrying for minutes."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=server)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trackers")
+    return (root, *make_tiny_run(root))
+
+
+def tiny_args(tiny, project: str, *extra: str) -> list[str]:
+    root, data, cfg = tiny
+    return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4",
+            "--workers", "0", "--device", "cpu", "--project", str(root / project), "--noautoanchor",
+            "--no-tensorboard", *extra]
+
+
+def train_capturing_stdout(args: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = train_script.main(args)
+    return status, out.getvalue()
+
+
+def only_run(client, project: Path):
+    experiment = client.get_experiment_by_name(str(project))
+    (run,) = client.search_runs([experiment.experiment_id])
+    return run
+
+
+def assert_metrics_equal_results_csv(client, run_id: str, results_csv: Path) -> None:
+    """Every results.csv column, logged once per epoch at step = epoch, equal to the file's value (5 digits)."""
+    table = read_results_csv(results_csv)
+    epochs = [int(e) for e in table["epoch"]]
+    for key in RESULTS_KEYS:
+        history = client.get_metric_history(run_id, METRIC_NAMES[key]["mlflow"])
+        assert [m.step for m in history] == epochs, key  # each epoch once, in order
+        assert [m.value for m in history] == pytest.approx(table[key].tolist(), rel=1e-4, abs=1e-12), key
+
+
+def artifact_names(client, run_id: str, folder: str | None = None) -> set[str]:
+    return {Path(info.path).name for info in client.list_artifacts(run_id, folder)}
+
+
+@needs_mlflow
+def test_mlflow_run_holds_params_metrics_equal_to_results_csv_and_the_files(tiny, tracked):
+    status, out = train_capturing_stdout(tiny_args(tiny, "plain", "--epochs", "3", "--save-period", "2"))
+    assert status == 0, out[-3000:]
+    run_folder = tiny[0] / "plain" / "exp"
+    run = only_run(tracked, tiny[0] / "plain")
+    starts = [line for line in out.splitlines() if line.startswith("Trackers:")]
+    assert starts == [f"Trackers: MLflow on (MLFLOW_TRACKING_URI={tracked.tracking_uri}): {tracked.tracking_uri}/#/"
+                      f"experiments/{run.info.experiment_id}/runs/{run.info.run_id}; --no-trackers turns them off"]
+    assert "WARNING" not in out
+    assert (run.info.run_name, run.info.status) == ("exp", "FINISHED")
+    params = run.data.params
+    assert params["epochs"] == "3" and params["save_period"] == "2" and params["hyp/lr0"] == "0.01"
+    assert params["imgsz"] == "64" and params["trackers"] == "True" and params["save_dir"] == str(run_folder)
+    assert_metrics_equal_results_csv(tracked, run.info.run_id, run_folder / "results.csv")
+    top = artifact_names(tracked, run.info.run_id)
+    assert {"results.csv", "opt.yaml", "hyp.yaml", "labels.jpg", "results.png", "PR_curve.png", "confusion_matrix.png",
+            "train_batch0.jpg", "val_batch0_pred.jpg"} <= top
+    assert artifact_names(tracked, run.info.run_id, "weights") == {"best.pt", "epoch1.pt"}
+    local = Path(tracked.download_artifacts(run.info.run_id, "weights/best.pt", str(tiny[0] / "download")))
+    assert local.read_bytes() == (run_folder / "weights" / "best.pt").read_bytes()  # stripped, as at the end
+
+
+@needs_mlflow
+def test_resume_continues_the_same_mlflow_run_and_logs_no_epoch_twice(tiny, tracked, monkeypatch):
+    from tests.test_resume import StopAfterEpoch
+    from utils.trainer import trainer
+
+    callbacks = trainer.Callbacks
+    monkeypatch.setattr(trainer, "Callbacks", lambda: StopAfterEpoch(1, "crash"))  # right after epoch 1's checkpoint
+    status, out = train_capturing_stdout(tiny_args(tiny, "resumed", "--epochs", "3", "--noplots"))
+    assert status == 130, out[-3000:]
+    monkeypatch.setattr(trainer, "Callbacks", callbacks)
+    weights = tiny[0] / "resumed" / "exp" / "weights"
+    stopped = only_run(tracked, tiny[0] / "resumed")
+    assert stopped.info.status == "KILLED"
+    assert [m.step for m in tracked.get_metric_history(stopped.info.run_id, "train/box_loss")] == [0, 1]
+    # as if the process died after logging epoch 1 but before its checkpoint: the resumed run trains epoch 1 again
+    shutil.copy(weights / "last.prev.pt", weights / "last.pt")
+    status, out = train_capturing_stdout(["--resume", str(weights / "last.pt")])
+    assert status == 0, out[-3000:]
+    assert f"MLflow on (MLFLOW_TRACKING_URI={tracked.tracking_uri}): continuing its run: " in out
+    run = only_run(tracked, tiny[0] / "resumed")  # still one run
+    assert (run.info.run_id, run.info.status) == (stopped.info.run_id, "FINISHED")
+    assert_metrics_equal_results_csv(tracked, run.info.run_id, weights.parent / "results.csv")  # 0, 1, 2 once each
+    assert "best.pt" in artifact_names(tracked, run.info.run_id, "weights")
+
+
+@needs_mlflow
+def test_a_server_killed_mid_run_is_one_warning_and_training_ends_normally(tiny, tracked, monkeypatch, tmp_path):
+    from utils.trainer import recorder
+
+    with mlflow_server(tmp_path / "doomed") as (uri, process):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        log = recorder.Recorder.log
+
+        def log_then_kill(self, epoch, values):
+            if epoch == 1:
+                stop(process)  # before epoch 1 is logged: its call and everything after fail
+            log(self, epoch, values)
+
+        monkeypatch.setattr(recorder.Recorder, "log", log_then_kill)
+        status, out = train_capturing_stdout(tiny_args(tiny, "killed", "--epochs", "4", "--noplots"))
+    assert status == 0, out[-3000:]
+    warnings = [line for line in out.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: MLflow: log_epoch failed, no more logging to it;")
+    assert len(read_results_csv(tiny[0] / "killed" / "exp" / "results.csv")["epoch"]) == 4
+    assert (tiny[0] / "killed" / "exp" / "weights" / "best.pt").is_file()

@@ -1,0 +1,90 @@
+"""The tracker interface, the table of metric names, and the redaction of options before they are logged."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from utils.loggers import RESULTS_KEYS
+
+# results.csv's columns (YOLOv5's names) -> the name each tracker logs them under (docs/trackers.md shows this
+# table). MLflow refuses ':' in a metric name on Windows (its client and a Windows server), so
+# metrics/mAP_0.5:0.95 is logged as metrics/mAP_0.5-0.95 everywhere; every other name is YOLOv5's.
+METRIC_NAMES: dict[str, dict[str, str]] = {
+    key: {"mlflow": key.replace(":", "-")} for key in RESULTS_KEYS
+}
+
+SECRET_NAME = re.compile(r"token|secret|passw|api_?key|auth|credential|signature|^sig$", re.IGNORECASE)
+URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+SECRET_QUERY = re.compile(r"(?P<name>[?&;](?:[^=&#;\s]*?)(?:token|secret|passw|key|auth|credential|signature|sig)"
+                          r"[^=&#;\s]*=)[^&#;\s]*", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redacted(values: dict) -> dict:
+    """``values`` (options, hyperparameters) as they may be logged: a value whose name looks secret (token, password,
+    api_key, ...) becomes ``***``, and in text the credentials of a URL (``https://user:pass@host`` ->
+    ``https://***@host``) and secret-looking query parameters (``?token=...``, ``&X-Amz-Signature=...``) too."""
+    return {name: _redacted(str(name), value) for name, value in values.items()}
+
+
+def _redacted(name: str, value):
+    if isinstance(value, (list, tuple)):
+        return [_redacted(name, item) for item in value]
+    if isinstance(value, dict):
+        return redacted(value)
+    if not isinstance(value, str) or not value:
+        return value
+    if SECRET_NAME.search(name):
+        return REDACTED
+    value = URL_USERINFO.sub(lambda match: f"{match['scheme']}{REDACTED}@", value)
+    return SECRET_QUERY.sub(lambda match: f"{match['name']}{REDACTED}", value)
+
+
+@dataclass
+class RunStart:
+    """What a tracker starts (or continues) a run with."""
+    experiment: str                 # --project (or the tracker's own setting, e.g. MLFLOW_EXPERIMENT_NAME)
+    run_name: str                   # the run folder's name (exp, exp2, ...)
+    params: dict                    # opt.yaml's options and the hyperparameters (hyp/<key>), redacted
+    save_dir: Path
+    resume_id: str | None = None    # the run id a resumed checkpoint stored for this tracker
+    rows: list = field(default_factory=list)  # results rows of the epochs already finished ({"epoch": e, ...})
+
+
+class Tracker:
+    """One experiment tracker. Its methods run in the trackers' worker thread (utils.trackers.queue), one at a time and
+    in order; an exception from any of them turns the tracker off with one warning line (training goes on).
+
+    ``switch()`` decides from the environment alone (no import of the tracker's package) whether it is on."""
+
+    name = "tracker"        # the key of its run id in a checkpoint (training.run.tracker_runs)
+    label = "Tracker"       # how messages name it
+
+    def __init__(self):
+        self.run_id: str | None = None   # set by start()
+        self.url = ""                    # where to see the run, set by start()
+        self.note = ""                   # said in the start line before the URL (e.g. "continuing run ...")
+        self.why = ""                    # why it is on (switch), said in the start line
+
+    @classmethod
+    def switch(cls) -> tuple[bool, str] | None:
+        """(on, why) from the environment; None when its package is not installed (then nothing is said)."""
+        raise NotImplementedError
+
+    def start(self, run: RunStart) -> None:
+        """Create the run (or continue ``run.resume_id``), log the parameters of a new run, and log the ``run.rows``
+        the tracker lacks (a resumed run's epochs that an earlier process did not get to send)."""
+        raise NotImplementedError
+
+    def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
+        """One results.csv row (without the epoch) at step ``epoch``; an epoch the run already has is not logged again."""
+        raise NotImplementedError
+
+    def log_files(self, paths: list[Path], folder: str) -> None:
+        """Files of the run folder as artifacts under ``folder`` ('' = the top)."""
+        raise NotImplementedError
+
+    def finish(self, finished: bool) -> None:
+        """End the run: finished normally, or stopped (a signal or an error; a --resume continues it)."""
+        raise NotImplementedError
