@@ -8,7 +8,8 @@ Without --data a generated dataset (benchmarks/generated_dataset.py: ``--images`
 a temporary folder. Each run trains yolov5n from scratch on the CPU in this process (train.run), no plots, no
 TensorBoard; epoch times are measured around each epoch (training, validation, results row, checkpoint), the
 "tracker start" around the Recorder's start (MLflow's import on the first run, its experiment and run created), and
-the import of ``mlflow.tracking`` alone in a fresh interpreter.
+the import of ``mlflow.tracking`` alone in a fresh interpreter. A first untracked run warms the caches and is not
+counted.
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def main() -> None:
                        project=str(folder / "runs"))
         with mlflow_server(folder / "mlflow") as (uri, _):
             os.environ["MLFLOW_TRACKING_URI"] = uri
+            one_run(options, False)  # warm-up, not counted: label cache, image cache, first imports
             rows = {False: [], True: []}
             for _ in range(args.repeat):
                 for tracked in (False, True):

@@ -364,3 +364,29 @@ def test_a_server_killed_mid_run_is_one_warning_and_training_ends_normally(tiny,
     assert len(warnings) == 1 and warnings[0].startswith("WARNING: MLflow: log_epoch failed, no more logging to it;")
     assert len(read_results_csv(tiny[0] / "killed" / "exp" / "results.csv")["epoch"]) == 4
     assert (tiny[0] / "killed" / "exp" / "weights" / "best.pt").is_file()
+
+
+def test_mlflow_is_on_only_when_installed_and_its_uri_is_set(monkeypatch):
+    from utils.trackers.mlflow_tracker import MlflowTracker, shown_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    if not MLFLOW:
+        assert MlflowTracker.switch() is None  # not installed: nothing said
+        return
+    on, why = MlflowTracker.switch()
+    assert not on and "MLFLOW_TRACKING_URI is not set" in why  # never a local ./mlruns unasked
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me:pw@mlflow.example/")
+    assert MlflowTracker.switch() == (True, "MLFLOW_TRACKING_URI=https://***@mlflow.example/")
+    assert shown_uri("sqlite:///x.db") == "sqlite:///x.db"
+
+
+@needs_mlflow
+def test_a_server_down_at_start_is_one_warning_and_the_start_line_says_so(tiny, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    status, out = train_capturing_stdout(tiny_args(tiny, "down", "--epochs", "2", "--noplots"))
+    assert status == 0, out[-3000:]
+    warnings = [line for line in out.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: MLflow: start failed, no more logging to it;")
+    assert "MLflow on (MLFLOW_TRACKING_URI=http://127.0.0.1:" in out and "not started (the warning above says why)" in out
+    assert len(read_results_csv(tiny[0] / "down" / "exp" / "results.csv")["epoch"]) == 2
