@@ -390,3 +390,23 @@ def test_a_server_down_at_start_is_one_warning_and_the_start_line_says_so(tiny, 
     assert len(warnings) == 1 and warnings[0].startswith("WARNING: MLflow: start failed, no more logging to it;")
     assert "MLflow on (MLFLOW_TRACKING_URI=http://127.0.0.1:" in out and "not started (the warning above says why)" in out
     assert len(read_results_csv(tiny[0] / "down" / "exp" / "results.csv")["epoch"]) == 2
+
+
+@needs_mlflow
+@pytest.mark.slow
+def test_two_processes_under_torchrun_log_one_run(tiny, tracked):
+    """torchrun, 2 processes (gloo): rank 0 alone opens MLflow; one run, its metrics equal to results.csv."""
+    root, data, cfg = tiny
+    project = root / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+               str(Path(train_script.__file__)), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",
+               "--batch-size", "4", "--epochs", "2", "--workers", "0", "--device", "cpu", "--noautoanchor", "--noplots",
+               "--no-tensorboard", "--project", str(project)]
+    from tests.test_ddp import run as run_torchrun  # runs a job again after gloo's known rare abort
+
+    done = run_torchrun(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("Trackers: MLflow on") == 1 and "WARNING: MLflow" not in done.stdout + done.stderr
+    run = only_run(tracked, project)  # exactly one run
+    assert run.info.status == "FINISHED"
+    assert_metrics_equal_results_csv(tracked, run.info.run_id, project / "exp" / "results.csv")
