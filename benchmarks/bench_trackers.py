@@ -3,13 +3,15 @@
 (a timing: run it on an otherwise idle machine; needs requirements-trackers.txt).
 
     python benchmarks/bench_trackers.py [--data data.yaml] [--imgsz 96] [--epochs 10] [--repeat 2] [--images 64]
+        [--kill-at 3]
 
 Without --data a generated dataset (benchmarks/generated_dataset.py: ``--images`` 96-px JPEGs, 16 val) is made under
 a temporary folder. Each run trains yolov5n from scratch on the CPU in this process (train.run), no plots, no
 TensorBoard; epoch times are measured around each epoch (training, validation, results row, checkpoint), the
 "tracker start" around the Recorder's start (MLflow's import on the first run, its experiment and run created), and
 the import of ``mlflow.tracking`` alone in a fresh interpreter. A first untracked run warms the caches and is not
-counted.
+counted. ``--kill-at N`` adds one MLflow run whose server is killed (SIGKILL) as epoch N's row is about to be logged,
+with MLflow's default retries: its epoch times before and after, and the whole run (the end waits for the queue).
 """
 from __future__ import annotations
 
@@ -57,6 +59,29 @@ def one_run(options: dict, tracked: bool) -> dict:
     return {"epochs": epochs, "start": starts[0], "wall": time.perf_counter() - begin}
 
 
+SETTLE_SECONDS = 20  # a new mlflow server keeps a core busy for seconds after it answers /health (seen here)
+
+
+def killed_run(options: dict, folder: Path, epoch: int, mlflow_server, stop) -> dict:
+    """One MLflow run whose server is killed just before ``epoch``'s row is logged."""
+    from utils.trainer import recorder
+
+    log = recorder.Recorder.log
+    with mlflow_server(folder / "doomed") as (uri, process):
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        time.sleep(SETTLE_SECONDS)
+
+        def log_then_kill(self, at, values):
+            if at == epoch:
+                stop(process)
+            log(self, at, values)
+        recorder.Recorder.log = log_then_kill
+        try:
+            return one_run(options, True)
+        finally:
+            recorder.Recorder.log = log
+
+
 def import_seconds() -> float:
     code = "import time; t = time.perf_counter(); import mlflow.tracking; print(time.perf_counter() - t)"
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
@@ -69,8 +94,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--kill-at", type=int, default=0, help="also a run whose server dies at this epoch (0: none)")
     args = parser.parse_args()
-    from tests.test_trackers import mlflow_server  # the tests' loopback server
+    from tests.test_trackers import mlflow_server, stop  # the tests' loopback server
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
@@ -85,6 +111,7 @@ def main() -> None:
             for _ in range(args.repeat):
                 for tracked in (False, True):
                     rows[tracked].append(one_run(options, tracked))
+        killed = killed_run(options, folder, args.kill_at, mlflow_server, stop) if args.kill_at else None
     print(f"# {cpu_name()}; {args.epochs} epochs of yolov5n at {args.imgsz}, {data}, {args.repeat} runs each")
     for tracked, runs in rows.items():
         later = [t for run in runs for t in run["epochs"][1:]]
@@ -94,6 +121,11 @@ def main() -> None:
               f"(mean {statistics.mean(later):.3f}, {len(later)} epochs after each run's first); "
               f"tracker start {starts} s; whole run {walls} s")
     print(f"import mlflow.tracking in a fresh interpreter: {import_seconds():.2f} s")
+    if killed:
+        before, after = killed["epochs"][1:args.kill_at], killed["epochs"][args.kill_at:]
+        print(f"MLflow, server killed at epoch {args.kill_at}: epoch median {statistics.median(before):.3f} s before "
+              f"(epochs 1-{args.kill_at - 1}), {statistics.median(after):.3f} s from then on; whole run "
+              f"{killed['wall']:.1f} s")
 
 
 if __name__ == "__main__":

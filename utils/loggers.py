@@ -35,6 +35,9 @@ def setup_logging(verbose: bool = True) -> None:
     root.setLevel(logging.INFO)
     for noisy in ("matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # a tracker's HTTP client (MLflow's urllib3) warns at every retry of a call to a server that is down; the trackers
+    # say it once (utils.trackers.dispatch), so only urllib3's errors are shown
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def memory_string(device) -> str:
