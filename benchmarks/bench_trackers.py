@@ -59,7 +59,7 @@ def one_run(options: dict, tracked: bool) -> dict:
     return {"epochs": epochs, "start": starts[0], "wall": time.perf_counter() - begin}
 
 
-SETTLE_SECONDS = 20  # a new mlflow server keeps a core busy for seconds after it answers /health (seen here)
+SETTLE_SECONDS = 5  # let a new mlflow server's start-up work end before the run starts
 
 
 def killed_run(options: dict, folder: Path, epoch: int, mlflow_server, stop) -> dict:

@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import io
 import logging
+import os
 import re
 import shutil
 import socket
@@ -32,6 +33,9 @@ from utils.trackers import METRIC_NAMES, Tracker, Trackers, dispatch, open_track
 MLFLOW = importlib.util.find_spec("mlflow") is not None
 needs_mlflow = pytest.mark.skipif(not MLFLOW, reason="mlflow not installed (pip install -r requirements-trackers.txt)")
 SERVER_WAIT_S = 90  # a cold mlflow server (imports, SQLite migrations) takes ~7 s on an idle 2-core machine
+# without its job runner (8 more processes that keep the 2 cores busy for ~30 s after the server answers; the GenAI
+# jobs they run are not used here)
+SERVER_ENV = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 # ---------------------------------------------------------------------- the queue, without any tracker package
@@ -205,7 +209,7 @@ def mlflow_server(folder: Path):
     process = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                 "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
                                 "--artifacts-destination", str(folder / "artifacts")],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=SERVER_ENV)
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_WAIT_S
@@ -227,7 +231,6 @@ def mlflow_server(folder: Path):
 
 def stop(process: subprocess.Popen) -> None:
     """End the server (its whole process group: uvicorn's worker included)."""
-    import os
     import signal
 
     if process.poll() is None:
