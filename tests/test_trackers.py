@@ -415,3 +415,28 @@ def test_two_processes_under_torchrun_log_one_run(tiny, tracked):
     run = only_run(tracked, project)  # exactly one run
     assert run.info.status == "FINISHED"
     assert_metrics_equal_results_csv(tracked, run.info.run_id, project / "exp" / "results.csv")
+
+
+@needs_mlflow
+def test_a_continued_mlflow_run_gets_the_rows_it_lacks_once_and_a_missing_one_is_replaced(tracked, tmp_path):
+    from utils.trackers import RunStart
+    from utils.trackers.mlflow_tracker import MlflowTracker
+
+    rows = [{"epoch": epoch, **dict.fromkeys(RESULTS_KEYS, epoch + 0.5)} for epoch in range(4)]
+    first = MlflowTracker()
+    first.start(RunStart("unit", "exp", {"epochs": 4}, tmp_path, rows=rows[:1]))  # the server got epoch 0 only
+    second = MlflowTracker()  # resumed from a checkpoint that holds epochs 0-2 (1 and 2 were queued when it died)
+    second.start(RunStart("unit", "exp", {"epochs": 4}, tmp_path, resume_id=first.run_id, rows=rows[:3]))
+    for row in rows[2:]:  # epoch 2 trained again after a resume from an older checkpoint, then epoch 3
+        second.log_epoch(row["epoch"], {key: value for key, value in row.items() if key != "epoch"})
+    second.finish(True)
+    history = tracked.get_metric_history(first.run_id, "metrics/mAP_0.5-0.95")
+    assert [(m.step, m.value) for m in history] == [(e, e + 0.5) for e in range(4)]  # each epoch once
+    assert second.run_id == first.run_id and second.note == "continuing its run: "
+    assert tracked.get_run(first.run_id).data.params == {"epochs": "4"}  # params are logged once, at creation
+    tracked.delete_run(first.run_id)
+    third = MlflowTracker()  # its run deleted meanwhile: a new run, linked to the old one
+    third.start(RunStart("unit", "exp", {"epochs": 4}, tmp_path, resume_id=first.run_id, rows=rows[:2]))
+    assert third.run_id != first.run_id and "is not on this server, a new run" in third.note
+    assert tracked.get_run(third.run_id).data.tags["yolo-trainer.resumed_from"] == first.run_id
+    assert [m.step for m in tracked.get_metric_history(third.run_id, "train/box_loss")] == [0, 1]
