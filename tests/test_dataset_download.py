@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_tiny_dataset
-from utils import downloads
+from utils import archives, downloads
 from utils.data import dataset_download
 from utils.data.dataset_download import DatasetDownloadError, ensure_downloaded
 from utils.data.dataset_yaml import load_data_config
@@ -154,7 +154,7 @@ def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror,
     assert not list((tmp_path / "datasets").rglob("zeros.bin"))
     (folder / "zeros.bin").write_bytes(b"12345678" * 1000)
     mirror.files["/bomb.zip"] = zip_folder(tmp_path / "tree", "bomb")
-    monkeypatch.setattr(downloads.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
+    monkeypatch.setattr(archives.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
     with pytest.raises(DatasetDownloadError, match="unpacks to 0.00 GB, .* has 0.00 GB free"):
         ensure_downloaded(tmp_path / "datasets" / "bomb", "https://example.org/bomb.zip", "bomb.yaml")
 
@@ -330,11 +330,11 @@ def test_the_member_count_is_checked_before_the_directory_is_parsed(tmp_path, mo
     with zipfile.ZipFile(archive, "w") as out:
         for index in range(10):
             out.writestr(f"many/{index}.txt", "x")
-    assert downloads.declared_members(archive) == 10
-    monkeypatch.setattr(downloads, "MAX_MEMBERS", 5)
+    assert archives.declared_members(archive) == 10
+    monkeypatch.setattr(archives, "MAX_MEMBERS", 5)
     monkeypatch.setattr(zipfile, "ZipFile", lambda *args, **kwargs: pytest.fail("the directory was parsed"))
     with pytest.raises(downloads.DownloadError, match="10 entries, more than 5"):
-        downloads.check_zip(archive, tmp_path)
+        archives.check_zip(archive, tmp_path)
 
 
 def test_the_zip64_member_count_is_read(tmp_path):
@@ -342,11 +342,11 @@ def test_the_zip64_member_count_is_read(tmp_path):
     with zipfile.ZipFile(archive, "w") as out:
         for index in range(70_000):  # past 65,535 entries: only the zip64 record holds the count
             out.writestr(zipfile.ZipInfo(f"{index}"), b"")
-    assert downloads.declared_members(archive) == 70_000
+    assert archives.declared_members(archive) == 70_000
 
 
 def test_a_colon_in_a_member_name_is_a_legal_name_here(tmp_path):
     archive = tmp_path / "colon.zip"
     with zipfile.ZipFile(archive, "w") as out:
         out.writestr("set:v2/labels/a.txt", "0 0.5 0.5 0.1 0.1\n")
-    assert [member.filename for member in downloads.check_zip(archive, tmp_path)] == ["set:v2/labels/a.txt"]
+    assert [member.filename for member in archives.check_zip(archive, tmp_path)] == ["set:v2/labels/a.txt"]

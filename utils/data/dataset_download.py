@@ -154,7 +154,7 @@ def _remove_leftovers(staging: Path) -> None:
 
 
 def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
-    from utils.downloads import extract_zip
+    from utils.archives import extract_zip
 
     name = url_file_name(archive.url)
     stored, done = staging / "archives" / name, staging / "archives" / f"{name}.unpacked"
