@@ -350,3 +350,25 @@ def test_a_colon_in_a_member_name_is_a_legal_name_here(tmp_path):
     with zipfile.ZipFile(archive, "w") as out:
         out.writestr("set:v2/labels/a.txt", "0 0.5 0.5 0.1 0.1\n")
     assert [member.filename for member in archives.check_zip(archive, tmp_path)] == ["set:v2/labels/a.txt"]
+
+
+def test_a_range_answer_for_other_bytes_is_refused_and_the_next_start_begins_again(tmp_path, ranges, monkeypatch):
+    tree = tmp_path / "tree" / "big"
+    tree.mkdir(parents=True)
+    (tree / "noise.bin").write_bytes(np.random.default_rng(3).bytes(200_000))
+    ranges.body = zip_folder(tree, "big")
+    ranges.cut = 1
+    root = tmp_path / "datasets" / "big"
+    with pytest.raises(DatasetDownloadError):
+        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    original = Ranges.send_header
+
+    def wrong_range(handler, key, value):  # a server that answers a range request with other bytes
+        original(handler, key, "bytes 0-9/10" if key == "Content-Range" else value)
+    monkeypatch.setattr(Ranges, "send_header", wrong_range)
+    with pytest.raises(DatasetDownloadError, match="asked for the bytes from .* the server sent 'bytes 0-9/10'"):
+        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    monkeypatch.setattr(Ranges, "send_header", original)
+    ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    assert ranges.requests[-1] == {"Range": None, "If-Range": None}  # started over: no validator kept
+    assert (root / "noise.bin").read_bytes() == (tree / "noise.bin").read_bytes()

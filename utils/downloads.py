@@ -324,6 +324,10 @@ class Transfer:
             if offset and status != 206:
                 LOGGER.info("%s: the server sent the whole file again (no resume)", self.shown)
                 offset = 0
+            elif status == 206 and not response.headers.get("Content-Range", "").startswith(f"bytes {offset}-"):
+                _validator_path(part).unlink(missing_ok=True)  # the next try starts over
+                raise DownloadError(f"{self.shown}: asked for the bytes from {offset}, the server sent "
+                                    f"{response.headers.get('Content-Range', 'no Content-Range')!r}; {self.hint}")
             announced = self._announced(response, offset if status == 206 else 0)
             if resumable:
                 _validator_path(part).write_text(json.dumps({"url": self.shown, "validator": _validator(response)}))
