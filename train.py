@@ -26,8 +26,8 @@ LOGGER = logging.getLogger("train")
 
 def build_parser() -> argparse.ArgumentParser:
     from utils import cli  # every bound below is also applied to a resumed checkpoint's options (TrainConfig)
-    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, image_size, non_negative_int,
-                           positive_int, train_batch_size, workers)
+    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, add_tracker_flags, image_size,
+                           non_negative_int, positive_int, train_batch_size, workers)
     from utils.config import TIME_HOURS
 
     parser = ArgumentParser(prog="train.py", description="Train a YOLOv5-style detector")
@@ -58,16 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                         help="write no TensorBoard event files (on by default; YOLOv5 has no such switch)")
-    parser.add_argument("--no-trackers", dest="trackers", action="store_false",
-                        help="log to no experiment tracker (MLflow when installed and MLFLOW_TRACKING_URI is set: "
-                             "docs/trackers.md); TensorBoard has its own switch")
-    parser.add_argument("--entity", default=None, help="YOLOv5's W&B entity (accepted; W&B is not supported yet)")
-    parser.add_argument("--upload_dataset", nargs="?", const=True, default=False,
-                        help="YOLOv5's W&B dataset upload, 'val' for the val split (accepted; W&B is not supported yet)")
-    parser.add_argument("--bbox_interval", type=cli.bbox_interval, default=-1,
-                        help="YOLOv5's W&B interval of val images with boxes (accepted; W&B is not supported yet)")
-    parser.add_argument("--artifact_alias", type=str, default="latest",
-                        help="YOLOv5's W&B dataset artifact version (accepted; W&B is not supported yet)")
+    add_tracker_flags(parser)
     parser.add_argument("--evolve", type=positive_int, nargs="?", const=300, help="evolve hyperparameters for x generations")
     parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
                         help="--evolve search space: which hyperparameters evolve, with their bounds")

@@ -253,15 +253,22 @@ def ranges(monkeypatch):
     yield from serve_as_mirror(Ranges, monkeypatch)
 
 
-def test_an_interrupted_archive_resumes_with_a_range_request(tmp_path, ranges):
+def cut_archive(tmp_path, ranges, seed: int, size: int) -> tuple[Path, Path]:
+    """(the archived folder, the dataset root): a zip of ``size`` incompressible bytes served by ``ranges``, whose
+    first answer drops the connection half-way, and a first ensure_downloaded that stops there."""
     tree = tmp_path / "tree" / "big"
     tree.mkdir(parents=True)
-    (tree / "noise.bin").write_bytes(np.random.default_rng(0).bytes(400_000))  # incompressible
+    (tree / "noise.bin").write_bytes(np.random.default_rng(seed).bytes(size))
     ranges.body = zip_folder(tree, "big")
     ranges.cut = 1
     root = tmp_path / "datasets" / "big"
     with pytest.raises(DatasetDownloadError, match="broke off|truncated"):
         ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    return tree, root
+
+
+def test_an_interrupted_archive_resumes_with_a_range_request(tmp_path, ranges):
+    tree, root = cut_archive(tmp_path, ranges, 0, 400_000)
     partial = tmp_path / "datasets" / ".big.download" / "archives" / ".big.zip.partial"
     assert partial.stat().st_size == len(ranges.body) // 2
     ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
@@ -271,14 +278,7 @@ def test_an_interrupted_archive_resumes_with_a_range_request(tmp_path, ranges):
 
 
 def test_a_changed_archive_is_fetched_whole_instead_of_resumed(tmp_path, ranges):
-    tree = tmp_path / "tree" / "big"
-    tree.mkdir(parents=True)
-    (tree / "noise.bin").write_bytes(np.random.default_rng(1).bytes(300_000))
-    ranges.body = zip_folder(tree, "big")
-    ranges.cut = 1
-    root = tmp_path / "datasets" / "big"
-    with pytest.raises(DatasetDownloadError):
-        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    tree, root = cut_archive(tmp_path, ranges, 1, 300_000)
     (tree / "noise.bin").write_bytes(np.random.default_rng(2).bytes(300_000))  # a new release of the archive
     ranges.body, ranges.etag = zip_folder(tree, "big"), '"v2"'
     ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")  # If-Range no longer matches: 200, whole
@@ -353,14 +353,7 @@ def test_a_colon_in_a_member_name_is_a_legal_name_here(tmp_path):
 
 
 def test_a_range_answer_for_other_bytes_is_refused_and_the_next_start_begins_again(tmp_path, ranges, monkeypatch):
-    tree = tmp_path / "tree" / "big"
-    tree.mkdir(parents=True)
-    (tree / "noise.bin").write_bytes(np.random.default_rng(3).bytes(200_000))
-    ranges.body = zip_folder(tree, "big")
-    ranges.cut = 1
-    root = tmp_path / "datasets" / "big"
-    with pytest.raises(DatasetDownloadError):
-        ensure_downloaded(root, "https://example.org/big.zip", "big.yaml")
+    tree, root = cut_archive(tmp_path, ranges, 3, 200_000)
     original = Ranges.send_header
 
     def wrong_range(handler, key, value):  # a server that answers a range request with other bytes

@@ -217,7 +217,7 @@ class AtomicFile:
 
     def __init__(self, path):
         self.path = Path(path)
-        self.temp = temp_path(self.path)
+        self.temp = None  # the create_temp file, from __enter__ on
         self.file = None
 
     def __enter__(self) -> "AtomicFile":
