@@ -159,6 +159,34 @@ def test_metric_names_are_yolov5s_mapped_to_names_every_mlflow_store_takes():
     assert METRIC_NAMES["train/box_loss"]["mlflow"] == "train/box_loss"
 
 
+def test_importing_the_trackers_or_train_imports_no_tracker_package():
+    packages = [tracker.package for tracker in dispatch.TRACKERS]
+    assert packages and all(packages)
+    code = f"import sys, train, utils.trackers; print([p for p in {packages!r} if p in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1],
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("tracker_class", dispatch.TRACKERS, ids=lambda tracker_class: tracker_class.name)
+def test_a_tracker_whose_package_is_broken_is_one_warning(tracker_class, monkeypatch, caplog):
+    """Its package fails to import in the worker thread (as a broken install does): one warning, no further call."""
+    package = tracker_class.package
+    for name in [package, *(name for name in sys.modules if name.startswith(f"{package}."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # any import of it (or of a module of it) raises ImportError
+    trackers = trackers_of(tracker_class())
+    trackers.start([{"epoch": 0, **dict.fromkeys(RESULTS_KEYS, 0.0)}])
+    for epoch in (1, 2):
+        trackers.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 1.0))
+    trackers.log_files([Path("a.png")], "")
+    trackers.close(finished=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and re.match(f"WARNING: {tracker_class.label}: start failed, no more logging to it; "
+                                           r"training goes on \((ModuleNotFound|Import)Error: ", warnings[0])
+    assert trackers.failed == {tracker_class.name} and trackers.run_ids() == {}
+
+
 # ---------------------------------------------------------------------- the checkpoint's optional field
 
 def test_tracker_run_ids_in_a_checkpoint_are_optional_and_checked():

@@ -131,15 +131,15 @@ def add_run_folder_flags(parser: argparse.ArgumentParser, project: str) -> None:
 def add_tracker_flags(parser: argparse.ArgumentParser) -> None:
     """--no-trackers, and YOLOv5's W&B flags (accepted, with YOLOv5's defaults: docs/trackers.md)."""
     parser.add_argument("--no-trackers", dest="trackers", action="store_false",
-                        help="log to no experiment tracker (MLflow when installed and MLFLOW_TRACKING_URI is set: "
+                        help="log to no experiment tracker (MLflow, W&B, Comet, ClearML when installed and set up: "
                              "docs/trackers.md); TensorBoard has its own switch")
-    parser.add_argument("--entity", default=None, help="YOLOv5's W&B entity (accepted; W&B is not supported yet)")
+    parser.add_argument("--entity", default=None, help="W&B entity (team or user) of the run")
     parser.add_argument("--upload_dataset", nargs="?", const=True, default=False,
-                        help="YOLOv5's W&B dataset upload, 'val' for the val split (accepted; W&B is not supported yet)")
+                        help="YOLOv5's W&B dataset upload, 'val' for the val split (accepted; not done: docs/trackers.md)")
     parser.add_argument("--bbox_interval", type=bbox_interval, default=-1,
-                        help="YOLOv5's W&B interval of val images with boxes (accepted; W&B is not supported yet)")
+                        help="YOLOv5's W&B interval of val images with boxes (accepted; not done: docs/trackers.md)")
     parser.add_argument("--artifact_alias", type=str, default="latest",
-                        help="YOLOv5's W&B dataset artifact version (accepted; W&B is not supported yet)")
+                        help="YOLOv5's W&B dataset artifact version (accepted; no wandb-artifact:// datasets here)")
 
 
 def add_amp_flag(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,11 @@ from utils.loggers import RESULTS_KEYS
 
 # results.csv's columns (YOLOv5's names) -> the name each tracker logs them under (docs/trackers.md shows this
 # table). MLflow refuses ':' in a metric name on Windows (its client and a Windows server), so
-# metrics/mAP_0.5:0.95 is logged as metrics/mAP_0.5-0.95 everywhere; every other name is YOLOv5's.
+# metrics/mAP_0.5:0.95 is logged as metrics/mAP_0.5-0.95 everywhere; every other name is YOLOv5's. W&B, Comet and
+# ClearML take ':' and get YOLOv5's names unchanged (ClearML splits a name at its first '/' into title and series, as
+# YOLOv5's ClearML logger does: title "metrics", series "mAP_0.5:0.95").
 METRIC_NAMES: dict[str, dict[str, str]] = {
-    key: {"mlflow": key.replace(":", "-")} for key in RESULTS_KEYS
+    key: {"mlflow": key.replace(":", "-"), "wandb": key, "comet": key, "clearml": key} for key in RESULTS_KEYS
 }
 
 SECRET_NAME = re.compile(r"token|secret|passw|api_?key|auth|credential|signature|^sig$", re.IGNORECASE)
@@ -60,6 +62,7 @@ class Tracker:
 
     name = "tracker"        # the key of its run id in a checkpoint (training.run.tracker_runs)
     label = "Tracker"       # how messages name it
+    package = ""            # the package it imports (in its worker thread only, never when utils.trackers is imported)
 
     def __init__(self):
         self.run_id: str | None = None   # set by start()

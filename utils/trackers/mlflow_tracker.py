@@ -22,7 +22,7 @@ def shown_uri(uri: str) -> str:
 
 
 class MlflowTracker(Tracker):
-    name, label = "mlflow", "MLflow"
+    name, label, package = "mlflow", "MLflow", "mlflow"
 
     @classmethod
     def switch(cls) -> tuple[bool, str] | None:

@@ -1,0 +1,193 @@
+"""Weights & Biases: on as YOLOv5 v7 switches it: the ``wandb`` package installed, logged in (WANDB_API_KEY, or an
+entry for the W&B host in ~/.netrc written by ``wandb login``) or WANDB_MODE=offline, and not disabled
+(WANDB_MODE=disabled, WANDB_DISABLED=true). Its files stay in the run folder (``<run folder>/wandb``), and nothing but
+what this module logs is sent: no code, git state, requirements, job, console output, system metrics or machine
+metadata (the settings below). The package is imported when a run starts, in the trackers' worker thread.
+
+An offline run is read back with ``read_records`` (the run's ``.wandb`` transaction log through wandb's own record
+schema): a resumed offline run learns from it which epochs its earlier process logged."""
+from __future__ import annotations
+
+import importlib.util
+import netrc
+import os
+import shutil
+import struct
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from utils.trackers.core import METRIC_NAMES, RunStart, Tracker
+
+DEFAULT_HOST = "https://api.wandb.ai"
+DEFAULT_PROJECT = "runs/train"   # YOLOv5: this --project is W&B project "YOLOv5", any other its last part
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def image_key(name: str) -> str:
+    """The W&B panel an image goes to, as YOLOv5's W&B logger names them."""
+    if name.startswith("train_batch"):
+        return "Mosaics"
+    if name.startswith("labels"):
+        return "Labels"
+    if name.startswith("val_batch"):
+        return "Validation"
+    return "Results"
+
+
+def project_name(project: str) -> str:
+    return "YOLOv5" if Path(project).as_posix().rstrip("/").endswith(DEFAULT_PROJECT) else Path(project).name
+
+
+def _mode() -> str:
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return "disabled"
+    return "offline" if mode == "dryrun" else mode
+
+
+def _logged_in() -> str:
+    """Where W&B's credentials come from ('' when there are none): the environment or ~/.netrc (not checked online)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY is set"
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or DEFAULT_HOST).netloc
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return ""
+    return f"logged in ({path})" if found and found[2] else ""
+
+
+class WandbTracker(Tracker):
+    name, label, package = "wandb", "W&B", "wandb"
+
+    @classmethod
+    def switch(cls) -> tuple[bool, str] | None:
+        if importlib.util.find_spec("wandb") is None:
+            return None
+        mode = _mode()
+        if mode == "disabled":
+            return False, "WANDB_MODE=disabled"
+        if mode == "offline":
+            return True, "WANDB_MODE=offline"
+        how = _logged_in()
+        return (True, how) if how else (False, "not logged in: wandb login, or WANDB_MODE=offline")
+
+    def __init__(self):
+        super().__init__()
+        self.run = None
+        self.logged_through = -1  # the last epoch the run has
+        self.step = 0             # the step files and images are shown at (the last epoch logged)
+
+    def start(self, run: RunStart) -> None:
+        import wandb
+
+        offline = _mode() == "offline"
+        settings = wandb.Settings(mode="offline" if offline else "online", save_code=False, disable_code=True,
+                                  disable_git=True, disable_job_creation=True, x_save_requirements=False,
+                                  x_disable_meta=True, x_disable_stats=True, console="off", silent=True)
+        if run.resume_id and offline:
+            self.logged_through = last_offline_step(run.save_dir / "wandb", run.resume_id)
+        self.run = wandb.init(project=project_name(run.experiment), entity=run.params.get("entity") or None,
+                              name=run.run_name, dir=str(run.save_dir), config=run.params, id=run.resume_id,
+                              resume="allow" if run.resume_id else None, settings=settings)
+        self.run_id = self.run.id
+        if run.resume_id and not offline and self.run.resumed:
+            self.logged_through = self.run.starting_step - 1  # the server's next step is one past its last epoch
+        if run.resume_id:
+            self.note = "continuing its run: "
+        self.step = max(self.logged_through, 0)
+        for row in run.rows:
+            self.log_epoch(int(row["epoch"]), {key: value for key, value in row.items() if key != "epoch"})
+        self.url = self.run.url if not offline else (
+            f"offline run {self.run.id} in {Path(self.run.dir).parent} (upload: wandb sync {run.save_dir / 'wandb'})")
+
+    def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
+        if epoch <= self.logged_through:
+            return
+        metrics = {METRIC_NAMES[key]["wandb"]: float(value) for key, value in values.items() if key in METRIC_NAMES}
+        self.run.log(metrics, step=epoch)
+        self.logged_through = self.step = epoch
+
+    def log_files(self, paths: list[Path], folder: str) -> None:
+        import wandb
+
+        paths = [path for path in paths if path.is_file()]
+        if folder == "weights":
+            for path in paths:
+                self._log_model(path)
+            return
+        images: dict[str, list] = {}
+        for path in paths:
+            if path.suffix.lower() in IMAGE_SUFFIXES:
+                images.setdefault(image_key(path.name), []).append(wandb.Image(str(path), caption=path.name))
+            else:  # copied into the run's files (no symlink back into the run folder, no wandb warning about it)
+                copied = Path(self.run.dir) / path.name
+                shutil.copyfile(path, copied)
+                self.run.save(str(copied), base_path=self.run.dir, policy="now")
+        if images:
+            self.run.log(images, step=self.step)
+
+    def _log_model(self, path: Path) -> None:
+        """A checkpoint as a version of the run's model artifact ``run_<id>_model``, as YOLOv5's W&B logger names it:
+        best.pt at the end ('latest', 'best', 'stripped'), epoch<N>.pt every --save-period epochs."""
+        import wandb
+
+        artifact = wandb.Artifact(f"run_{self.run.id}_model", type="model",
+                                  metadata={"original_url": str(path), "epochs_trained": self.step + 1})
+        artifact.add_file(str(path), name=path.name, policy="immutable")  # not copied to a staging folder
+        if path.name == "best.pt":
+            aliases = ["latest", "best", "stripped"]
+        else:
+            aliases = ["latest", "last", f"epoch {path.stem.removeprefix('epoch')}"]
+        self.run.log_artifact(artifact, aliases=aliases)
+
+    def finish(self, finished: bool) -> None:
+        self.run.finish(exit_code=0 if finished else 1)
+
+
+# --------------------------------------------------------------------------- reading an offline run back
+
+LOG_BLOCK = 32768                       # the transaction log's block size (a LevelDB-style log)
+LOG_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)  # magic, then version 0
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4  # how a record lies across blocks
+
+
+def read_records(path: Path) -> list:
+    """Every record of an offline run's ``run-<id>.wandb`` transaction log, as wandb's own ``Record`` messages
+    (``wandb.proto.wandb_internal_pb2``): run, config, history (one per step), files, artifacts, exit, ..."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = Path(path).read_bytes()
+    if not data.startswith(LOG_HEADER):
+        raise ValueError(f"{path}: not a W&B transaction log (header {data[:7]!r})")
+    records, parts, position = [], b"", len(LOG_HEADER)
+    while position + 7 <= len(data):
+        left = LOG_BLOCK - position % LOG_BLOCK
+        if left < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        if kind == 0 and length == 0:  # zeros: padding or an unwritten tail
+            position += left
+            continue
+        chunk = data[position + 7:position + 7 + length]
+        position += 7 + length
+        parts = chunk if kind in (FULL, FIRST) else parts + chunk
+        if kind in (FULL, LAST):
+            record = Record()
+            record.ParseFromString(parts)
+            records.append(record)
+    return records
+
+
+def history_steps(records: list) -> list[int]:
+    return [record.history.step.num for record in records if record.WhichOneof("record_type") == "history"]
+
+
+def last_offline_step(wandb_dir: Path, run_id: str) -> int:
+    """The last step that earlier offline runs with this id logged in this run folder (-1: none)."""
+    steps = [-1]
+    for log in sorted(Path(wandb_dir).glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        steps += history_steps(read_records(log))
+    return max(steps)
