@@ -73,7 +73,15 @@ def unstripped(monkeypatch):
 CONFIGS = {"workers0-nocache": ["--workers", "0", "--cache", "off"],
            # worker processes load only files (RAM-cached images load in line on a CPU the training fills)
            "workers2-disk-multiscale-imageweights": ["--workers", "2", "--cache", "disk", "--multi-scale",
-                                                     "--image-weights"]}
+                                                     "--image-weights"],
+           # the checks CUDA defers (utils/trainer/step_checks.py): settled before each checkpoint
+           "workers0-deferred-checks": ["--workers", "0", "--cache", "off"]}
+CONFIG_ENVIRONMENT = {"workers0-deferred-checks": {"YOLO_TRAINER_STEP_CHECKS": "deferred"}}
+
+
+def set_environment(monkeypatch, config: str) -> None:
+    for name, value in CONFIG_ENVIRONMENT.get(config, {}).items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.mark.slow
@@ -81,6 +89,7 @@ CONFIGS = {"workers0-nocache": ["--workers", "0", "--cache", "off"],
 def test_resume_is_bit_exact_at_epoch_end_and_mid_epoch(tiny, unstripped, monkeypatch, config, capsys):
     root = tiny[0]
     extra = CONFIGS[config]
+    set_environment(monkeypatch, config)
     assert train_script.main(train_args(tiny, f"{config}-straight", *extra)) == 0
     straight, _ = full_state(root / "runs" / f"{config}-straight" / "weights" / "last.pt")
     straight_best, _ = full_state(root / "runs" / f"{config}-straight" / "weights" / "best.pt")
@@ -91,6 +100,7 @@ def test_resume_is_bit_exact_at_epoch_end_and_mid_epoch(tiny, unstripped, monkey
         assert train_script.main(train_args(tiny, name, *extra)) == expected_status
         monkeypatch.undo()
         monkeypatch.setattr(stages, "strip_checkpoint", lambda path: None)
+        set_environment(monkeypatch, config)
         last = root / "runs" / name / "weights" / "last.pt"
         position = torch.load(last, weights_only=True)["training"]["run"]
         if how == "crash":

@@ -252,6 +252,14 @@ def all_reduce_sum(tensor: torch.Tensor, phase: str = "sum a statistic") -> torc
     return _all_reduce(tensor.detach().clone(), torch_dist.ReduceOp.SUM, phase).to(tensor.device)
 
 
+def all_reduce_max_in_place(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over all processes, in place on ``tensor``'s device and never read by the host (NCCL
+    queues it behind the step's kernels; a training step's deferred decisions). Identity when alone."""
+    if in_process_group():
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor
+
+
 def _all_reduce(tensor: torch.Tensor, op, phase: str) -> torch.Tensor:
     if not in_process_group():
         return tensor

@@ -4,6 +4,11 @@ After ``updates`` optimizer steps the decay is ``decay * (1 - exp(-updates / tau
 from 0, so early averages follow the model closely. Every floating-point state entry (parameters
 and buffers such as BatchNorm running statistics) is averaged; integer buffers
 (``num_batches_tracked``) keep the value copied at construction.
+
+``update(model, keep=t)`` with a boolean tensor ``t`` is the step the device decides (utils/trainer/step_checks.py):
+the update count is then a tensor on the device (``t`` added, never read during training), the decay is computed
+there in float64 as on the host, and a step whose ``t`` is false leaves the average as it was
+(``ema + 0 * (model - ema)``; the model did not move either). ``updates`` reads the count (a checkpoint).
 """
 from __future__ import annotations
 
@@ -27,24 +32,47 @@ class ModelEMA:
             parameter.requires_grad_(False)
         self.base_decay = decay
         self.tau = tau
-        self.updates = updates
+        self._updates = updates
+        self._device_updates: torch.Tensor | None = None  # the count while the device decides (update(keep=...))
         self._float_keys = None
+
+    @property
+    def updates(self) -> int:
+        if self._device_updates is not None:  # one read (a checkpoint); the count stays on the device after it
+            return int(self._device_updates.item())
+        return self._updates
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self._updates, self._device_updates = int(value), None
 
     def decay(self, updates: int) -> float:
         return self.base_decay * (1 - math.exp(-updates / self.tau))
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """One step: ema = d * ema + (1 - d) * model for floating-point entries."""
-        self.updates += 1
-        d = self.decay(self.updates)
+    def update(self, model: nn.Module, keep: torch.Tensor | None = None) -> None:
+        """One step: ema = d * ema + (1 - d) * model for floating-point entries; with ``keep`` (a boolean tensor),
+        only where it is true, decided on the device (see the module docstring)."""
         ema_state = self.ema.state_dict()
         if self._float_keys is None:
             self._float_keys = [k for k, v in ema_state.items() if v.dtype.is_floating_point]
         model_state = unwrap_model(model).state_dict()
         ema_tensors = [ema_state[k] for k in self._float_keys]
         model_tensors = [model_state[k].detach().to(ema_state[k].dtype) for k in self._float_keys]
-        torch._foreach_lerp_(ema_tensors, model_tensors, 1.0 - d)
+        if keep is None:
+            self._updates = self.updates + 1
+            self._device_updates = None
+            torch._foreach_lerp_(ema_tensors, model_tensors, 1.0 - self.decay(self._updates))
+            return
+        if self._device_updates is None:
+            self._device_updates = torch.tensor(self._updates, dtype=torch.float64, device=ema_tensors[0].device)
+        keep = keep.to(device=self._device_updates.device, dtype=torch.float64)
+        self._device_updates += keep
+        d = self.base_decay * (1 - torch.exp(-self._device_updates / self.tau))
+        weight = ((1.0 - d) * keep).to(ema_tensors[0].dtype)
+        change = torch._foreach_sub(model_tensors, ema_tensors)
+        torch._foreach_mul_(change, weight)
+        torch._foreach_add_(ema_tensors, change)
 
     def update_attr(self, model: nn.Module, include: tuple[str, ...] = (),
                     exclude: tuple[str, ...] = ("process_group", "reducer")) -> None:

@@ -5,6 +5,11 @@ starts where it stopped); ``TrainStep`` does forward, loss, backward, and every 
 iterations an optimizer step (unscale, clip at 10, step, EMA update). Warmup sets lr, momentum and the
 accumulation count per iteration. After each optimizer step the trainer's ``at_step_boundary()`` may
 save a mid-epoch checkpoint and end the epoch early (a signal).
+
+Two ways to decide on non-finite values: at once (``TrainStep.checks`` None: the CPU, where reading a value costs
+nothing; the results every test and benchmark compares), or on the device, read every REPORT_EVERY batches
+(``checks``: utils/trainer/step_checks.py; CUDA with the project's SGD, where each read would stall the GPU).
+``StepChecks.chosen`` picks; YOLO_TRAINER_STEP_CHECKS=immediate|deferred overrides it (to compare the two).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from utils.loggers import memory_string
 from utils.errors import TrainingDiverged
 from utils.trainer.optim import apply_warmup
 from utils.trainer.state import RunState, StepCounters
+from utils.trainer.step_checks import StepChecks
 
 LOGGER = logging.getLogger(__name__)
 
@@ -69,14 +75,20 @@ class TrainStep:
     # time there. None in training.
     phase: object = None
     loss_scale: float = 1.0  # the loss is multiplied by this before backward (4 with --quad, as YOLOv5)
+    checks: StepChecks | None = None  # decide on non-finite values on the device (module docstring); None: at once
+
+    def __post_init__(self):
+        if self.checks is not None:  # a GradScaler passes its found_inf to SGD.step instead of reading it
+            self.optimizer._step_supports_amp_scaling = True
 
     def mark(self, name: str) -> None:
         if self.phase is not None:
             self.phase(name)
 
     def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool = True
-                         ) -> tuple[torch.Tensor, bool]:
-        """Forward, loss and backward; returns (loss items, finite). Under DDP, ``sync=False`` (a micro-step
+                         ) -> tuple[torch.Tensor, bool | torch.Tensor]:
+        """Forward, loss and backward; returns (loss items, finite: a bool, or a bool tensor with ``checks``).
+        Under DDP, ``sync=False`` (a micro-step
         that is not followed by an optimizer step) keeps the gradients local (``no_sync``): they are averaged
         once, at the step that uses them."""
         # loader batches are already channels_last (then this is free); 'off' gets plain NCHW
@@ -91,26 +103,26 @@ class TrainStep:
         self.mark("forward")
         loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
         self.mark("loss")
+        if self.checks is not None:
+            finite = self.checks.loss(self.counters.global_step, loss)
+            self._backward(loss)
+            return items, finite
         finite = bool(torch.isfinite(loss).all())
         if dist.get_world_size() > 1:  # every process skips the step together, or none does
             finite = not dist.all_reduce_max([int(not finite)], "agree whether the loss is finite")[0]
         if not finite:
-            self.counters.nonfinite_in_row += 1
-            self.counters.nonfinite_total += 1
             self.optimizer.zero_grad(set_to_none=True)
-            LOGGER.warning("Non-finite loss at iteration %d: step skipped (%d in a row, %d in total)",
-                           self.counters.global_step, self.counters.nonfinite_in_row, self.counters.nonfinite_total)
-            if self.counters.nonfinite_in_row >= MAX_NONFINITE_IN_ROW:
-                raise NonFiniteLossError(
-                    f"loss was NaN/inf for {MAX_NONFINITE_IN_ROW} iterations in a row: lower lr0 (--hyp) or check "
-                    "the labels; stopping")
+            self._count_nonfinite_loss(self.counters.global_step)
             return items, False
         self.counters.nonfinite_in_row = 0
+        self._backward(loss)
+        return items, True
+
+    def _backward(self, loss: torch.Tensor) -> None:
         if self.loss_scale != 1.0:
             loss = loss * self.loss_scale
         self.precision.scaler.scale(loss).backward()
         self.mark("backward")
-        return items, True
 
     def optimizer_step(self) -> None:
         """Unscale, clip, step, EMA. A gradient that is not finite (a finite loss whose backward overflowed) is
@@ -121,6 +133,9 @@ class TrainStep:
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        if self.checks is not None:
+            self._deferred_step(norm)
+            return
         finite = bool(torch.isfinite(norm))
         self.mark("clip")
         scales = None
@@ -139,8 +154,56 @@ class TrainStep:
         self.counters.last_optimizer_step = self.counters.global_step
         self._count_step(finite, scales)
 
-    def _count_step(self, updated: bool, scales: tuple[float, float] | None) -> None:
-        """Count a skipped step (``scales``: the GradScaler's loss scale before and after it, if enabled)."""
+    def _deferred_step(self, norm: torch.Tensor) -> None:
+        """optimizer_step's step, EMA and counting with ``checks``: skipped or not on the device, counted at
+        ``settle``."""
+        self.mark("clip")
+        skip = self.checks.step(norm)
+        scaler = self.precision.scaler
+        if scaler.is_enabled():
+            scaler.step(self.optimizer, skip=skip)  # SGD.step adds the scaler's found_inf (no read)
+            scaler.update()
+        else:
+            self.optimizer.step(skip=skip)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.mark("optimizer")
+        if self.ema is not None:
+            self.ema.update(self.model, keep=~skip)
+            self.mark("ema")
+        self.counters.last_optimizer_step = self.counters.global_step
+
+    def settle(self, state: RunState) -> int:
+        """Read and count the deferred checks since the last settle (``checks``; nothing to do without): warnings,
+        counters and errors as the immediate checks give them, and the finite iterations into
+        ``state.loss_batches``. Returns the iterations skipped for a non-finite loss."""
+        if self.checks is None:
+            return 0
+        skipped = 0
+        for iteration, loss_bad, step_bad in self.checks.read():
+            if loss_bad:
+                skipped += 1
+                self._count_nonfinite_loss(iteration)
+            else:
+                self.counters.nonfinite_in_row = 0
+                state.loss_batches += 1
+            if step_bad is not None:
+                self._count_step(not step_bad, None, iteration)
+        return skipped
+
+    def _count_nonfinite_loss(self, iteration: int) -> None:
+        counters = self.counters
+        counters.nonfinite_in_row += 1
+        counters.nonfinite_total += 1
+        LOGGER.warning("Non-finite loss at iteration %d: step skipped (%d in a row, %d in total)",
+                       iteration, counters.nonfinite_in_row, counters.nonfinite_total)
+        if counters.nonfinite_in_row >= MAX_NONFINITE_IN_ROW:
+            raise NonFiniteLossError(
+                f"loss was NaN/inf for {MAX_NONFINITE_IN_ROW} iterations in a row: lower lr0 (--hyp) or check "
+                "the labels; stopping")
+
+    def _count_step(self, updated: bool, scales: tuple[float, float] | None, iteration: int | None = None) -> None:
+        """Count a skipped step (``scales``: the GradScaler's loss scale before and after it, if enabled;
+        ``iteration``: the step's iteration when counted late, else the current one)."""
         counters = self.counters
         if updated:
             counters.skipped_steps_in_row = 0
@@ -149,7 +212,7 @@ class TrainStep:
         counters.skipped_steps_total += 1
         scale = f" (loss scale {scales[0]:g} -> {scales[1]:g})" if scales is not None else ""
         LOGGER.warning("Non-finite gradient at iteration %d: optimizer step skipped%s (%d in a row, %d in total)",
-                       counters.global_step, scale, counters.skipped_steps_in_row, counters.skipped_steps_total)
+                       counters.global_step if iteration is None else iteration, scale, counters.skipped_steps_in_row, counters.skipped_steps_total)
         if counters.skipped_steps_in_row >= MAX_NONFINITE_IN_ROW:
             raise NonFiniteGradientError(
                 f"gradients were NaN/inf at {MAX_NONFINITE_IN_ROW} optimizer steps in a row: lower lr0 (--hyp), "
@@ -208,7 +271,9 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
         compute_start = time.perf_counter()
         items, finite = step.forward_backward(images, targets, sync=stepping)
         stats.compute_time += time.perf_counter() - compute_start
-        if finite:
+        if step.checks is not None:  # counted at the next settle
+            totals += torch.where(finite, items.float(), 0.0)
+        elif finite:
             totals += items.float()
             state.loss_batches += 1
         else:
@@ -222,6 +287,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
         counters.global_step += 1
         state.batch = batch_index + 1
         if shown is None or stats.iterations % REPORT_EVERY == 0 or state.batch == num_batches:
+            stats.skipped_steps += step.settle(state)
             shown = (totals / max(state.loss_batches, 1)).tolist()
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
             f"{epoch + 1}/{epochs or '?'}", memory_string(device), *shown, targets.shape[0], images.shape[-1]))
@@ -231,6 +297,7 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
             break
         tick = time.perf_counter()
     bar.close()
+    stats.skipped_steps += step.settle(state)
     state.loss_sums = totals.tolist()
     stats.mean_losses = totals.cpu() / max(state.loss_batches, 1)
     return stats

@@ -24,6 +24,13 @@ before any parameter moves. State dicts of older torch versions load: groups lac
 torch.optim.SGD's defaults for them (``nesterov``, ``maximize``, ``differentiable``, ``fused`` False,
 ``foreach`` None), a ``momentum_buffer`` of None counts as none.
 
+A step the device decides to skip (``step(skip=t)``, ``t`` a boolean tensor; GradScaler's ``found_inf`` when it
+drives the step): the update runs as one fused kernel per group (``torch._fused_sgd_``) that reads ``t`` itself, so
+nothing waits for the device to say whether the gradients were finite (the training step's deferred checks,
+utils/trainer/step_checks.py). Momentum buffers are then made as zeros before the first step (``momentum * 0 + g``
+is ``g``), so a skipped first step leaves no uninitialised buffer. Same update; the fused kernel may round
+differently from the foreach one (fused multiply-adds on CUDA).
+
 The switch back: with ``YOLO_TRAINER_TORCH_SGD=1`` in the environment, ``utils.trainer.optim.build_optimizer``
 builds ``torch.optim.SGD`` instead (same settings and checkpoints; the torch._dynamo import is paid again).
 """
@@ -142,9 +149,13 @@ class SGD:
                     p.grad.detach_().zero_()
 
     @torch.no_grad()
-    def step(self, closure: Callable | None = None):
+    def step(self, closure: Callable | None = None, *, skip: torch.Tensor | None = None):
         """One update of every group (``closure``, if given, is called first with gradients enabled and its
-        loss returned). Every group is checked before any parameter moves."""
+        loss returned). Every group is checked before any parameter moves. ``skip``: a boolean tensor on the
+        parameters' device; when true the step changes nothing (decided on the device, never read here). A
+        GradScaler that drives this optimizer (``_step_supports_amp_scaling``, set by the training step) adds its
+        ``found_inf``."""
+        skip = self._skip_tensor(skip)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -158,9 +169,39 @@ class SGD:
                                  f"{TORCH_SGD_VARIABLE}=1 for build_optimizer)")
             updates.append((group, params))
         for group, params in updates:
-            if params:
+            if params and skip is not None:
+                self._fused_update(params, group, skip)
+            elif params:
                 self._update(params, group["lr"], group["momentum"], group["weight_decay"], group["nesterov"])
         return loss
+
+    def _skip_tensor(self, skip: torch.Tensor | None) -> torch.Tensor | None:
+        """``skip`` and a driving GradScaler's ``found_inf`` (and its ``grad_scale``, which must be unset: the
+        training step unscales first) as one float tensor, or None."""
+        if getattr(self, "grad_scale", None) is not None:
+            raise ValueError("this SGD takes unscaled gradients: call GradScaler.unscale_ before GradScaler.step")
+        found = getattr(self, "found_inf", None)
+        if skip is None:
+            return None if found is None else found.bool().to(torch.float32)
+        if found is not None:
+            skip = skip | found.to(skip.device).bool()
+        return skip.to(torch.float32)  # the kernel skips on exactly 1.0
+
+    def _fused_update(self, params: list, group: dict, skip: torch.Tensor) -> None:
+        """The same update as ``_update`` in one kernel that does nothing when ``skip`` is non-zero."""
+        momentum = group["momentum"]
+        buffers = []
+        if momentum != 0:
+            for p in params:
+                state = self.state[p]
+                if state.get("momentum_buffer") is None:  # momentum * 0 + g == g: a first step as _update's
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                buffers.append(state["momentum_buffer"])
+        lr = group["lr"]
+        lr = lr.squeeze() if isinstance(lr, torch.Tensor) else float(lr)
+        torch._fused_sgd_(params, [p.grad for p in params], buffers, weight_decay=float(group["weight_decay"]),
+                          momentum=float(momentum), lr=lr, dampening=0.0, nesterov=bool(group["nesterov"]),
+                          maximize=False, is_first_step=False, found_inf=skip.to(params[0].device))
 
     def _update(self, params: list, lr: float | torch.Tensor, momentum: float, weight_decay: float,
                 nesterov: bool) -> None:

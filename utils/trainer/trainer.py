@@ -45,6 +45,7 @@ from utils.trainer.setup import build_training_model, freeze_layers, resumed_mod
 from utils.trainer.stages import build_data, final_validation, fit_anchors, load_data, validate_epoch
 from utils.rng import capture_rng, restore_rng
 from utils.trainer.state import RunState
+from utils.trainer.step_checks import StepChecks
 
 LOGGER = logging.getLogger(__name__)
 
@@ -337,6 +338,7 @@ class Trainer:
         """After an optimizer step: write a mid-epoch checkpoint when the clock or a signal asks; True = stop."""
         save, stop = self.control.decide()
         if save:
+            self.step.settle(self.state)  # the deferred checks' counts go into the checkpoint
             self._save_checkpoint()
             LOGGER.info("Saved %s at epoch %d, batch %d/%d", self.save_dir / "weights" / "last.pt",
                         self.state.epoch + 1, self.state.batch, self.data.batches_per_epoch)
@@ -426,7 +428,8 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last)
+    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last,
+                     checks=StepChecks.chosen(device, optimizer))
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
         per_process = config.batch_size // max(info.world_size, 1)
