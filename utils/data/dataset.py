@@ -486,15 +486,8 @@ class YoloDataset(Dataset):
         mirrored canvas): then the whole canvas is built.
         """
         s, hyp = self.imgsz, self.hyp
-        others = rng.choice(partners, 3, replace=False) if partners is not None else rng.integers(0, self.n, 3)
-        picks = [index, *(int(k) for k in others)]
-        rng.shuffle(picks)
-        centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
+        picks, centre, matrix, zoom, window = self.mosaic_draws(index, rng, partners)
         out_size, projective = (s, s), hyp.perspective > 0
-        matrix, zoom = perspective_matrix((2 * s, 2 * s), out_size, hyp.degrees, hyp.translate, hyp.scale, hyp.shear,
-                                          hyp.perspective, rng)
-        pasting = hyp.copy_paste > 0 and any(self.flat.has_segments(k) for k in picks)
-        window = None if projective or pasting else source_window(matrix, out_size, (2 * s, 2 * s))
         if self.canvas is None:
             self.canvas = np.empty((2 * s, 2 * s, 4), np.uint8)  # reused: warped into a new array below
         canvas, labels, segments = mosaic4(lambda position: self.load_image(picks[position])[0],
@@ -505,3 +498,18 @@ class YoloDataset(Dataset):
         canvas, labels, segments = copy_paste(canvas, labels, segments, hyp.copy_paste, rng)
         canvas, labels, _ = apply_warp(canvas, labels, segments, matrix, zoom, out_size, projective)
         return canvas, labels
+
+    def mosaic_draws(self, index: int, rng, partners: np.ndarray | None = None):
+        """A mosaic's random draws, in order: (the 4 image indices as placed, the canvas centre (xc, yc), the 3x3
+        warp to imgsz and its zoom, the canvas window that warp reads (None: the whole canvas is needed))."""
+        s, hyp = self.imgsz, self.hyp
+        others = rng.choice(partners, 3, replace=False) if partners is not None else rng.integers(0, self.n, 3)
+        picks = [index, *(int(k) for k in others)]
+        rng.shuffle(picks)
+        centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))
+        out_size, projective = (s, s), hyp.perspective > 0
+        matrix, zoom = perspective_matrix((2 * s, 2 * s), out_size, hyp.degrees, hyp.translate, hyp.scale, hyp.shear,
+                                          hyp.perspective, rng)
+        pasting = hyp.copy_paste > 0 and any(self.flat.has_segments(k) for k in picks)
+        window = None if projective or pasting else source_window(matrix, out_size, (2 * s, 2 * s))
+        return picks, centre, matrix, zoom, window

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 from utils import dist
 from utils.data.batch_slots import TRAILER, BatchSlots
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
+from utils.data.plans import PlanDataset, collate_plans
 from utils.device import usable_cpus
 from utils.memory import keep_freed_memory
 
@@ -154,7 +155,7 @@ def loader_shared_bytes(num_workers: int, batch_size: int, imgsz: int, stride: i
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
-                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset"):
+                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset", augment_device=False):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
     ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
@@ -166,6 +167,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     then images cached in RAM load in the main process (see ``inline_loading``).
     ``multiprocessing_context``: the workers' start method ("fork", "spawn", "forkserver"; None: Python's default).
     ``mosaic_partners``: "dataset" (YOLOv5's draw) or "batch" (this rank's batch), see ``YoloDataset.__getitems__``.
+    ``augment_device`` (training only): batches hold a ``PlanBatch`` (``utils.data.plans``) instead of images, which
+    ``utils.data.device_augment.render_plans`` turns into the images on the training device.
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
     """
@@ -175,7 +178,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     if cache not in (None, "off", "ram", "disk", "auto"):
         raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     nc = len(names) if names is not None else None
-    dataset = YoloDataset(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
+    plans = augment_device and augment
+    dataset_class = PlanDataset if plans else YoloDataset
+    dataset = dataset_class(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
                           augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
                           single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
                           mosaic_partners=mosaic_partners)
@@ -202,9 +207,10 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     generator.manual_seed(seed * 1000 + max(rank, 0))
     prefetch = PREFETCH if num_workers > 0 else None
     pin_memory = torch.cuda.is_available()  # pinning copies each batch anyway: no buffer reuse then
-    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS) if num_workers > 0 and not pin_memory else None
-    loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers,
-                            collate_fn=functools.partial(collate, slots=slots), pin_memory=pin_memory,
+    reuse = num_workers > 0 and not pin_memory and not plans  # plans travel in their own tensors
+    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS) if reuse else None
+    collate_fn = collate_plans if plans else functools.partial(collate, slots=slots)
+    loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                             persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
                             generator=generator, prefetch_factor=prefetch, slots=slots,
                             multiprocessing_context=multiprocessing_context if num_workers > 0 else None)

@@ -18,6 +18,19 @@ def letterbox(img: np.ndarray, new_shape=640, color=(114, 114, 114), auto: bool 
     where pads are per side (half the total), as needed by ``utils.boxes.scale_boxes``.
     """
     shape = img.shape[:2]
+    new_unpad, ratios, (dw, dh), (top, bottom, left, right) = letterbox_geometry(shape, new_shape, auto, scale_fill,
+                                                                                scaleup, stride)
+    if shape[::-1] != new_unpad:
+        img = cv2.resize(img, new_unpad, interpolation=cv2.INTER_LINEAR)
+    if top or bottom or left or right:
+        img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
+    return img, ratios, (dw, dh)
+
+
+def letterbox_geometry(shape, new_shape=640, auto: bool = True, scale_fill: bool = False, scaleup: bool = True,
+                       stride: int = 32):
+    """``letterbox``'s arithmetic for an image of ``shape`` (h, w), without its pixels: ``(new_unpad (w, h) of the
+    resize, (ratio_w, ratio_h), (pad_w, pad_h) per side, (top, bottom, left, right) border in pixels)``."""
     if isinstance(new_shape, int):
         new_shape = (new_shape, new_shape)
     ratio = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
@@ -33,13 +46,8 @@ def letterbox(img: np.ndarray, new_shape=640, color=(114, 114, 114), auto: bool 
         new_unpad = (new_shape[1], new_shape[0])
         ratios = (new_shape[1] / shape[1], new_shape[0] / shape[0])
     dw, dh = dw / 2, dh / 2
-    if shape[::-1] != new_unpad:
-        img = cv2.resize(img, new_unpad, interpolation=cv2.INTER_LINEAR)
-    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
-    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
-    if top or bottom or left or right:
-        img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
-    return img, ratios, (dw, dh)
+    border = int(round(dh - 0.1)), int(round(dh + 0.1)), int(round(dw - 0.1)), int(round(dw + 0.1))
+    return new_unpad, ratios, (dw, dh), border
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,10 +168,21 @@ def apply_warp(img: np.ndarray, labels: np.ndarray, segments, matrix: np.ndarray
     Warped boxes are clipped to the image, then those failing ``box_candidates`` are dropped (with
     segments, the 10% area rule becomes 1% since the tight outline box is more reliable).
     """
-    if tuple(out_size) != (img.shape[1], img.shape[0]) or not np.allclose(matrix, np.eye(3)):
+    if warp_needed(img.shape, matrix, out_size):
         img = warp_image(img, matrix, out_size, projective)
+    labels, segments = warp_labels(labels, segments, matrix, zoom, out_size, projective)
+    return img, labels, segments
+
+
+def warp_needed(shape, matrix: np.ndarray, out_size) -> bool:
+    """Whether ``apply_warp`` warps an image of ``shape`` (h, w, ...): not for the identity to the same size."""
+    return tuple(out_size) != (shape[1], shape[0]) or not np.allclose(matrix, np.eye(3))
+
+
+def warp_labels(labels: np.ndarray, segments, matrix: np.ndarray, zoom: float, out_size, projective: bool):
+    """``apply_warp``'s labels and segments, without the image: (labels, segments)."""
     if not len(labels):
-        return img, labels, []
+        return labels, []
     if len(segments):
         boxes, segments = segments_to_boxes(segments, matrix, projective, *out_size)
     else:
@@ -174,7 +193,7 @@ def apply_warp(img: np.ndarray, labels: np.ndarray, segments, matrix: np.ndarray
     labels = labels[keep].copy()
     labels[:, 1:5] = boxes[keep]
     segments = [s for s, k in zip(segments, keep) if k]
-    return img, labels, segments
+    return labels, segments
 
 
 def source_window(matrix: np.ndarray, out_size, shape, margin: int = 2):
@@ -204,23 +223,35 @@ def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: 
     and returned; a 4-channel BGRA one (mosaic canvas) gives a new 3-channel image.
     """
     back = cv2.COLOR_HSV2RGB if rgb else cv2.COLOR_HSV2BGR
-    if not (hgain or sgain or vgain):
+    gains = hsv_gains(hgain, sgain, vgain, rng)
+    if gains is None:
         if rgb:
             return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
         return img if img.shape[2] == 3 else cv2.cvtColor(img, cv2.COLOR_BGRA2BGR)
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # takes BGRA too (alpha ignored)
+    cv2.LUT(hsv, hsv_lut(gains), dst=hsv)  # one 3-channel table: hue, saturation, value
+    if img.shape[2] == 3:
+        cv2.cvtColor(hsv, back, dst=img)
+        return img
+    return cv2.cvtColor(hsv, back)
+
+
+def hsv_gains(hgain: float, sgain: float, vgain: float, rng=None):
+    """``augment_hsv``'s random (hue, saturation, value) gains, or None (and no draw) when every gain is 0."""
+    if not (hgain or sgain or vgain):
+        return None
     rng = rng if rng is not None else np.random.default_rng()
-    gains = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+    return rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+
+
+def hsv_lut(gains) -> np.ndarray:
+    """(256, 1, 3) uint8 table of ``gains`` on OpenCV's uint8 HSV: hue times gain mod 180, the others clipped."""
     x = np.arange(256, dtype=np.float64)
     lut = np.empty((256, 1, 3), np.uint8)
     lut[:, 0, 0] = ((x * gains[0]) % 180).astype(np.uint8)
     lut[:, 0, 1] = np.clip(x * gains[1], 0, 255).astype(np.uint8)
     lut[:, 0, 2] = np.clip(x * gains[2], 0, 255).astype(np.uint8)
-    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # takes BGRA too (alpha ignored)
-    cv2.LUT(hsv, lut, dst=hsv)  # one 3-channel table: hue, saturation, value
-    if img.shape[2] == 3:
-        cv2.cvtColor(hsv, back, dst=img)
-        return img
-    return cv2.cvtColor(hsv, back)
+    return lut
 
 
 def flip_lr(img: np.ndarray, labels: np.ndarray):
@@ -241,11 +272,30 @@ def flip_ud(img: np.ndarray, labels: np.ndarray):
 
 def random_flips(img: np.ndarray, labels: np.ndarray, flipud: float, fliplr: float, rng):
     """Flip up-down with probability ``flipud`` then left-right with probability ``fliplr``."""
-    if flipud and rng.random() < flipud:
+    up_down, left_right = flip_draws(flipud, fliplr, rng)
+    if up_down:
         img, labels = flip_ud(img, labels)
-    if fliplr and rng.random() < fliplr:
+    if left_right:
         img, labels = flip_lr(img, labels)
     return img, labels
+
+
+def flip_draws(flipud: float, fliplr: float, rng) -> tuple[bool, bool]:
+    """``random_flips``'s draws: (flip up-down, flip left-right); a probability of 0 draws nothing."""
+    up_down = bool(flipud and rng.random() < flipud)
+    left_right = bool(fliplr and rng.random() < fliplr)
+    return up_down, left_right
+
+
+def flip_labels(labels: np.ndarray, width: int, height: int, up_down: bool, left_right: bool) -> np.ndarray:
+    """``random_flips``'s labels for flips of an image of ``width`` x ``height`` already drawn."""
+    if up_down:
+        labels = labels.copy()
+        labels[:, [2, 4]] = height - labels[:, [4, 2]]
+    if left_right:
+        labels = labels.copy()
+        labels[:, [1, 3]] = width - labels[:, [3, 1]]
+    return labels
 
 
 def mixup(img: np.ndarray, labels: np.ndarray, img2: np.ndarray, labels2: np.ndarray, rng):
@@ -364,8 +414,7 @@ def mosaic4(load, sizes, labels_list, segments_list, s: int, centre, out: np.nda
     window = window or (0, 0, 2 * s, 2 * s)
     xc, yc = centre
     quadrants = [(0, 0, xc, yc), (xc, 0, 2 * s, yc), (0, yc, xc, 2 * s), (xc, yc, 2 * s, 2 * s)]
-    all_labels, all_segments = [], []
-    for position, (labels, segments) in enumerate(zip(labels_list, segments_list)):
+    for position in range(len(labels_list)):
         h, w = sizes[position]
         a, b = mosaic_placement(position, centre, (h, w), s)
         padw, padh = a[0] - b[0], a[1] - b[1]  # image pixel (x, y) lands at (x + padw, y + padh)
@@ -379,10 +428,21 @@ def mosaic4(load, sizes, labels_list, segments_list, s: int, centre, out: np.nda
             cv2.cvtColor(img[y1 - padh:y2 - padh, x1 - padw:x2 - padw], cv2.COLOR_BGR2BGRA, dst=canvas[y1:y2, x1:x2])
         elif part:
             canvas[part[1]:part[3], part[0]:part[2]] = FILL
+    labels, segments = mosaic_labels(sizes, labels_list, segments_list, s, centre)
+    return canvas, labels, segments
+
+
+def mosaic_labels(sizes, labels_list, segments_list, s: int, centre):
+    """``mosaic4``'s labels and segments, without the images: ((m, 5) [class, x1, y1, x2, y2] canvas pixels
+    clipped to the canvas, segments in canvas pixels)."""
+    all_labels, all_segments = [], []
+    for position, (labels, segments) in enumerate(zip(labels_list, segments_list)):
+        h, w = sizes[position]
+        a, b = mosaic_placement(position, centre, (h, w), s)
+        padw, padh = a[0] - b[0], a[1] - b[1]
         rows = np.asarray(labels, np.float64).reshape(-1, 5)
         all_labels.append(np.concatenate([rows[:, :1], xywhn2xyxy(rows[:, 1:5], w, h, padw, padh)], 1))
         all_segments += [seg * (w, h) + (padw, padh) for seg in segments]
     labels = np.concatenate(all_labels, 0)
     np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
-    all_segments = [np.clip(seg, 0, 2 * s) for seg in all_segments]
-    return canvas, labels, all_segments
+    return labels, [np.clip(seg, 0, 2 * s) for seg in all_segments]

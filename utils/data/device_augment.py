@@ -1,0 +1,161 @@
+"""Rendering a batch of plans (``utils.data.plans``) into training images with torch ops, on any device.
+
+What the CPU path does with OpenCV per image, done here for a whole batch (docs/device-augmentation.md):
+
+- canvas: grey (114) with each plan's tiles pasted where the plan puts them;
+- warp: bilinear sampling of the canvas at the inverse warp of every image pixel (``grid_sample``), grey outside the
+  canvas, as cv2.warpAffine / warpPerspective with ``borderValue=114``. OpenCV 5's uint8 bilinear warp computes in
+  floating point and rounds to nearest, as this does: the two differ by 1 on a few pixels in 100,000 (rounding of
+  values within float error of .5);
+- HSV: OpenCV's own uint8 BGR -> HSV and HSV -> RGB conversions as two tables, made once per device by cv2 on
+  every possible input (64 MiB + 45 MiB as int32), with the plan's table in between: exact, except that OpenCV's
+  HSV -> RGB rounds the last pixels of a row that are not a multiple of its vector width (32 pixels with OpenCV
+  5.0 on AVX-512) a little differently (by 1);
+- flips: folded into the sampling (exact);
+- letterbox: a plan's tile inside its grey canvas (a resize, when the letterbox needs one, is done by cv2 in the
+  worker, so that it is exact).
+
+The result is ``collate``'s layout: (B, 3, H, W) uint8 RGB, channels_last.
+"""
+from __future__ import annotations
+
+import threading
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from utils.data.transforms import FILL
+
+CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at most (more images: several steps)
+_TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def hsv_tables_cpu() -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's uint8 conversions on every input, as int32 tables of packed bytes: BGR -> HSV indexed by
+    b << 16 | g << 8 | r, holding h | s << 8 | v << 16; HSV -> RGB indexed by h << 16 | s << 8 | v (hue is below
+    180), holding r | g << 8 | b << 16. Rows of 256 pixels, so that OpenCV converts every pixel with its vector code."""
+    values = np.arange(256, dtype=np.uint8)
+    colours = np.empty((256, 256, 256, 3), np.uint8)
+    colours[..., 0] = values[:, None, None]
+    colours[..., 1] = values[None, :, None]
+    colours[..., 2] = values[None, None, :]
+    packed = np.zeros((256 ** 3, 4), np.uint8)
+    packed[:, :3] = cv2.cvtColor(colours.reshape(-1, 256, 3), cv2.COLOR_BGR2HSV).reshape(-1, 3)
+    to_hsv = packed.view("<i4")[:, 0].copy()
+    packed = np.zeros((180 * 256 ** 2, 4), np.uint8)
+    packed[:, :3] = cv2.cvtColor(colours[:180].reshape(-1, 256, 3), cv2.COLOR_HSV2RGB).reshape(-1, 3)
+    return to_hsv, packed.view("<i4")[:, 0].copy()
+
+
+def hsv_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hsv_tables_cpu`` on ``device``, made once per device (64 MiB + 45 MiB as int32)."""
+    key = str(device)
+    with _TABLES_LOCK:
+        if key not in _TABLES:
+            to_hsv, to_rgb = hsv_tables_cpu()
+            _TABLES[key] = torch.from_numpy(to_hsv).to(device), torch.from_numpy(to_rgb).to(device)
+        return _TABLES[key]
+
+
+def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The images of a ``PlanBatch`` on ``device``: (B, 3, H, W) uint8 RGB, channels_last."""
+    device = torch.device(device)
+    count, (height, width) = len(batch), batch.size
+    pixels = batch.pixels.to(device, non_blocking=True)
+    out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=device)
+    for members in canvas_steps(batch.canvases, CANVAS_BYTES):
+        bgr = warp_step(batch, pixels, members, device)
+        out[members.to(device)] = colour_step(bgr, batch.hsv[members], batch.has_hsv[members], device)
+    for image, (w, h) in enumerate(batch.out_sizes.tolist()):  # smaller than the batch: grey beyond, as collate pads
+        out[image, h:] = FILL
+        out[image, :, w:] = FILL
+    return out.permute(0, 3, 1, 2)
+
+
+def canvas_steps(canvases: torch.Tensor, budget: int):
+    """Groups of images (index tensors) with canvases of one size, whose float32 canvases fit ``budget`` bytes together
+    (at least one image per group). Each image is sampled from a canvas of its own size, so that its pixels do not
+    depend on the others in its group (``grid_sample``'s coordinates are relative to the canvas's size)."""
+    sizes = canvases.tolist()
+    for size in sorted(set(map(tuple, sizes))):
+        members = [i for i, s in enumerate(sizes) if tuple(s) == size]
+        per_step = max(budget // (3 * size[0] * size[1] * 4), 1)
+        for start in range(0, len(members), per_step):
+            yield torch.tensor(members[start:start + per_step], dtype=torch.int64)
+
+
+def build_canvases(batch, pixels: torch.Tensor, members: torch.Tensor, device) -> torch.Tensor:
+    """(n, 3, H, W) float32 canvases (of one size) of images ``members`` minus the grey (114): 0 wherever no tile
+    lies, so that ``grid_sample``'s zero padding is the grey border."""
+    width, height = (max(int(v), 2) for v in batch.canvases[members[0]])
+    canvas = torch.zeros((len(members), height, width, 3), dtype=torch.float32, device=device)
+    place = {int(image): k for k, image in enumerate(members)}
+    for image, x, y, w, h, offset in batch.tiles.tolist():
+        if image in place:
+            tile = pixels[offset:offset + w * h * 3].view(h, w, 3)
+            canvas[place[image], y:y + h, x:x + w].copy_(tile).sub_(FILL)
+    return canvas.permute(0, 3, 1, 2)
+
+
+def sampling_grid(batch, members: torch.Tensor, height: int, width: int, canvas_h: int, canvas_w: int,
+                  device) -> torch.Tensor:
+    """(n, height, width, 2) ``grid_sample`` coordinates (align_corners=True) of every image pixel."""
+    scale = np.array([[2.0 / (canvas_w - 1), 0, -1], [0, 2.0 / (canvas_h - 1), -1], [0, 0, 1]])
+    matrices = torch.from_numpy(scale @ batch.sampling[members].numpy()).to(device, torch.float32)
+    ys = torch.arange(height, dtype=torch.float32, device=device).view(1, height, 1)
+    xs = torch.arange(width, dtype=torch.float32, device=device).view(1, 1, width)
+    m = matrices.view(-1, 9, 1, 1)
+    gx = m[:, 0] * xs + m[:, 1] * ys + m[:, 2]
+    gy = m[:, 3] * xs + m[:, 4] * ys + m[:, 5]
+    projective = batch.projective[members]
+    if bool(projective.any()):
+        denominator = m[:, 6] * xs + m[:, 7] * ys + m[:, 8]
+        keep = (~projective).to(device).view(-1, 1, 1)
+        denominator = torch.where(keep, torch.ones_like(denominator), denominator)
+        gx, gy = gx / denominator, gy / denominator
+    return torch.stack((gx, gy), -1)
+
+
+def warp_step(batch, pixels: torch.Tensor, members: torch.Tensor, device) -> torch.Tensor:
+    """(n, H, W, 3) uint8 BGR of images ``members``: canvases, warp, rounding."""
+    height, width = batch.size
+    canvas = build_canvases(batch, pixels, members, device)
+    grid = sampling_grid(batch, members, height, width, canvas.shape[2], canvas.shape[3], device)
+    warped = F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    return warped.add_(FILL).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, device) -> torch.Tensor:
+    """(n, H, W, 3) uint8 BGR -> RGB, through each image's HSV table where it has one (OpenCV's conversions)."""
+    if not bool(has_hsv.any()):
+        return bgr.flip(-1)
+    to_hsv, to_rgb = hsv_tables(device)
+    count = len(bgr)
+    channels = bgr.to(torch.int32)
+    index = (channels[..., 0] << 16) | (channels[..., 1] << 8) | channels[..., 2]
+    packed = to_hsv.index_select(0, index.reshape(-1)).view(count, -1)  # h | s << 8 | v << 16
+    # each image's table as three int32 tables already shifted to their place in the HSV -> RGB index
+    tables = (hsv.to(device).to(torch.int32) << torch.tensor([16, 8, 0], dtype=torch.int32, device=device))
+    tables = tables.transpose(1, 2).reshape(-1)  # image i: hue at 768 i, saturation at 768 i + 256, value at + 512
+    base = (torch.arange(count, dtype=torch.int32, device=device) * 768).view(-1, 1)
+    index = tables.index_select(0, ((packed & 255) + base).view(-1))
+    index += tables.index_select(0, (((packed >> 8) & 255) + (base + 256)).view(-1))
+    index += tables.index_select(0, ((packed >> 16) + (base + 512)).view(-1))
+    coloured = to_rgb.index_select(0, index).view(torch.uint8).view(*bgr.shape[:3], 4)[..., :3]
+    if bool(has_hsv.all()):
+        return coloured
+    return torch.where(has_hsv.to(device).view(-1, 1, 1, 1), coloured, bgr.flip(-1))
+
+
+class DeviceAugment:
+    """train_one_epoch's ``batch_transform`` for --augment-device: a ``PlanBatch`` from the loader -> its images on
+    the training device (the targets and paths as they come)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    def __call__(self, epoch: int, batch_index: int, images, targets, paths):
+        return render_plans(images, self.device), targets, paths

@@ -1,0 +1,219 @@
+"""Training items as plans: every random draw and all geometry on the CPU, the pixel work left to the training device.
+
+``--augment-device`` (docs/device-augmentation.md). A ``PlanDataset`` draws exactly what ``YoloDataset`` draws, in the
+same order, from the same per-item generator (seed, epoch, index): mosaic partners and placement, the warp matrix,
+the HSV gains, the flips. It computes the final labels exactly as ``YoloDataset`` does (the same functions of
+``utils.data.transforms``), so the boxes are identical on both paths. Instead of an image it returns an
+``ImagePlan``: the source pixels (decoded or cached uint8 BGR, only the part the warp reads), where each goes on the
+canvas, the matrix, the HSV table and the flips. ``collate_plans`` packs a batch's plans into one ``PlanBatch`` (one
+flat uint8 buffer for all pixels, small tables for the rest), and ``utils.data.device_augment.render_plans`` makes
+the images on any torch device.
+
+Not planned yet (refused when the hyp asks for them): mixup and copy-paste.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import torch
+
+from utils.data.dataset import YoloDataset, normalised_targets, pixel_boxes
+from utils.data.transforms import (flip_draws, flip_labels, hsv_gains, hsv_lut, intersect, letterbox_geometry,
+                                   mosaic_labels, mosaic_placement, perspective_matrix, warp_labels, warp_needed)
+
+UNPLANNED_HYP = ("mixup", "copy_paste")  # augmentations a plan cannot express yet
+
+
+def unplanned_augmentations(hyp) -> list[str]:
+    """The hyp's augmentations that are on and that plans do not implement yet (empty: plans can train it)."""
+    return [name for name in UNPLANNED_HYP if getattr(hyp, name)]
+
+
+@dataclass
+class ImagePlan:
+    """How to make one training image from uint8 BGR sources.
+
+    The sources are ``tiles``: (pixels (h, w, 3) uint8 BGR, (x, y) of their top-left corner on the canvas of
+    ``canvas_size`` (w, h)). The canvas is grey (114) wherever no tile lies. ``matrix`` (3x3, canvas -> image, ``projective`` or affine) warps the canvas
+    to ``out_size`` (w, h) with bilinear sampling and a grey border, as cv2.warpAffine / warpPerspective; None: the
+    canvas is the image. Then ``hsv``, a (256, 3) uint8 table on OpenCV's HSV (``transforms.hsv_lut``) or None, and the
+    flips (up-down, left-right). The image comes out RGB."""
+    out_size: tuple[int, int]
+    canvas_size: tuple[int, int]
+    tiles: list
+    matrix: np.ndarray | None
+    projective: bool = False
+    hsv: np.ndarray | None = None
+    flips: tuple[bool, bool] = (False, False)
+
+
+class PlanDataset(YoloDataset):
+    """``YoloDataset`` for training whose items are ``(ImagePlan, targets, path, shapes)``: the targets, path and
+    shapes equal ``YoloDataset``'s for the same (seed, epoch, index), the plan renders to its image (within
+    interpolation tolerance: docs/device-augmentation.md)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.augment:
+            raise ValueError(f"{self.prefix}plans are for training items (augment=True)")
+        unplanned = unplanned_augmentations(self.hyp)
+        if unplanned:
+            raise ValueError(f"{self.prefix}device augmentation does not implement {' and '.join(unplanned)} yet")
+
+    def item(self, item, partners: np.ndarray | None = None):
+        index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
+        index = int(index)
+        rng = np.random.default_rng((self.seed, int(epoch), index))  # the same draws, in YoloDataset.item's order
+        hyp = self.hyp
+        if self.mosaic and rng.random() < hyp.mosaic:
+            plan, labels = self.mosaic_plan(index, rng, partners)
+            shapes = None
+        else:
+            plan, labels, shapes = self.letterbox_plan(index, rng)
+        gains = hsv_gains(hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
+        plan.hsv = None if gains is None else hsv_lut(gains)[:, 0]
+        plan.flips = flip_draws(hyp.flipud, hyp.fliplr, rng)
+        width, height = plan.out_size
+        labels = flip_labels(labels, width, height, *plan.flips)
+        return plan, normalised_targets(labels, width, height), self.flat.file(index), shapes
+
+    def mosaic_plan(self, index: int, rng, partners: np.ndarray | None = None):
+        """``load_mosaic`` as a plan: the tiles are the parts of the 4 images inside the window the warp reads (images
+        wholly outside it are not loaded), the labels are ``load_mosaic``'s."""
+        s = self.imgsz
+        picks, centre, matrix, zoom, window = self.mosaic_draws(index, rng, partners)
+        sizes = [self.resized_shape(k) for k in picks]
+        window = window or (0, 0, 2 * s, 2 * s)
+        tiles = []
+        for position, k in enumerate(picks):
+            a, b = mosaic_placement(position, centre, sizes[position], s)
+            shown = intersect(a, window)
+            if not shown:
+                continue
+            img = self.load_image(k)[0]
+            if img.shape[:2] != sizes[position]:
+                raise ValueError(f"mosaic image {k} is {img.shape[1]}x{img.shape[0]}, expected "
+                                 f"{sizes[position][1]}x{sizes[position][0]}")
+            padw, padh = a[0] - b[0], a[1] - b[1]
+            x1, y1, x2, y2 = shown
+            tiles.append((img[y1 - padh:y2 - padh, x1 - padw:x2 - padw], (x1, y1)))
+        labels, segments = mosaic_labels(sizes, [self.labels[k] for k in picks], [self.segments[k] for k in picks], s,
+                                         centre)
+        if len(segments) != len(labels):
+            segments = []
+        projective = self.hyp.perspective > 0
+        labels, _ = warp_labels(labels, segments, matrix, zoom, (s, s), projective)
+        return ImagePlan((s, s), (2 * s, 2 * s), tiles, matrix, projective), labels
+
+    def letterbox_plan(self, index: int, rng):
+        """``load_letterboxed`` as a plan: the image (resized here when the letterbox resizes it, as cv2 does today)
+        placed inside its grey border, then the random perspective."""
+        hyp = self.hyp
+        img, (h0, w0), (h, w) = self.load_image(index)
+        shape = tuple(self.batch_shapes[self.batch[index]]) if self.rect else self.imgsz
+        new_unpad, (ratio_w, ratio_h), pad, (top, bottom, left, right) = letterbox_geometry(
+            img.shape[:2], shape, auto=False, scaleup=True)
+        if img.shape[1::-1] != new_unpad:
+            img = cv2.resize(img, new_unpad, interpolation=cv2.INTER_LINEAR)
+        canvas_w, canvas_h = new_unpad[0] + left + right, new_unpad[1] + top + bottom
+        shapes = (h0, w0), ((h * ratio_h / h0, w * ratio_w / w0), pad)
+        labels = pixel_boxes(self.labels[index], ratio_w * w, ratio_h * h, pad[0], pad[1])
+        out_size, projective = (canvas_w, canvas_h), hyp.perspective > 0
+        matrix, zoom = perspective_matrix((canvas_h, canvas_w), out_size, hyp.degrees, hyp.translate, hyp.scale,
+                                          hyp.shear, hyp.perspective, rng)
+        labels, _ = warp_labels(labels, (), matrix, zoom, out_size, projective)
+        warped = warp_needed((canvas_h, canvas_w), matrix, out_size)
+        plan = ImagePlan(out_size, (canvas_w, canvas_h), [(img, (left, top))], matrix if warped else None, projective)
+        return plan, labels, shapes
+
+
+@dataclass
+class PlanBatch:
+    """A batch of plans in a few tensors (what loader workers send to the training process).
+
+    ``pixels``: every tile's bytes, one flat uint8 buffer. ``tiles`` (T, 6) int64: image, x, y (its place on that
+    image's canvas), width, height, offset in ``pixels``. ``canvases`` (B, 2) int64: each canvas's (w, h).
+    ``sampling`` (B, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the flips folded in;
+    projective when ``projective``). ``out_sizes`` (B, 2)
+    int64: each image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as
+    ``collate`` pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables."""
+    pixels: torch.Tensor
+    tiles: torch.Tensor
+    canvases: torch.Tensor
+    sampling: torch.Tensor
+    projective: torch.Tensor
+    out_sizes: torch.Tensor
+    hsv: torch.Tensor
+    has_hsv: torch.Tensor
+    size: tuple[int, int] = field(default=(0, 0))
+
+    def __len__(self) -> int:
+        return len(self.out_sizes)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The (B, 3, H, W) of the images it renders to."""
+        return len(self), 3, *self.size
+
+    def pin_memory(self) -> "PlanBatch":
+        """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device."""
+        return PlanBatch(self.pixels.pin_memory(), *(getattr(self, name) for name in PLAN_FIELDS[1:]), size=self.size)
+
+
+PLAN_FIELDS = ("pixels", "tiles", "canvases", "sampling", "projective", "out_sizes", "hsv", "has_hsv")
+
+
+def sampling_matrix(plan: ImagePlan) -> np.ndarray:
+    """Image pixel -> canvas point for ``plan``: flips, then the inverse warp (cv2 inverts a singular affine matrix to
+    zeros, which reads the canvas's (0, 0) everywhere; done alike)."""
+    width, height = plan.out_size
+    up_down, left_right = plan.flips
+    flips = np.array([[-1.0 if left_right else 1.0, 0, width - 1 if left_right else 0],
+                      [0, -1.0 if up_down else 1.0, height - 1 if up_down else 0],
+                      [0, 0, 1]])
+    inverse = np.eye(3)
+    if plan.matrix is not None:
+        try:
+            inverse = np.linalg.inv(plan.matrix)
+        except np.linalg.LinAlgError:
+            inverse = np.diag([0.0, 0.0, 1.0])
+    return inverse @ flips
+
+
+def collate_plans(batch):
+    """``collate`` for plans: (PlanBatch, targets (n, 6) with each row's image index, paths, shapes). Images of
+    different sizes (a distributed rank's share of a --rect split) are padded bottom/right to the largest and their
+    labels rescaled, as ``collate`` does."""
+    plans, labels, paths, shapes = zip(*batch)
+    height = max(plan.out_size[1] for plan in plans)
+    width = max(plan.out_size[0] for plan in plans)
+    for i, (plan, item_labels) in enumerate(zip(plans, labels)):
+        item_labels[:, 0] = i
+        w, h = plan.out_size
+        if (h, w) != (height, width):
+            item_labels[:, [2, 4]] *= w / width
+            item_labels[:, [3, 5]] *= h / height
+    tiles, chunks, offset = [], [], 0
+    for i, plan in enumerate(plans):
+        for img, (x, y) in plan.tiles:
+            tiles.append((i, x, y, img.shape[1], img.shape[0], offset))
+            chunks.append(img)
+            offset += img.shape[0] * img.shape[1] * 3
+    pixels = torch.empty(offset, dtype=torch.uint8)
+    flat = pixels.numpy()
+    for (*_, w, h, start), img in zip(tiles, chunks):
+        flat[start:start + w * h * 3].reshape(h, w, 3)[:] = img
+    hsv = np.zeros((len(plans), 256, 3), np.uint8)
+    for i, plan in enumerate(plans):
+        if plan.hsv is not None:
+            hsv[i] = plan.hsv
+    batch = PlanBatch(pixels=pixels, tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 6),
+                      canvases=torch.tensor([plan.canvas_size for plan in plans], dtype=torch.int64),
+                      sampling=torch.from_numpy(np.stack([sampling_matrix(plan) for plan in plans])),
+                      projective=torch.tensor([plan.projective for plan in plans]),
+                      out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
+                      hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
+                      size=(height, width))
+    return batch, torch.cat(labels, 0), list(paths), shapes
