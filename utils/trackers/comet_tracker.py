@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from utils.trackers.core import METRIC_NAMES, RunStart, Tracker
+from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker
 
 DEFAULT_PROJECT = "runs/train"  # this --project is Comet project "yolov5" (YOLOv5's default), any other its last part
 MODEL_NAME = "yolov5"  # the model's name in the experiment, as YOLOv5's Comet logger names it
@@ -119,7 +119,7 @@ class CometTracker(Tracker):
         for path in (path for path in paths if path.is_file()):
             if folder == "weights":  # as YOLOv5's Comet logger: versions of the experiment's model "yolov5"
                 self.experiment.log_model(MODEL_NAME, str(path), file_name=path.name, overwrite=True)
-            elif path.suffix.lower() in (".jpg", ".jpeg", ".png"):
+            elif path.suffix.lower() in IMAGE_SUFFIXES:
                 self.experiment.log_image(str(path), name=path.name, step=self.step)
             else:
                 self.experiment.log_asset(str(path), file_name=path.name, step=self.step)

@@ -16,6 +16,20 @@ METRIC_NAMES: dict[str, dict[str, str]] = {
     key: {"mlflow": key.replace(":", "-"), "wandb": key, "comet": key, "clearml": key} for key in RESULTS_KEYS
 }
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def image_key(name: str) -> str:
+    """The panel (W&B key, ClearML title) a plot goes to, as YOLOv5's W&B and ClearML loggers name them."""
+    if name.startswith("train_batch"):
+        return "Mosaics"
+    if name.startswith("labels"):
+        return "Labels"
+    if name.startswith("val_batch"):
+        return "Validation"
+    return "Results"
+
+
 SECRET_NAME = re.compile(r"token|secret|passw|api_?key|auth|credential|signature|^sig$", re.IGNORECASE)
 URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 SECRET_QUERY = re.compile(r"(?P<name>[?&;](?:[^=&#;\s]*?)(?:token|secret|passw|key|auth|credential|signature|sig)"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from utils import dist
 from utils.errors import one_line
+from utils.trackers.clearml_tracker import ClearmlTracker
 from utils.trackers.comet_tracker import CometTracker
 from utils.trackers.core import RunStart, Tracker, redacted
 from utils.trackers.mlflow_tracker import MlflowTracker
@@ -21,7 +22,8 @@ from utils.trackers.wandb_tracker import WandbTracker
 
 LOGGER = logging.getLogger(__name__)
 
-TRACKERS: tuple[type[Tracker], ...] = (MlflowTracker, WandbTracker, CometTracker)  # each says whether it is on (Tracker.switch)
+# each says whether it is on (Tracker.switch); the start line names them in this order
+TRACKERS: tuple[type[Tracker], ...] = (MlflowTracker, WandbTracker, CometTracker, ClearmlTracker)
 START_WAIT_SECONDS = 10.0   # start-up waits at most this for the trackers' runs to exist (their URLs, their ids)
 CLOSE_WAIT_SECONDS = 60.0   # the end of a run waits at most this for the queued calls
 

@@ -16,22 +16,10 @@ import struct
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils.trackers.core import METRIC_NAMES, RunStart, Tracker
+from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, image_key
 
 DEFAULT_HOST = "https://api.wandb.ai"
 DEFAULT_PROJECT = "runs/train"   # YOLOv5: this --project is W&B project "YOLOv5", any other its last part
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-def image_key(name: str) -> str:
-    """The W&B panel an image goes to, as YOLOv5's W&B logger names them."""
-    if name.startswith("train_batch"):
-        return "Mosaics"
-    if name.startswith("labels"):
-        return "Labels"
-    if name.startswith("val_batch"):
-        return "Validation"
-    return "Results"
 
 
 def project_name(project: str) -> str:
