@@ -16,7 +16,7 @@ from utils.loggers import RESULTS_KEYS
 from utils.plots import read_results_csv
 from utils.trackers import METRIC_NAMES
 
-NEEDS_WANDB = "wandb not installed (pip install -r requirements-trackers-wandb.txt)"
+NEEDS_WANDB = "wandb not installed (pip install -r requirements-trackers.txt)"
 
 
 @pytest.fixture
