@@ -8,7 +8,8 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, or ``train
   cuda          stops here on a machine without CUDA: prints "no CUDA device: ..." and exits 3
   profile       benchmarks/profile_train_step.py --device 0 for yolov5n and yolov5s at batch 16 and 64 (640,
                 --amp auto, the loader with 8 workers): images/s, each phase's GPU time, kernels and host-device
-                synchronisations per step, peak reserved memory
+                synchronisations per step, peak reserved memory; yolov5n and yolov5s at 64 again with
+                YOLO_TRAINER_STEP_CHECKS=immediate (the step before deferred checks), in the same lease
   tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
                 is listed)
   scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
@@ -422,27 +423,31 @@ def step_loader(context: Context) -> dict:
     return figures
 
 
-PROFILE_CASES = (("yolov5n", 16), ("yolov5n", 64), ("yolov5s", 16), ("yolov5s", 64))
+# (model, batch, step checks): "" is the device's default (deferred on CUDA); "immediate" is the step as it was
+# before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate), in the same lease
+PROFILE_CASES = (("yolov5n", 16, ""), ("yolov5n", 64, ""), ("yolov5s", 16, ""), ("yolov5s", 64, ""),
+                 ("yolov5n", 64, "immediate"), ("yolov5s", 64, "immediate"))
 
 
 def step_profile(context: Context) -> dict:
     """benchmarks/profile_train_step.py on the GPU: the phases of a training step (CUDA events), kernels and
     synchronisations per step, at 640 with batches from the loader (8 workers), --amp auto; the JSON of each case
-    goes beside the logs (profile_<cfg>_b<batch>.json)."""
+    goes beside the logs (profile_<cfg>_b<batch>[_immediate].json)."""
     import json
 
     figures = {}
-    for cfg, batch in PROFILE_CASES:
-        name = f"profile_{cfg}_b{batch}"
+    for cfg, batch, checks in PROFILE_CASES:
+        name = f"profile_{cfg}_b{batch}" + (f"_{checks}" if checks else "")
         output = context.work / "logs" / f"{name}.json"
         command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", f"models/{cfg}.yaml",
                                  "--data", context.data, "--imgsz", 640, "--batch-size", batch, "--amp", "auto",
                                  "--source", "loader", "--workers", 8, "--steps", 30, "--top", 15, "--json", output)
-        checked(run_command(context, name, command, 300), f"profile {cfg} batch {batch}")
+        environment = {"YOLO_TRAINER_STEP_CHECKS": checks} if checks else None
+        checked(run_command(context, name, command, 300, extra_env=environment), f"profile {cfg} batch {batch}")
         result = json.loads(output.read_text())
         phases = ", ".join(f"{phase} {times['gpu_ms']:.1f}" for phase, times in result["phases"].items())
         syncs = sum(result.get("syncs_per_step", {}).values())
-        figures[f"{cfg} b{batch}"] = (f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step "
+        figures[f"{cfg} b{batch}" + (f" {checks} checks" if checks else "")] = (f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step "
                                       f"(GPU ms: {phases}); {result.get('kernels_per_step', 0):.0f} kernels and "
                                       f"{syncs:.1f} syncs per step; {result.get('max_memory_reserved_gb', 0):.1f} GB")
     return figures

@@ -75,6 +75,7 @@ def build(args, device):
     from utils.trainer.loop import TrainStep
     from utils.trainer.optim import accumulate_steps, build_optimizer, scaled_weight_decay
     from utils.trainer.setup import build_training_model, resolve_data
+    from utils.trainer.step_checks import StepChecks
     from models.yolo import activations_out_of_place
 
     hyp = Hyp.load("hyp.scratch-low.yaml")
@@ -101,8 +102,9 @@ def build(args, device):
                                 scaled_weight_decay(hyp.weight_decay, args.batch_size, accumulate))
     ema = ModelEMA(model)
     activations_out_of_place(model)  # as utils.trainer.trainer.build_step: after the EMA's copy
-    step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz),
-                     choose_precision(args.amp, device, model), ema, channels_last)
+    checks = StepChecks.chosen(device, optimizer)  # as build_step: deferred on CUDA (YOLO_TRAINER_STEP_CHECKS)
+    step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz, fixed_shapes=checks is not None),
+                     choose_precision(args.amp, device, model), ema, channels_last, checks=checks)
     model.train()
     return step, accumulate, loader
 

@@ -539,3 +539,53 @@ def test_gpu_check_state_and_deadline_for_short_leases(tmp_path, capsys, monkeyp
                            "--only", "scaler"]) == 0
     assert ran == ["environment", "scaler"]  # named by --only: run again
     assert (tmp_path / "out" / "gpu_check2.md").is_file()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_steady_state_step_with_deferred_checks_never_waits_for_the_device(device):
+    """The step CUDA trains with (deferred checks, the fixed-shape loss, fp16 + GradScaler, EMA): on CUDA five steps
+    run under torch.cuda.set_sync_debug_mode("error"), where any call that waits for the device raises; on the CPU
+    (fp32) the same steps read no tensor value (benchmarks/host_reads.py). The first step is left out: it makes
+    the device's constants (the scaler's scale, the EMA's count, the loss's grid constants)."""
+    from benchmarks.host_reads import HostReads
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import Precision, choose_precision
+    from utils.trainer.ema import ModelEMA
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.optim import build_optimizer
+    from utils.trainer.state import RunState
+    from utils.trainer.step_checks import StepChecks
+
+    device = torch.device(device)
+    model = tiny_model().to(device).train()
+    if device.type == "cuda":
+        precision = choose_precision("auto", device, model)
+        assert precision.scaler.is_enabled()
+    else:
+        precision = Precision("cpu", None, torch.amp.GradScaler("cpu", enabled=False))
+    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+                     precision, ModelEMA(model), checks=StepChecks())
+    images, targets = tiny_batch(device)
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            step.forward_backward(images, targets)
+            step.optimizer_step()
+            step.counters.global_step += 1
+
+    steps(1)
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            steps(5)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    else:
+        with HostReads() as reads:
+            steps(5)
+        assert reads.total() == 0, reads.by_place()
+    state = RunState()
+    assert step.settle(state) == 0 and state.loss_batches == 6 and step.counters.skipped_steps_total == 0
+    assert step.ema.updates == 6
+    assert all(torch.isfinite(p).all() for p in parameters(model) + parameters(step.ema.ema))

@@ -237,3 +237,90 @@ def test_vectorised_matching_equals_plain_loop_on_random_targets():
         expected = reference_matches(targets, ANCHORS[level], grid, 4.0)
         assert cells(indices[level]) == expected
         assert len(expected) > n  # neighbours were added
+
+
+# ---------------------------------------------------------------- the fixed-shape form (CUDA with deferred checks)
+def random_case(seed: int, n: int, nc: int = 3, batch: int = 3, crowded: bool = False):
+    generator = torch.Generator().manual_seed(seed)
+    preds = [torch.randn(batch, 3, g, g, 5 + nc, generator=generator).requires_grad_() for g in (8, 4)]
+    centres = torch.rand(n, 2, generator=generator)
+    if crowded:  # many targets in one cell: the objectness target's last-wins rule decides
+        centres = 0.30 + 0.01 * centres
+    targets = torch.cat((torch.randint(0, batch, (n, 1), generator=generator).float(),
+                         torch.randint(0, nc, (n, 1), generator=generator).float(), centres,
+                         torch.rand(n, 2, generator=generator) * 0.6 + 0.01), 1)
+    return preds, targets
+
+
+def loss_and_grads(compute, preds, targets):
+    for p in preds:
+        p.grad = None
+    total, items = compute(preds, targets)
+    total.backward()
+    return total.detach(), items, [p.grad.clone() for p in preds]
+
+
+@pytest.mark.parametrize("n, nc, crowded, hyp, smoothing", [
+    (40, 3, False, {}, 0.0), (25, 3, True, {}, 0.1), (0, 3, False, {}, 0.0), (1, 1, False, {}, 0.0),
+    (30, 4, False, {"fl_gamma": 1.5}, 0.0), (30, 2, False, {"anchor_t": 2.0}, 0.0)])
+def test_the_fixed_shape_loss_equals_the_compact_one(n, nc, crowded, hyp, smoothing):
+    model = FakeModel(ANCHORS, (8, 16), nc=nc)
+    compact = ComputeLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing)
+    fixed = ComputeLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing, fixed_shapes=True)
+    preds, targets = random_case(n, n, nc, crowded=crowded)
+    a_total, a_items, a_grads = loss_and_grads(compact, preds, targets)
+    b_total, b_items, b_grads = loss_and_grads(fixed, preds, targets)
+    assert torch.allclose(a_total, b_total, rtol=1e-6, atol=0) and torch.allclose(a_items, b_items, rtol=1e-5, atol=0)
+    assert a_items[1] == b_items[1]  # objectness: the same target and the same sum, to the bit
+    for a, b in zip(a_grads, b_grads):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-9)
+
+
+def test_the_fixed_shape_candidates_keep_build_targets_matches_in_order():
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    preds, targets = random_case(3, 40, nc=2)
+    classes, boxes, indices, anchors = loss.build_targets(preds, targets)
+    for level, (cls, box, index, anchor, valid) in enumerate(loss.build_candidates(preds, targets)):
+        assert valid.shape == (5 * 3 * 40,)
+        assert torch.equal(cls[valid], classes[level]) and torch.equal(box[valid], boxes[level])
+        assert all(torch.equal(i[valid], j) for i, j in zip(index, indices[level]))
+        assert torch.equal(anchor[valid], anchors[level])
+        assert torch.isfinite(box).all()  # invalid candidates hold a harmless box
+
+
+def test_the_fixed_shape_objectness_target_is_the_compact_one_to_the_bit():
+    from utils.loss import objectness_target_fixed
+
+    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    preds, targets = random_case(5, 30, nc=2, crowded=True)
+    _, _, indices, _ = loss.build_targets(preds, targets)
+    candidates = loss.build_candidates(preds, targets)
+    for level, pred in enumerate(preds):
+        *_, index, _, valid = candidates[level]
+        iou = torch.rand(valid.numel(), generator=torch.Generator().manual_seed(level))
+        expected = objectness_target(pred.shape[:4], indices[level], iou[valid])
+        assert len(set(cells(indices[level]))) < valid.sum()  # duplicates: the last one must win
+        assert torch.equal(objectness_target_fixed(pred.shape[:4], index, iou, valid), expected)
+
+
+def test_the_fixed_shape_loss_shares_counts_over_processes_on_the_device():
+    """Two processes' halves of a batch, their counts summed by an in-place reducer standing for the all-reduce,
+    give the compact form's shares (which sums through a returned tensor)."""
+    model = FakeModel(ANCHORS, (8, 16), nc=3)
+    preds, targets = random_case(7, 30, nc=3, batch=4)
+    other = ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
+    other_counts = torch.stack([valid.sum() for *_, valid in other.build_candidates(preds, targets)] +
+                               [torch.tensor(4)]).double()
+
+    def in_place(counts):
+        counts += other_counts  # the other process had the same batch
+        return counts
+
+    def returned(counts):
+        return counts + other_counts
+
+    compact = ComputeLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=returned)
+    fixed = ComputeLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=in_place, fixed_shapes=True)
+    a_total, a_items, _ = loss_and_grads(compact, preds, targets)
+    b_total, b_items, _ = loss_and_grads(fixed, preds, targets)
+    assert torch.allclose(a_total, b_total, rtol=1e-6) and torch.allclose(a_items, b_items, rtol=1e-5)

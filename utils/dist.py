@@ -252,11 +252,12 @@ def all_reduce_sum(tensor: torch.Tensor, phase: str = "sum a statistic") -> torc
     return _all_reduce(tensor.detach().clone(), torch_dist.ReduceOp.SUM, phase).to(tensor.device)
 
 
-def all_reduce_max_in_place(tensor: torch.Tensor) -> torch.Tensor:
-    """Element-wise maximum over all processes, in place on ``tensor``'s device and never read by the host (NCCL
-    queues it behind the step's kernels; a training step's deferred decisions). Identity when alone."""
+def all_reduce_in_place(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Element-wise ``op`` ("sum" or "max") over all processes, in place on ``tensor``'s device and never read by
+    the host (NCCL queues it behind the step's kernels: a training step's deferred decisions and loss counts).
+    Identity when alone."""
     if in_process_group():
-        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+        torch_dist.all_reduce(tensor, op={"sum": torch_dist.ReduceOp.SUM, "max": torch_dist.ReduceOp.MAX}[op])
     return tensor
 
 

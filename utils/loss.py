@@ -3,6 +3,13 @@
 Only the detection head's attributes are used (``model.model[-1]``: ``.nc``, ``.nl``, ``.na`` and the
 ``.anchors`` buffer of shape (nl, na, 2) in grid units), so any object with that shape works.
 
+Two forms of the same loss (``ComputeLoss(fixed_shapes=...)``):
+- compact (the default; the CPU): the matches are selected with boolean masks, so their number is read by the host;
+- fixed shapes (CUDA with deferred step checks, utils/trainer/step_checks.py): every (cell offset, anchor, target)
+  candidate of a level stays in place with a mask, so no shape depends on the data and nothing waits for the
+  device. Objectness targets and the objectness loss are the same to the bit; the box and class means sum the same
+  terms in another order (float rounding differs, ~1e-7 relative).
+
 Matching (``ComputeLoss.build_targets``), per level, fully vectorised over targets and images:
 targets (n, 6) ``[image, class, cx, cy, w, h]`` (normalised) are scaled to the level's grid and
 paired with every anchor; a pair is kept when ``max(r, 1/r) < anchor_t`` for both the width and
@@ -12,6 +19,8 @@ is > 0.5 and x < grid_w - 1 (likewise up/down in y). Predictions decode as
 ``xy = 2 * sigmoid - 0.5`` (cell offsets) and ``wh = (2 * sigmoid)^2 * anchor``.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -58,16 +67,26 @@ class FocalLoss(nn.Module):
         bce.reduction = "none"  # the wrapper reduces after weighting each element
 
     def forward(self, pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
-        loss = self.bce(pred, true)
-        prob = pred.sigmoid()
-        p_t = true * prob + (1 - true) * (1 - prob)
-        alpha_t = true * self.alpha + (1 - true) * (1 - self.alpha)
-        loss = loss * alpha_t * (1.0 - p_t) ** self.gamma
+        loss = self.elementwise(pred, true)
         if self.reduction == "mean":
             return loss.mean()
         if self.reduction == "sum":
             return loss.sum()
         return loss
+
+    def elementwise(self, pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+        loss = self.bce(pred, true)
+        prob = pred.sigmoid()
+        p_t = true * prob + (1 - true) * (1 - prob)
+        alpha_t = true * self.alpha + (1 - true) * (1 - self.alpha)
+        return loss * alpha_t * (1.0 - p_t) ** self.gamma
+
+
+def elementwise_loss(loss: nn.Module, pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+    """``loss`` (BCE with logits, or FocalLoss around it) per element, unreduced."""
+    if isinstance(loss, FocalLoss):
+        return loss.elementwise(pred, true)
+    return nn.functional.binary_cross_entropy_with_logits(pred, true, pos_weight=loss.pos_weight, reduction="none")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -97,6 +116,22 @@ def objectness_target(shape, indices, iou: torch.Tensor) -> torch.Tensor:
     return target
 
 
+def objectness_target_fixed(shape, indices, iou: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``objectness_target`` for candidates with a ``valid`` mask, with no data-dependent shape: the same target
+    (the last valid candidate of a cell wins). Invalid candidates go to one spare slot past the end, dropped."""
+    b, a, gj, gi = indices
+    _, num_anchors, ny, nx = shape
+    cells = math.prod(shape)
+    cell = torch.where(valid, ((b * num_anchors + a) * ny + gj) * nx + gi, cells)
+    position = torch.arange(cell.numel(), device=cell.device)
+    last = torch.full((cells + 1,), -1, dtype=position.dtype, device=cell.device)
+    last.scatter_reduce_(0, cell, position, reduce="amax", include_self=True)
+    winner = torch.where(last[cell] == position, cell, cells)  # each cell's last candidate writes once
+    target = torch.zeros(cells + 1, dtype=iou.dtype, device=iou.device)
+    target.scatter_(0, winner, iou)
+    return target[:cells].view(shape)
+
+
 class ComputeLoss:
     """``loss, items = compute_loss(preds, targets)``.
 
@@ -110,10 +145,13 @@ class ComputeLoss:
     the global batch, and the loss is scaled so that DDP's gradient averaging gives the gradient of the
     single-process loss on the global batch (YOLOv5 keeps per-process means instead, so 2 x 4 images do not
     learn what 1 x 8 images learn). ``items`` are then this process's share times ``world_size``.
+
+    ``fixed_shapes``: the form with no data-dependent shape (module docstring); its ``reduce_counts`` must sum in
+    place on the device (utils.dist.all_reduce_sum_in_place), the compact form's returns a new tensor.
     """
 
     def __init__(self, model: nn.Module, hyp: Hyp, imgsz: int = 640, label_smoothing: float = 0.0,
-                 world_size: int = 1, reduce_counts=None):
+                 world_size: int = 1, reduce_counts=None, fixed_shapes: bool = False):
         self.detect = _unwrap(model).model[-1]
         self.num_classes = int(self.detect.nc)
         self.num_levels = int(self.detect.nl)
@@ -130,13 +168,16 @@ class ComputeLoss:
         self.cls_loss = cls_loss.to(self.device)
         self.obj_loss = obj_loss.to(self.device)
         self.world_size, self.reduce_counts = world_size, reduce_counts
+        self.fixed_shapes = fixed_shapes
+        self._made: dict = {}  # _constants
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor):
         device = preds[0].device
         if device != self.device:
             self.cls_loss, self.obj_loss, self.device = self.cls_loss.to(device), self.obj_loss.to(device), device
+        compute = self._compute_fixed if self.fixed_shapes else self._compute
         with torch.autocast(device.type, enabled=False):
-            return self._compute([p.float() for p in preds], targets.to(device=device, dtype=torch.float32))
+            return compute([p.float() for p in preds], targets.to(device=device, dtype=torch.float32))
 
     def _compute(self, preds: list[torch.Tensor], targets: torch.Tensor):
         classes, boxes, indices, anchors = self.build_targets(preds, targets)
@@ -161,6 +202,43 @@ class ComputeLoss:
         cls_loss = cls_loss * self.cls_gain
         total = (box_loss + obj_loss + cls_loss) * (global_batch * self.world_size)
         return total, torch.cat((box_loss, obj_loss, cls_loss)).detach() * self.world_size
+
+    def _compute_fixed(self, preds: list[torch.Tensor], targets: torch.Tensor):
+        """``_compute`` over every candidate with its mask (see the module docstring)."""
+        candidates = self.build_candidates(preds, targets)
+        match_share, batch_share, global_batch = self._fixed_shares([valid for *_, valid in candidates],
+                                                                    preds[0].shape[0])
+        box_loss = obj_loss = cls_loss = preds[0].new_zeros(1)
+        for level, pred in enumerate(preds):
+            classes, boxes, indices, anchors, valid = candidates[level]
+            matches = valid.sum().clamp(min=1)
+            xy, wh, _, cls_logits = pred[indices].split((2, 2, 1, self.num_classes), 1)
+            xy = xy.sigmoid() * 2 - 0.5
+            wh = (wh.sigmoid() * 2) ** 2 * anchors
+            iou = bbox_iou(torch.cat((xy, wh), 1), boxes, CIoU=True).squeeze(-1)
+            box_loss = box_loss + torch.where(valid, 1.0 - iou, 0.0).sum() / matches * match_share[level]
+            if self.num_classes > 1:
+                cls_targets = self.class_targets(cls_logits, classes)
+                terms = elementwise_loss(self.cls_loss, cls_logits, cls_targets)
+                cls_loss = cls_loss + (torch.where(valid[:, None], terms, 0.0).sum() / (matches * self.num_classes)
+                                       * match_share[level])
+            tobj = objectness_target_fixed(pred.shape[:4], indices, iou.detach().clamp(0), valid)
+            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
+        box_loss = box_loss * self.box_gain
+        obj_loss = obj_loss * self.obj_gain
+        cls_loss = cls_loss * self.cls_gain
+        total = (box_loss + obj_loss + cls_loss) * (global_batch * self.world_size)
+        return total, torch.cat((box_loss, obj_loss, cls_loss)).detach() * self.world_size
+
+    def _fixed_shares(self, valid: list[torch.Tensor], batch_size: int):
+        """``_shares`` as tensors on the device (summed over the processes in place there): nothing is read."""
+        if self.reduce_counts is None:
+            return [1.0] * len(valid), 1.0, batch_size
+        batch = torch.full((), batch_size, dtype=torch.long, device=valid[0].device)  # a fill, not a copy
+        local = torch.stack([mask.sum() for mask in valid] + [batch]).to(torch.float64)
+        total = self.reduce_counts(local.clone())
+        shares = torch.where(total[:-1] > 0, local[:-1] / total[:-1].clamp(min=1), 0.0).float()
+        return list(shares), (local[-1] / total[-1]).float(), total[-1].float()
 
     def _shares(self, indices, batch_size: int) -> tuple[list[float], float, int]:
         """Per level: this process's matches / all processes' matches; its images / the global batch; the
@@ -203,6 +281,51 @@ class ComputeLoss:
             anchors.append(level_anchors[anchor])
             classes.append(cls)
         return classes, boxes, indices, anchors
+
+    def build_candidates(self, preds: list[torch.Tensor], targets: torch.Tensor):
+        """``build_targets`` with fixed shapes: per level every (cell offset, anchor, target) candidate in
+        build_targets' order (offset, anchor, target), flattened, with ``valid`` (the ones build_targets keeps):
+        (classes, boxes, indices (b, a, gj, gi), anchors, valid). Invalid candidates hold harmless values (a box of
+        one cell, in-grid indices), so their losses are finite before the mask drops them."""
+        device, num_targets = targets.device, targets.shape[0]
+        anchor_index = torch.arange(self.num_anchors, device=device, dtype=torch.float32)
+        anchor_index = anchor_index.view(-1, 1, 1).expand(self.num_anchors, num_targets, 1)
+        paired = torch.cat((targets.expand(self.num_anchors, num_targets, 6), anchor_index), 2)  # (na, n, 7)
+        shape = (len(CELL_OFFSETS), self.num_anchors, num_targets)
+        candidates = []
+        for level, pred in enumerate(preds):
+            ny, nx = pred.shape[2], pred.shape[3]
+            level_anchors = self.detect.anchors[level].to(device=device, dtype=torch.float32)
+            scale, offsets, placeholder = self._constants(device, ny, nx)
+            scaled = paired * scale
+            ratio = scaled[..., 4:6] / level_anchors[:, None]
+            within = torch.max(ratio, 1 / ratio).max(2).values < self.anchor_t  # (na, n)
+            centre = scaled[..., 2:4]
+            from_far_edge = scale[2:4] - centre
+            left, up = ((centre % 1 < NEIGHBOUR_OFFSET) & (centre > 1)).unbind(-1)
+            right, down = ((from_far_edge % 1 < NEIGHBOUR_OFFSET) & (from_far_edge > 1)).unbind(-1)
+            valid = (torch.stack((torch.ones_like(left), left, up, right, down)) & within).reshape(-1)
+            rows = scaled.expand(*shape, 7).reshape(-1, 7)
+            cell_offsets = offsets[:, None, None].expand(*shape, 2).reshape(-1, 2)
+            image_class, centre, size, anchor = rows.split((2, 2, 2, 1), 1)
+            anchor = anchor.long().view(-1)
+            image, cls = image_class.long().T
+            cell = (centre - cell_offsets).long()
+            gi, gj = cell.T
+            box = torch.where(valid[:, None], torch.cat((centre - cell, size), 1), placeholder)
+            indices = (image, anchor, gj.clamp(0, ny - 1), gi.clamp(0, nx - 1))
+            candidates.append((cls, box, indices, level_anchors[anchor], valid))
+        return candidates
+
+    def _constants(self, device: torch.device, ny: int, nx: int) -> tuple[torch.Tensor, ...]:
+        """(grid scale of a target row, cell offsets, an invalid candidate's box) on ``device``, made once per grid
+        size: a tensor made from host values is a copy that waits for the device on CUDA."""
+        key = (device, ny, nx)
+        if key not in self._made:
+            self._made[key] = (torch.tensor([1, 1, nx, ny, nx, ny, 1], dtype=torch.float32).to(device),
+                               (torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET).to(device),
+                               torch.tensor([0.5, 0.5, 1.0, 1.0]).to(device))
+        return self._made[key]
 
     def _match_level(self, paired: torch.Tensor, anchors: torch.Tensor, grid_size: torch.Tensor,
                      offsets: torch.Tensor):

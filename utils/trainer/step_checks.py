@@ -59,7 +59,7 @@ class StepChecks:
         """Record iteration ``iteration``'s loss; returns whether it is finite (a bool tensor, on every process the
         same under DDP)."""
         bad = (~torch.isfinite(loss)).any().to(torch.uint8)
-        bad = dist.all_reduce_max_in_place(bad).bool()
+        bad = dist.all_reduce_in_place(bad, "max").bool()
         self.window_bad = bad if self.window_bad is None else self.window_bad | bad
         self.pending.append([iteration, bad, None])
         return ~bad

@@ -33,6 +33,7 @@ from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
+from utils.data.device_augment import DeviceAugment
 from utils.data.quad import LOSS_SCALE as QUAD_LOSS_SCALE, QuadBatches
 from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps, build_optimizer, lr_lambda,
@@ -262,9 +263,10 @@ class Trainer:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
         batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
-        quad = QuadBatches(config.seed, self.info.rank) if config.quad else None
+        transforms = [DeviceAugment(self.device) if config.augment_device else None,  # plans -> images first
+                      QuadBatches(config.seed, self.info.rank) if config.quad else None]
         stats = train_one_epoch(step, self.data.train_loader, state, self._epochs_shown(), self.device, self.warmup,
-                                self._at_step_boundary, multi_scale, batch_hook, quad)
+                                self._at_step_boundary, multi_scale, batch_hook, chained(transforms))
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
@@ -421,15 +423,15 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     scheduler = EpochSchedule(optimizer, lf)
     ema = ModelEMA(model)  # on every process: each validates its share of the val set
     activations_out_of_place(model)  # after the EMA's copy, which only infers and keeps them in place
+    checks = StepChecks.chosen(device, optimizer)  # deferred: the loss takes fixed shapes too (nothing read)
     compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
-                               world_size=info.world_size,
-                               reduce_counts=_count_reducer() if info.distributed else None)
+                               world_size=info.world_size, fixed_shapes=checks is not None,
+                               reduce_counts=_count_reducer(checks is not None) if info.distributed else None)
     train_model = model
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last,
-                     checks=StepChecks.chosen(device, optimizer))
+    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks)
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
         per_process = config.batch_size // max(info.world_size, 1)
@@ -444,8 +446,11 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     return step, scheduler, warmup
 
 
-def _count_reducer():
-    """The loss's per-step sum of match and image counts over all processes (named for its timeout message)."""
+def _count_reducer(in_place: bool):
+    """The loss's per-step sum of match and image counts over all processes: read by the host (named for its
+    timeout message), or in place on the device for the fixed-shape loss."""
+    if in_place:
+        return dist.all_reduce_in_place
     return functools.partial(dist.all_reduce_sum, phase="sum the batch's targets (a training step)")
 
 
@@ -490,6 +495,19 @@ def _signal_name(number) -> str:
     import signal
 
     return signal.Signals(number).name if number else "a signal"
+
+
+def chained(transforms):
+    """One ``batch_transform`` applying those of ``transforms`` that are not None in order (None when there are none)."""
+    transforms = [t for t in transforms if t is not None]
+    if len(transforms) <= 1:
+        return transforms[0] if transforms else None
+
+    def transform(epoch, batch_index, images, targets, paths):
+        for each in transforms:
+            images, targets, paths = each(epoch, batch_index, images, targets, paths)
+        return images, targets, paths
+    return transform
 
 
 def _batch_plotter(save_dir: Path, names: list[str]):
