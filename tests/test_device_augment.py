@@ -113,7 +113,8 @@ def test_warp_matches_opencv(projective):
     img = cv2.GaussianBlur(rng.integers(0, 256, (150, 130, 3), dtype=np.uint8), (5, 5), 0)
     for _ in range(4):
         matrix, _ = perspective_matrix(img.shape, (128, 112), 20.0, 0.2, 0.5, 5.0, 0.001 if projective else 0.0, rng)
-        plan = ImagePlan((128, 112), (130, 150), [(img, (0, 0))], matrix, projective, flips=(bool(rng.random() < 0.5), False))
+        flips = (bool(rng.random() < 0.5), False)
+        plan = ImagePlan((128, 112), (130, 150), [(img, (0, 0))], matrix, projective, flips=flips)
         expected = warp_image(img, matrix, (128, 112), projective)[:, :, ::-1]
         expected = np.flipud(expected) if plan.flips[0] else expected
         batch = collate_plans([(plan, torch.zeros(0, 6), "a", None)])[0]
@@ -166,3 +167,70 @@ def test_unplanned_augmentations_are_refused(split):
     assert unplanned_augmentations(SCRATCH.replace(mixup=0.1, copy_paste=0.1)) == ["mixup", "copy_paste"]
     with pytest.raises(ValueError, match="mixup"):
         PlanDataset(split, imgsz=SIZE, augment=True, hyp=SCRATCH.replace(mixup=0.1))
+
+
+def test_a_hyp_with_unplanned_augmentations_is_refused_in_one_line():
+    from utils.config import ConfigError, TrainConfig
+    from utils.trainer.stages import check_augment_device
+
+    check_augment_device(TrainConfig(augment_device=True), SCRATCH)
+    check_augment_device(TrainConfig(), SCRATCH.replace(mixup=0.1))  # the CPU path does mixup
+    with pytest.raises(ConfigError, match=r"^--augment-device does not implement mixup yet \(the hyp asks for mixup "
+                                          r"0.1\)[^\n]*$"):
+        check_augment_device(TrainConfig(augment_device=True), SCRATCH.replace(mixup=0.1))
+
+
+def test_train_py_refuses_unplanned_augmentations_before_making_the_run_folder(tmp_path, capsys):
+    import yaml
+
+    import train as train_script
+    from tests.conftest import make_tiny_run
+
+    data, cfg = make_tiny_run(tmp_path, num_train=4)
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text(yaml.safe_dump(SCRATCH.replace(copy_paste=0.1).to_dict()))
+    status = train_script.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--epochs", "1",
+                                "--device", "cpu", "--hyp", str(hyp), "--project", str(tmp_path / "runs"),
+                                "--augment-device"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status != 0 and len(error) == 1 and "--augment-device does not implement copy_paste yet" in error[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_training_renders_on_the_device_plots_the_rendered_batches_and_resumes_exactly(tmp_path, monkeypatch):
+    """A tiny run with --augment-device: the model and train_batch0.jpg get the rendered uint8 images, and 2 epochs
+    straight equal 1 epoch + --resume (the renderer is deterministic, the draws are a function of (seed, epoch,
+    index))."""
+    import train as train_script
+    from tests.conftest import make_tiny_run
+    from tests.test_resume import StopAfterEpoch, full_state, max_difference
+    from utils import drawing
+    from utils.trainer import stages, trainer
+
+    data, cfg = make_tiny_run(tmp_path, num_train=8)
+    plotted = []
+    original_plot = drawing.plot_images
+
+    def plot_spy(images, *args, **kwargs):
+        plotted.append(images)
+        return original_plot(images, *args, **kwargs)
+    monkeypatch.setattr(drawing, "plot_images", plot_spy)
+    monkeypatch.setattr(stages, "strip_checkpoint", lambda path: None)
+
+    def args(name):
+        return ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4",
+                "--epochs", "2", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--name",
+                name, "--noautoanchor", "--augment-device", "--noval"]
+    assert train_script.main(args("straight")) == 0
+    first = plotted[0]  # train_batch0.jpg (validation draws its own plots later)
+    assert isinstance(first, torch.Tensor) and first.dtype == torch.uint8 and tuple(first.shape) == (4, 3, 64, 64)
+    assert (tmp_path / "runs" / "straight" / "train_batch0.jpg").exists()
+    callbacks = trainer.Callbacks
+    monkeypatch.setattr(trainer, "Callbacks", lambda: StopAfterEpoch(0, "crash"))
+    assert train_script.main(args("resumed")) == 130
+    monkeypatch.setattr(trainer, "Callbacks", callbacks)
+    last = tmp_path / "runs" / "resumed" / "weights" / "last.pt"
+    assert train_script.main(["--resume", str(last)]) == 0
+    straight, _ = full_state(tmp_path / "runs" / "straight" / "weights" / "last.pt")
+    assert max_difference(straight, full_state(last)[0]) == 0.0

@@ -70,8 +70,9 @@ def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
         bgr = warp_step(batch, pixels, members, device)
         out[members.to(device)] = colour_step(bgr, batch.hsv[members], batch.has_hsv[members], device)
     for image, (w, h) in enumerate(batch.out_sizes.tolist()):  # smaller than the batch: grey beyond, as collate pads
-        out[image, h:] = FILL
-        out[image, :, w:] = FILL
+        if (h, w) != (height, width):
+            out[image, h:] = FILL
+            out[image, :, w:] = FILL
     return out.permute(0, 3, 1, 2)
 
 

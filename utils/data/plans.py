@@ -36,10 +36,10 @@ class ImagePlan:
     """How to make one training image from uint8 BGR sources.
 
     The sources are ``tiles``: (pixels (h, w, 3) uint8 BGR, (x, y) of their top-left corner on the canvas of
-    ``canvas_size`` (w, h)). The canvas is grey (114) wherever no tile lies. ``matrix`` (3x3, canvas -> image, ``projective`` or affine) warps the canvas
-    to ``out_size`` (w, h) with bilinear sampling and a grey border, as cv2.warpAffine / warpPerspective; None: the
-    canvas is the image. Then ``hsv``, a (256, 3) uint8 table on OpenCV's HSV (``transforms.hsv_lut``) or None, and the
-    flips (up-down, left-right). The image comes out RGB."""
+    ``canvas_size`` (w, h)). The canvas is grey (114) wherever no tile lies. ``matrix`` (3x3, canvas -> image,
+    ``projective`` or affine) warps the canvas to ``out_size`` (w, h) with bilinear sampling and a grey border, as
+    cv2.warpAffine / warpPerspective; None: the canvas is the image. Then ``hsv``, a (256, 3) uint8 table on OpenCV's
+    HSV (``transforms.hsv_lut``) or None, and the flips (up-down, left-right). The image comes out RGB."""
     out_size: tuple[int, int]
     canvas_size: tuple[int, int]
     tiles: list

@@ -16,6 +16,7 @@ from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
+from utils.data.plans import unplanned_augmentations
 from utils.data.transforms import multi_scale_size
 from utils.device import compute_fills_cpus
 from utils.trainer.setup import check_img_size, resolve_data
@@ -82,6 +83,7 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
     machine (``scan_labels``); an image cache is one store per machine that the processes fill together
     (utils.data.image_cache), so every process builds the loaders at the same time."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
+    check_augment_device(config, hyp)
     batch_size = max(config.batch_size // info.world_size, 1)
     cpus_busy = compute_fills_cpus(device, info.local_world_size)
     common = {"names": names, "single_cls": config.single_cls, "rank": info.rank, "world_size": info.world_size,
@@ -89,7 +91,7 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
     train_loader, dataset = create_dataloader(
         data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, rect=config.rect,
         workers=config.workers, image_weights=config.image_weights, prefix="train: ", shuffle=not config.rect,
-        seed=config.seed, mosaic_partners=config.mosaic_partners,
+        seed=config.seed, mosaic_partners=config.mosaic_partners, augment_device=config.augment_device,
         labels=scan_labels(data_cfg.train, names, config.single_cls, "train: "), **common)
     labels = dataset.flat.boxes
     if len(labels) and labels[:, 0].max() >= len(names):
@@ -103,6 +105,15 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
                        labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))
     run_data.set_epoch(0)
     return run_data
+
+
+def check_augment_device(config: TrainConfig, hyp: Hyp) -> None:
+    """--augment-device with a hyp that asks for what the device path does not do yet: refused in one line."""
+    unplanned = unplanned_augmentations(hyp) if config.augment_device else []
+    if unplanned:
+        asked = ", ".join(f"{name} {getattr(hyp, name):g}" for name in unplanned)
+        raise ConfigError(f"--augment-device does not implement {' and '.join(unplanned)} yet (the hyp asks for "
+                          f"{asked}): set them to 0 in --hyp, or augment on the CPU (without --augment-device)")
 
 
 def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
