@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_check.py [--data ../shared/datasets/bccd/data.yaml] [--out DIR] [--only A,B] [--skip A,B]
 
-Steps, most valuable first (``--only`` / ``--skip`` take these names, or ``train`` for the four training steps):
+Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` for the four training steps, or
+``throughput`` for the throughput_* steps):
 
   environment   (CPU) versions, GPU, CPUs, commit, the dataset, a YOLOv5 v7 reference install
   cuda          stops here on a machine without CUDA: prints "no CUDA device: ..." and exits 3
@@ -10,6 +11,9 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, or ``train
                 --amp auto, the loader with 8 workers): images/s, each phase's GPU time, kernels and host-device
                 synchronisations per step, peak reserved memory; yolov5n and yolov5s at 64 again with
                 YOLO_TRAINER_STEP_CHECKS=immediate (the step before deferred checks), in the same lease
+  throughput_*  train.py --epochs 4 at 640 on the train images x8 (hard links), --baseline's tree then this one:
+                images/s over epochs 2-4, wall, time to the first step, reserved memory (benchmarks/gpu_throughput.py;
+                yolov5s b64/b16 and yolov5n b64 with --cache ram, yolov5s b64 with 4 workers, --cache off)
   tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
                 is listed)
   scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
@@ -72,6 +76,7 @@ for folder in (ROOT, ROOT / "benchmarks"):
 from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures)
+from gpu_throughput import CASES as THROUGHPUT_CASES, step_throughput  # noqa: E402
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -489,6 +494,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
+    **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "tests": step_tests,
     "scaler": step_scaler,
     "train_n_amp": lambda context: step_train(context, "train_n_amp"),
@@ -511,15 +517,20 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
 }
 
 
+GROUPS = {"train": TRAIN_STEPS, "throughput": tuple(THROUGHPUT_CASES)}  # names --only/--skip take for several steps
+
+
 def selected_steps(only: str, skip: str) -> list[str]:
-    """Step names in order; 'train' means the four training steps; environment and the CUDA gate always run."""
+    """Step names in order; 'train' means the four training steps, 'throughput' the throughput_* steps; environment
+    and the CUDA gate always run."""
     def expand(text: str) -> set:
         names = set()
         for name in filter(None, (n.strip() for n in text.split(","))):
-            if name not in STEPS and name != "train":
-                print(f"gpu_check.py: error: unknown step '{name}' (steps: {', '.join(STEPS)}, train)", file=sys.stderr)
+            if name not in STEPS and name not in GROUPS:
+                print(f"gpu_check.py: error: unknown step '{name}' (steps: {', '.join(STEPS)}, {', '.join(GROUPS)})",
+                      file=sys.stderr)
                 raise SystemExit(2)
-            names |= set(TRAIN_STEPS) if name == "train" else {name}
+            names |= set(GROUPS.get(name, (name,)))
         return names
     wanted, unwanted = expand(only) or set(STEPS), expand(skip)
     return [name for name in STEPS if name in ("environment", "cuda") or (name in wanted and name not in unwanted)]
@@ -641,6 +652,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--limit-val", type=float, default=240, help="seconds per val/detect/export command")
     parser.add_argument("--limit-tests", type=float, default=480, help="seconds for pytest -m cuda")
     parser.add_argument("--limit-reference", type=float, default=900, help="seconds for YOLOv5 v7's training")
+    parser.add_argument("--baseline", default="", help="another commit's files (no .git) for the throughput steps: "
+                        "git archive 6e07f71 | tar -x -C .gpu/base")
     parser.add_argument("--deadline", type=float, default=0,
                         help="seconds from the start after which no step starts and no command runs on (0: none)")
     parser.add_argument("--state", default="", help="a JSON file of finished steps: those that passed there are "

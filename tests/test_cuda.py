@@ -589,3 +589,38 @@ def test_a_steady_state_step_with_deferred_checks_never_waits_for_the_device(dev
     assert step.settle(state) == 0 and state.loss_batches == 6 and step.counters.skipped_steps_total == 0
     assert step.ema.updates == 6
     assert all(torch.isfinite(p).all() for p in parameters(model) + parameters(step.ema.ema))
+
+
+def test_gpu_check_throughput_steps_compare_a_baseline_tree_on_a_repeated_dataset(tmp_path, capsys):
+    """The throughput steps (benchmarks/gpu_throughput.py): the train split repeated as hard links with the val split
+    as it is, the time to the first progress line, a step skipped in one line without --baseline, and --only
+    throughput selecting them all."""
+    import os
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from benchmarks import gpu_check
+    from benchmarks import gpu_throughput
+    from benchmarks.gpu_check_runner import Completed, Context
+    from benchmarks.gpu_throughput import CASES, first_progress_seconds, repeated_dataset, step_throughput
+    from utils.data.dataset_yaml import load_data_config
+    from utils.data.verify import list_image_files
+
+    data = make_tiny_dataset(tmp_path / "data", num_train=3, num_val=2)
+    made, images = repeated_dataset(str(data), 4, tmp_path / "x4")
+    assert images == 12 and repeated_dataset(str(data), 4, tmp_path / "x4") == (made, 12)  # found, not made again
+    config = load_data_config(made)
+    train = list_image_files(config.split("train"))
+    assert len(train) == 12 and len(list((tmp_path / "x4" / "labels" / "train").iterdir())) == 12
+    assert os.stat(train[0]).st_nlink > 1  # a hard link, not a copy
+    assert [Path(p).resolve() for p in config.split("val")] == [
+        Path(p).resolve() for p in load_data_config(data).split("val")]
+
+    bar = ("%11s" * 2 + "%11.4g" * 5) % ("1/4", "2.5G", 0.1, 0.05, 0.02, 40, 640) + ": 0%| | 0/4 [00:00<?, ?it/s]"
+    assert first_progress_seconds(Completed(0, 9.0, [(1.0, "Starting training"), (7.5, bar)])) == 7.5
+
+    context = Context(SimpleNamespace(baseline="", data=str(data)), tmp_path / "work")
+    with pytest.raises(gpu_throughput.StepSkipped, match="no --baseline folder"):  # gpu_check's own class
+        step_throughput(context, next(iter(CASES)))
+    assert set(CASES) <= set(gpu_check.selected_steps("throughput", ""))
+    assert not set(CASES) & set(gpu_check.selected_steps("", "throughput"))

@@ -1,0 +1,104 @@
+"""gpu_check.py's ``throughput_*`` steps: training throughput of this tree against a baseline tree, one after the
+other on the same card in the same lease (absolute GPU figures from different leases do not compare).
+
+Each step trains with ``train.py --epochs 4 --noval --noplots`` at 640 on the dataset's train images repeated
+REPEAT times as hard links (BCCD x8: 1,640 images), from the baseline tree first, then from this one, and reports
+per tree: training images/s over epochs 2-4 (the progress bars' own times), the whole process's wall time, the time
+to the first progress line, and the largest reserved GPU memory the progress bar showed. The baseline is a folder
+with another commit's files and no .git, e.g.::
+
+    mkdir -p .gpu/base && git archive 6e07f71 | tar -x -C .gpu/base
+    python benchmarks/gpu_check.py --data .gpu/bccd/data.yaml --baseline .gpu/base --only throughput
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from gpu_check_runner import PROGRESS, Context, StepFailed, StepSkipped, checked, run_command, training_figures
+
+ROOT = Path(__file__).resolve().parents[1]
+REPEAT = 8
+EPOCHS = 4
+IMGSZ = 640
+CASES = {  # step name -> (model, batch, --cache, --workers); most telling first (issue 48's targets)
+    "throughput_s64_ram": ("yolov5s", 64, "ram", 8),
+    "throughput_s16_ram": ("yolov5s", 16, "ram", 8),
+    "throughput_n64_ram": ("yolov5n", 64, "ram", 8),
+    "throughput_s64_ram_w4": ("yolov5s", 64, "ram", 4),  # 4 CPU cores per GPU: a 4-GPU node with 16 cores
+    "throughput_s64_off": ("yolov5s", 64, "off", 8),
+    "throughput_s16_off": ("yolov5s", 16, "off", 8),
+}
+
+
+def repeated_dataset(data_yaml: str, times: int, root: Path) -> tuple[Path, int]:
+    """(data.yaml, train images) of ``data_yaml``'s train images and labels repeated ``times`` times as hard links
+    under ``root`` (a copy where the file system refuses links), its val split as it is. Made once; a later call
+    finds it."""
+    import shutil
+
+    import yaml
+
+    from utils.data.dataset_yaml import load_data_config
+    from utils.data.verify import img2label_paths, list_image_files
+
+    config = load_data_config(data_yaml)
+    images = [Path(p) for p in list_image_files(config.split("train"))]
+    labels = [Path(p) for p in img2label_paths([str(p) for p in images])]
+    target = root / "data.yaml"
+    if not target.exists():
+        for folder in ("images", "labels"):
+            (root / folder / "train").mkdir(parents=True, exist_ok=True)
+        for copy in range(times):
+            for image, label in zip(images, labels):
+                _link(image, root / "images" / "train" / f"{image.stem}_{copy}{image.suffix}", shutil)
+                if label.exists():
+                    _link(label, root / "labels" / "train" / f"{image.stem}_{copy}.txt", shutil)
+        values = {"path": str(root.resolve()), "train": "images/train",
+                  "val": [str(Path(p).resolve()) for p in config.split("val")], "names": list(config.names)}
+        target.write_text(yaml.safe_dump(values, sort_keys=False))
+    return target, len(images) * times
+
+
+def _link(source: Path, destination: Path, shutil) -> None:
+    if destination.exists():
+        return
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+def first_progress_seconds(completed) -> float | None:
+    """Seconds from the process's start to its first progress-bar line (the first training step)."""
+    return next((seconds for seconds, text in completed.fragments if PROGRESS.match(text)), None)
+
+
+def step_throughput(context: Context, name: str) -> dict:
+    cfg, batch, cache, workers = CASES[name]
+    baseline = Path(context.args.baseline) if context.args.baseline else None
+    if baseline is None:
+        raise StepSkipped("no --baseline folder (another commit's files: git archive 6e07f71 | tar -x -C .gpu/base)")
+    if not (baseline / "train.py").is_file():
+        raise StepFailed(f"--baseline {baseline}: no train.py there")
+    data, images = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
+    figures, rates = {}, {}
+    for label, tree in (("baseline", baseline.resolve()), ("this tree", ROOT)):
+        tag = f"{name}_{'base' if label == 'baseline' else 'new'}"
+        command = [sys.executable, tree / "train.py", "--data", data, "--cfg", tree / "models" / f"{cfg}.yaml",
+                   "--weights", "", "--img", IMGSZ, "--batch-size", batch, "--workers", workers, "--cache", cache,
+                   "--device", 0, "--epochs", EPOCHS, "--noval", "--noplots", "--seed", 0,
+                   "--project", context.work / "runs", "--name", tag]
+        completed = checked(run_command(context, tag, command, context.args.limit_train), f"{label} train.py")
+        measured = training_figures(completed, images)
+        first = first_progress_seconds(completed)
+        rates[label] = float(measured.get("train img/s", 0))
+        figures[label] = (f"{measured.get('train img/s', '?')} img/s, wall {measured['wall']}, first step "
+                          f"{first if first is None else f'{first:.1f} s'}, {measured['GPU memory (reserved)']}, "
+                          f"{measured['precision']}")
+    if rates["baseline"] > 0:
+        figures["this tree / baseline (img/s)"] = f"{rates['this tree'] / rates['baseline']:.2f}"
+    figures["setting"] = (f"{cfg} batch {batch} at {IMGSZ}, --cache {cache}, --workers {workers}, {EPOCHS} epochs, "
+                          f"{images} train images")
+    return figures
