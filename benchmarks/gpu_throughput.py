@@ -76,29 +76,43 @@ def first_progress_seconds(completed) -> float | None:
 
 
 def step_throughput(context: Context, name: str) -> dict:
+    """A CASES row: the baseline tree, then this one."""
     cfg, batch, cache, workers = CASES[name]
     baseline = Path(context.args.baseline) if context.args.baseline else None
     if baseline is None:
         raise StepSkipped("no --baseline folder (another commit's files: git archive 6e07f71 | tar -x -C .gpu/base)")
     if not (baseline / "train.py").is_file():
         raise StepFailed(f"--baseline {baseline}: no train.py there")
+    runs = (("baseline", baseline.resolve(), ()), ("this tree", ROOT, ()))
+    return _compare(context, name, runs, cfg, batch, cache, workers)
+
+
+def step_channels_last(context: Context) -> dict:
+    """This tree with --channels-last off, then with its default (channels_last on CUDA): yolov5s b64, --cache ram."""
+    runs = (("--channels-last off", ROOT, ("--channels-last", "off")), ("default (channels_last)", ROOT, ()))
+    return _compare(context, "channels_last", runs, "yolov5s", 64, "ram", 8)
+
+
+def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str, workers: int) -> dict:
+    """Train once per (label, tree, extra flags) of ``runs``, one after the other; the figures of each and the
+    last run's images/s over the first's."""
     data, images = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
-    figures, rates = {}, {}
-    for label, tree in (("baseline", baseline.resolve()), ("this tree", ROOT)):
-        tag = f"{name}_{'base' if label == 'baseline' else 'new'}"
+    figures, rates = {}, []
+    for number, (label, tree, extra) in enumerate(runs):
+        tag = f"{name}_{number}"
         command = [sys.executable, tree / "train.py", "--data", data, "--cfg", tree / "models" / f"{cfg}.yaml",
                    "--weights", "", "--img", IMGSZ, "--batch-size", batch, "--workers", workers, "--cache", cache,
                    "--device", 0, "--epochs", EPOCHS, "--noval", "--noplots", "--seed", 0,
-                   "--project", context.work / "runs", "--name", tag]
-        completed = checked(run_command(context, tag, command, context.args.limit_train), f"{label} train.py")
+                   "--project", context.work / "runs", "--name", tag, *extra]
+        completed = checked(run_command(context, tag, command, context.args.limit_train), f"{label}: train.py")
         measured = training_figures(completed, images)
         first = first_progress_seconds(completed)
-        rates[label] = float(measured.get("train img/s", 0))
+        rates.append(float(measured.get("train img/s", 0)))
         figures[label] = (f"{measured.get('train img/s', '?')} img/s, wall {measured['wall']}, first step "
                           f"{first if first is None else f'{first:.1f} s'}, {measured['GPU memory (reserved)']}, "
                           f"{measured['precision']}")
-    if rates["baseline"] > 0:
-        figures["this tree / baseline (img/s)"] = f"{rates['this tree'] / rates['baseline']:.2f}"
+    if rates[0] > 0:
+        figures[f"{runs[-1][0]} / {runs[0][0]} (img/s)"] = f"{rates[-1] / rates[0]:.2f}"
     figures["setting"] = (f"{cfg} batch {batch} at {IMGSZ}, --cache {cache}, --workers {workers}, {EPOCHS} epochs, "
                           f"{images} train images")
     return figures
