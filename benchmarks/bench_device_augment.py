@@ -113,7 +113,7 @@ def measure(cell: dict) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a data.yaml (its train split is read)")
+    parser.add_argument("--data", help="a data.yaml (its train split is read)")
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
@@ -128,6 +128,8 @@ def main() -> None:
     if args.cell:
         print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
         return
+    if not args.data:
+        parser.error("--data is required")
     images, nc = train_images(Path(args.data))
     device = f"cuda:{args.device}" if args.device.isdigit() else args.device
     base = {"images": str(images), "nc": nc, "imgsz": args.imgsz, "batch_size": args.batch_size, "device": device,
@@ -136,8 +138,8 @@ def main() -> None:
         tolerance({**base, "cache": "off"}, args.tolerance)
         return
     warm_page_cache(images)
-    print(f"# {Path(args.data).name} train, {args.imgsz}, batch {args.batch_size}, render on {device}; {cpu_name()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before the run")
+    print(f"# {images}, {args.imgsz}, batch {args.batch_size}, render on {device}; {cpu_name()}, "
+          f"load average {os.getloadavg()[0]:.2f} before the run")
     print("| cache | workers | path | images/s (median) | each round | CPU ms/image |")
     print("|---|---|---|---|---|---|")
     for cache in args.cache:

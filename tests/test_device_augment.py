@@ -234,3 +234,12 @@ def test_training_renders_on_the_device_plots_the_rendered_batches_and_resumes_e
     assert train_script.main(["--resume", str(last)]) == 0
     straight, _ = full_state(tmp_path / "runs" / "straight" / "weights" / "last.pt")
     assert max_difference(straight, full_state(last)[0]) == 0.0
+
+
+def test_pinning_a_plan_batch_pins_its_pixels_only(split, monkeypatch):
+    _, planned = both_paths(split, SCRATCH, False, epoch=0)
+    batch = collate_plans(planned[:2])[0]
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())  # no CUDA here
+    pinned = batch.pin_memory()
+    assert pinned.pixels is not batch.pixels and torch.equal(pinned.pixels, batch.pixels)
+    assert pinned.tiles is batch.tiles and pinned.size == batch.size

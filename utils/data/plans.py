@@ -13,6 +13,7 @@ Not planned yet (refused when the hyp asks for them): mixup and copy-paste.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import cv2
@@ -159,10 +160,7 @@ class PlanBatch:
 
     def pin_memory(self) -> "PlanBatch":
         """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device."""
-        return PlanBatch(self.pixels.pin_memory(), *(getattr(self, name) for name in PLAN_FIELDS[1:]), size=self.size)
-
-
-PLAN_FIELDS = ("pixels", "tiles", "canvases", "sampling", "projective", "out_sizes", "hsv", "has_hsv")
+        return dataclasses.replace(self, pixels=self.pixels.pin_memory())
 
 
 def sampling_matrix(plan: ImagePlan) -> np.ndarray:
