@@ -67,7 +67,8 @@ def assert_metrics_equal_results_csv(rows: dict[int, dict], results_csv: Path) -
 def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_files(tiny, offline, capsys):
     from utils.trackers.wandb_tracker import read_records
 
-    status, out = train_capturing_stdout(tiny_args(tiny, "plain", "--epochs", "3", "--save-period", "2"))
+    status, out = train_capturing_stdout(tiny_args(tiny, "plain", "--epochs", "3", "--save-period", "2",
+                                                   "--upload_dataset", "val"))
     assert status == 0, out[-3000:]
     run_folder = tiny[0] / "plain" / "exp"
     (log,) = offline_logs(run_folder)  # inside the run folder
@@ -90,8 +91,12 @@ def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_fil
         assert (log.parent / "files" / name).is_file()
     saved = {file.path for files in by_type(records, "files") for file in files.files}
     assert {"results.csv", "opt.yaml", "hyp.yaml"} <= saved
+    dataset, *artifacts = by_type(records, "artifact")
+    assert (dataset.name, dataset.type, list(dataset.aliases)) == ("val", "dataset", ["latest"])
+    assert sorted(entry.path for entry in dataset.manifest.contents) == sorted(
+        f"{kind}/val/im{index}.{suffix}" for index in range(4) for kind, suffix in (("images", "jpg"), ("labels", "txt")))
     models = [(artifact.name, sorted(artifact.aliases), [entry.path for entry in artifact.manifest.contents])
-              for artifact in by_type(records, "artifact")]
+              for artifact in artifacts]
     assert models == [(f"run_{run.run_id}_model", ["epoch 1", "last", "latest"], ["epoch1.pt"]),
                       (f"run_{run.run_id}_model", ["best", "latest", "stripped"], ["best.pt"])]
     (exit_record,) = by_type(records, "exit")

@@ -16,6 +16,7 @@ from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker,
 DEFAULT_PROJECT = "runs/train"  # this --project is ClearML project "YOLOv5" (as in YOLOv5), any other its last part
 FRAMEWORKS = ("catboost", "fastai", "gradio", "hydra", "joblib", "lightgbm", "matplotlib", "megengine", "pytorch",
               "scikit", "tensorboard", "tensorflow", "tfdefines", "xgboost")  # ClearML's bindings: all off
+EPOCH_METRIC = METRIC_NAMES["train/box_loss"]["clearml"]  # reported every epoch: its iterations are the task's epochs
 CAPTURE_NOTHING = dict(auto_connect_frameworks={**dict.fromkeys(FRAMEWORKS, False), "detect_repository": False},
                        auto_resource_monitoring=False, auto_connect_arg_parser=False, auto_connect_streams=False)
 
@@ -63,7 +64,8 @@ class ClearmlTracker(Tracker):
         self.task = _init_task(Task, run, continued, offline)
         self.run_id = self.task.id
         if continued:
-            self.logged_through = self.task.get_last_iteration() if self.task.id == run.resume_id else -1
+            self.task.set_initial_iteration(0)  # continuing sets an offset (last iteration + 1): epochs stay epochs
+            self.logged_through = self._last_logged_epoch() if self.task.id == run.resume_id else -1
             self.note = "continuing its run: "
         else:
             self.task.connect({k: v for k, v in run.params.items() if not k.startswith("hyp/")}, name="Args")
@@ -77,6 +79,12 @@ class ClearmlTracker(Tracker):
             self.log_epoch(int(row["epoch"]), {key: value for key, value in row.items() if key != "epoch"})
         folder = self.task.get_offline_mode_folder() if offline else None
         self.url = f"offline session {folder}" if folder else self.task.get_output_log_web_page()
+
+    def _last_logged_epoch(self) -> int:
+        """The last epoch a continued task has (asked of the ClearML server; untested here, it needs one)."""
+        title, series = EPOCH_METRIC.split("/", 1)
+        scalars = self.task.get_reported_scalars()
+        return int(max(scalars.get(title, {}).get(series, {}).get("x", []), default=-1))
 
     def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
         if epoch <= self.logged_through:

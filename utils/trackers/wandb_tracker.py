@@ -87,8 +87,29 @@ class WandbTracker(Tracker):
         self.step = max(self.logged_through, 0)
         for row in run.rows:
             self.log_epoch(int(row["epoch"]), {key: value for key, value in row.items() if key != "epoch"})
+        if run.params.get("upload_dataset") and not run.resume_id:  # once per run
+            self._log_dataset(run.params["data"], run.params["upload_dataset"])
         self.url = self.run.url if not offline else (
             f"offline run {self.run.id} in {Path(self.run.dir).parent} (upload: wandb sync {run.save_dir / 'wandb'})")
+
+    def _log_dataset(self, data: str, upload) -> None:
+        """--upload_dataset ('val': the val split alone): each split's images and labels as a ``dataset`` artifact
+        named after the split, as YOLOv5 names them (files referenced in place; YOLOv5's table of images with boxes
+        is not made)."""
+        import wandb
+
+        from utils.data.dataset_yaml import load_data_config
+        from utils.data.verify import img2label_paths, list_image_files
+
+        config = load_data_config(data)
+        for split in ("val",) if upload == "val" else ("train", "val"):
+            images = list_image_files(config.split(split))
+            labels = [label for label in img2label_paths(images) if os.path.isfile(label)]
+            artifact = wandb.Artifact(split, type="dataset", metadata={"data": str(config.yaml_file), "images":
+                                                                       len(images), "names": config.names})
+            for file in images + labels:
+                artifact.add_file(file, name=_name_in(file, config.path), policy="immutable")
+            self.run.log_artifact(artifact, aliases=["latest"])
 
     def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
         if epoch <= self.logged_through:
@@ -132,6 +153,12 @@ class WandbTracker(Tracker):
 
     def finish(self, finished: bool) -> None:
         self.run.finish(exit_code=0 if finished else 1)
+
+
+def _name_in(file: str, root: Path) -> str:
+    """A dataset file's name in its artifact: its path below the dataset's root (else its absolute path's parts)."""
+    relative = Path(os.path.relpath(file, root))
+    return (relative if relative.parts[0] != ".." else Path(*Path(file).resolve().parts[1:])).as_posix()
 
 
 # --------------------------------------------------------------------------- reading an offline run back
