@@ -14,7 +14,7 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` 
   throughput_*  train.py --epochs 4 at 640 on the train images x8 (hard links), --baseline's tree then this one:
                 images/s over epochs 2-4, wall, time to the first step, reserved memory (benchmarks/gpu_throughput.py;
                 yolov5s b64/b16 and yolov5n b64 with --cache ram, yolov5s b64 with 4 workers, --cache off)
-  channels_last the same yolov5s b64 run of this tree with --channels-last off, then with its default
+  channels_last yolov5n and yolov5s b64 runs of this tree with --channels-last off, then with its default
   tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
                 is listed)
   scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
