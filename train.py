@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--augment-device", action="store_true",
                         help="augment on the training device: the loader workers draw and place (the same draws), "
                              "the pixel work (mosaic canvas, warp, HSV, flips) runs batched with torch on --device "
-                             "(docs/device-augmentation.md; no mixup or copy-paste yet)")
+                             "(docs/device-augmentation.md; no copy-paste yet)")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")

@@ -6,9 +6,9 @@ two paths' images are apart, with the same draws (a timing: run it on an otherwi
     python benchmarks/bench_device_augment.py --data DATA --device 0 --workers 4 8 --cache off ram
     python benchmarks/bench_device_augment.py --data DATA --tolerance 8                         # image differences
 
-Each row is one fresh process: batch ``--batch-size``, hyp.scratch-low, shuffle; the prefetched batches are drained,
-then images are counted over >= ``--seconds`` (loader_timing.py). "render" rows include the copy of the plans to the
-device and the rendering, synchronised per batch on CUDA. The two paths alternate row by row, ``--rounds`` times; the
+Each row is one fresh process: batch ``--batch-size``, ``--hyp`` (default hyp.scratch-low), shuffle; the
+prefetched batches are drained, then images are counted over >= ``--seconds`` (loader_timing.py). "render" rows
+include the copy of the plans to the device and the rendering, synchronised per batch on CUDA. The two paths alternate row by row, ``--rounds`` times; the
 summary takes each path's median.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def loader(cell: dict, augment_device: bool):
 
     split = scan_split([cell["images"]], cell["nc"])
     cache = None if cell["cache"] == "off" else cell["cache"]
-    made, _ = create_dataloader(None, cell["imgsz"], cell["batch_size"], 32, hyp=Hyp.load("hyp.scratch-low.yaml"),
+    made, _ = create_dataloader(None, cell["imgsz"], cell["batch_size"], 32, hyp=Hyp.load(cell["hyp"]),
                                 augment=True, cache=cache, workers=cell["workers"], shuffle=True, seed=0,
                                 labels=split, augment_device=augment_device)
     return made
@@ -95,7 +95,7 @@ def tolerance(cell: dict, batches: int) -> None:
             rows.append((float(diff.mean()), float(torch.quantile(diff, 0.999)), float(diff.max()),
                          float((diff > 0).float().mean())))
     worst = [max(r[k] for r in rows) for k in range(4)]
-    print(f"{len(rows)} images at {cell['imgsz']}: boxes identical; per image, worst mean |diff| {worst[0]:.5f}, "
+    print(f"{len(rows)} images at {cell['imgsz']}, {cell['hyp']}: boxes identical; per image, worst mean |diff| {worst[0]:.5f}, "
           f"worst 99.9th percentile {worst[1]:g}, largest {worst[2]:g}, worst share of values that differ "
           f"{worst[3]:.5f}; mean over images {statistics.mean(r[0] for r in rows):.5f}; source pixels sent "
           f"{sent / len(rows) / 1e6:.2f} MB per image (the image made: {3 * cell['imgsz'] ** 2 / 1e6:.2f} MB)")
@@ -115,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="a data.yaml (its train split is read)")
     parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--hyp", default="hyp.scratch-low.yaml", help="hyperparameters (no copy-paste)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--cache", nargs="+", default=["ram"], choices=("off", "ram"))
@@ -133,7 +134,7 @@ def main() -> None:
     images, nc = train_images(Path(args.data))
     device = f"cuda:{args.device}" if args.device.isdigit() else args.device
     base = {"images": str(images), "nc": nc, "imgsz": args.imgsz, "batch_size": args.batch_size, "device": device,
-            "seconds": args.seconds}
+            "seconds": args.seconds, "hyp": args.hyp}
     if args.tolerance:
         tolerance({**base, "cache": "off"}, args.tolerance)
         return

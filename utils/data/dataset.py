@@ -443,12 +443,7 @@ class YoloDataset(Dataset):
             img, labels = self.load_mosaic(index, rng, partners)
             shapes = None
             if hyp.mixup and rng.random() < hyp.mixup:
-                if partners is None:
-                    other, rest = int(rng.integers(self.n)), None
-                else:
-                    other = int(rng.choice(partners))
-                    rest = partners[partners != other]  # the second mosaic's own partners
-                    rest = rest if len(rest) >= 3 else None
+                other, rest = self.mixup_draw(rng, partners)
                 img, labels = mixup(img, labels, *self.load_mosaic(other, rng, rest), rng)
         else:
             img, labels, shapes = self.load_letterboxed(index, rng)
@@ -462,6 +457,14 @@ class YoloDataset(Dataset):
             image = to_rgb_tensor(img)
         targets = normalised_targets(labels, img.shape[1], img.shape[0])
         return image, targets, self.flat.file(index), shapes
+
+    def mixup_draw(self, rng, partners: np.ndarray | None = None):
+        """Mixup's second mosaic: (its image index, its own partners or None), drawn as ``item`` documents."""
+        if partners is None:
+            return int(rng.integers(self.n)), None
+        other = int(rng.choice(partners))
+        rest = partners[partners != other]  # the second mosaic's own partners
+        return other, (rest if len(rest) >= 3 else None)
 
     def load_letterboxed(self, index: int, rng):
         """Non-mosaic path: letterbox to the rect batch shape or imgsz (+ random perspective if training)."""

@@ -11,6 +11,7 @@ What the CPU path does with OpenCV per image, done here for a whole batch (docs/
   every possible input (64 MiB + 45 MiB as int32), with the plan's table in between: exact, except that OpenCV's
   HSV -> RGB rounds the last pixels of a row that are not a multiple of its vector width (32 pixels with OpenCV
   5.0 on AVX-512) a little differently (by 1);
+- mixup: the second mosaic warped the same way, blended in float32 and rounded as cv2.addWeighted (exact);
 - flips: folded into the sampling (exact);
 - letterbox: a plan's tile inside its grey canvas (a resize, when the letterbox needs one, is done by cv2 in the
   worker, so that it is exact).
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from utils.data.transforms import FILL
 
 CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at most (more images: several steps)
+COLOUR_STEP = 16  # images per HSV step (its index tensors: 12 bytes per pixel)
 _TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 _TABLES_LOCK = threading.Lock()
 
@@ -65,10 +67,14 @@ def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
     device = torch.device(device)
     count, (height, width) = len(batch), batch.size
     pixels = batch.pixels.to(device, non_blocking=True)
-    out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=device)
+    bgr = torch.empty((len(batch.canvases), height, width, 3), dtype=torch.uint8, device=device)  # every layer
     for members in canvas_steps(batch.canvases, CANVAS_BYTES):
-        bgr = warp_step(batch, pixels, members, device)
-        out[members.to(device)] = colour_step(bgr, batch.hsv[members], batch.has_hsv[members], device)
+        bgr[members.to(device)] = warp_step(batch, pixels, members, device)
+    blend_step(bgr, batch.blends, batch.ratios, device)
+    out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=device)
+    for first in range(0, count, COLOUR_STEP):
+        last = min(first + COLOUR_STEP, count)
+        out[first:last] = colour_step(bgr[first:last], batch.hsv[first:last], batch.has_hsv[first:last], device)
     for image, (w, h) in enumerate(batch.out_sizes.tolist()):  # smaller than the batch: grey beyond, as collate pads
         if (h, w) != (height, width):
             out[image, h:] = FILL
@@ -127,6 +133,18 @@ def warp_step(batch, pixels: torch.Tensor, members: torch.Tensor, device) -> tor
     grid = sampling_grid(batch, members, height, width, canvas.shape[2], canvas.shape[3], device)
     warped = F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
     return warped.add_(FILL).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def blend_step(bgr: torch.Tensor, blends: torch.Tensor, ratios: torch.Tensor, device) -> None:
+    """Mixup, in place: image = ratio x image + (1 - ratio) x its second layer, in float32 and rounded to nearest, as
+    cv2.addWeighted blends uint8 images (equal to it on every value tested)."""
+    if not len(blends):
+        return
+    images, layers = blends[:, 0].to(device), blends[:, 1].to(device)
+    alpha = ratios.to(torch.float32).to(device).view(-1, 1, 1, 1)
+    beta = (1.0 - ratios).to(torch.float32).to(device).view(-1, 1, 1, 1)  # 1 - ratio in float64, as cv2 is given it
+    mixed = bgr[images].to(torch.float32) * alpha + bgr[layers].to(torch.float32) * beta
+    bgr[images] = mixed.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, device) -> torch.Tensor:

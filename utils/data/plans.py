@@ -2,14 +2,14 @@
 
 ``--augment-device`` (docs/device-augmentation.md). A ``PlanDataset`` draws exactly what ``YoloDataset`` draws, in the
 same order, from the same per-item generator (seed, epoch, index): mosaic partners and placement, the warp matrix,
-the HSV gains, the flips. It computes the final labels exactly as ``YoloDataset`` does (the same functions of
+mixup's second mosaic and ratio, the HSV gains, the flips. It computes the final labels exactly as ``YoloDataset`` does (the same functions of
 ``utils.data.transforms``), so the boxes are identical on both paths. Instead of an image it returns an
 ``ImagePlan``: the source pixels (decoded or cached uint8 BGR, only the part the warp reads), where each goes on the
 canvas, the matrix, the HSV table and the flips. ``collate_plans`` packs a batch's plans into one ``PlanBatch`` (one
 flat uint8 buffer for all pixels, small tables for the rest), and ``utils.data.device_augment.render_plans`` makes
 the images on any torch device.
 
-Not planned yet (refused when the hyp asks for them): mixup and copy-paste.
+Not planned yet (refused when the hyp asks for it): copy-paste.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ import torch
 
 from utils.data.dataset import YoloDataset, normalised_targets, pixel_boxes
 from utils.data.transforms import (flip_draws, flip_labels, hsv_gains, hsv_lut, intersect, letterbox_geometry,
-                                   mosaic_labels, mosaic_placement, perspective_matrix, warp_labels, warp_needed)
+                                   mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
+                                   warp_needed)
 
-UNPLANNED_HYP = ("mixup", "copy_paste")  # augmentations a plan cannot express yet
+UNPLANNED_HYP = ("copy_paste",)  # augmentations a plan cannot express yet
 
 
 def unplanned_augmentations(hyp) -> list[str]:
@@ -40,7 +41,9 @@ class ImagePlan:
     ``canvas_size`` (w, h)). The canvas is grey (114) wherever no tile lies. ``matrix`` (3x3, canvas -> image,
     ``projective`` or affine) warps the canvas to ``out_size`` (w, h) with bilinear sampling and a grey border, as
     cv2.warpAffine / warpPerspective; None: the canvas is the image. Then ``hsv``, a (256, 3) uint8 table on OpenCV's
-    HSV (``transforms.hsv_lut``) or None, and the flips (up-down, left-right). The image comes out RGB."""
+    HSV (``transforms.hsv_lut``) or None, and the flips (up-down, left-right). The image comes out RGB.
+    ``mixup``: (a second plan of the same ``out_size``, ratio): before HSV, the warped image is blended with the
+    second one's as cv2.addWeighted(this, ratio, that, 1 - ratio, 0) blends them."""
     out_size: tuple[int, int]
     canvas_size: tuple[int, int]
     tiles: list
@@ -48,6 +51,7 @@ class ImagePlan:
     projective: bool = False
     hsv: np.ndarray | None = None
     flips: tuple[bool, bool] = (False, False)
+    mixup: tuple | None = None
 
 
 class PlanDataset(YoloDataset):
@@ -71,6 +75,11 @@ class PlanDataset(YoloDataset):
         if self.mosaic and rng.random() < hyp.mosaic:
             plan, labels = self.mosaic_plan(index, rng, partners)
             shapes = None
+            if hyp.mixup and rng.random() < hyp.mixup:
+                other, rest = self.mixup_draw(rng, partners)
+                second, second_labels = self.mosaic_plan(other, rng, rest)
+                plan.mixup = (second, mixup_ratio(rng))
+                labels = np.concatenate((labels, second_labels), 0)
         else:
             plan, labels, shapes = self.letterbox_plan(index, rng)
         gains = hsv_gains(hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
@@ -134,17 +143,21 @@ class PlanDataset(YoloDataset):
 class PlanBatch:
     """A batch of plans in a few tensors (what loader workers send to the training process).
 
-    ``pixels``: every tile's bytes, one flat uint8 buffer. ``tiles`` (T, 6) int64: image, x, y (its place on that
-    image's canvas), width, height, offset in ``pixels``. ``canvases`` (B, 2) int64: each canvas's (w, h).
-    ``sampling`` (B, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the flips folded in;
-    projective when ``projective``). ``out_sizes`` (B, 2)
-    int64: each image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as
-    ``collate`` pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables."""
+    Layers are what gets warped: layer i < B is image i's own plan, layers B.. are the second mosaics of the images
+    with mixup. ``pixels``: every tile's bytes, one flat uint8 buffer. ``tiles`` (T, 6) int64: layer, x, y (its place
+    on that layer's canvas), width, height, offset in ``pixels``. ``canvases`` (L, 2) int64: each layer's canvas
+    (w, h). ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's
+    flips folded in; projective where ``projective`` (L,)). ``blends`` (M, 2) int64 (image, layer) and
+    ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``out_sizes`` (B, 2) int64: each
+    image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as ``collate``
+    pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables."""
     pixels: torch.Tensor
     tiles: torch.Tensor
     canvases: torch.Tensor
     sampling: torch.Tensor
     projective: torch.Tensor
+    blends: torch.Tensor
+    ratios: torch.Tensor
     out_sizes: torch.Tensor
     hsv: torch.Tensor
     has_hsv: torch.Tensor
@@ -163,21 +176,21 @@ class PlanBatch:
         return dataclasses.replace(self, pixels=self.pixels.pin_memory())
 
 
-def sampling_matrix(plan: ImagePlan) -> np.ndarray:
-    """Image pixel -> canvas point for ``plan``: flips, then the inverse warp (cv2 inverts a singular affine matrix to
-    zeros, which reads the canvas's (0, 0) everywhere; done alike)."""
+def sampling_matrix(plan: ImagePlan, flips: tuple[bool, bool]) -> np.ndarray:
+    """Image pixel -> canvas point for ``plan``: ``flips`` (up-down, left-right) of the image, then the inverse warp
+    (cv2 inverts a singular affine matrix to zeros, which reads the canvas's (0, 0) everywhere; done alike)."""
     width, height = plan.out_size
-    up_down, left_right = plan.flips
-    flips = np.array([[-1.0 if left_right else 1.0, 0, width - 1 if left_right else 0],
-                      [0, -1.0 if up_down else 1.0, height - 1 if up_down else 0],
-                      [0, 0, 1]])
+    up_down, left_right = flips
+    flipping = np.array([[-1.0 if left_right else 1.0, 0, width - 1 if left_right else 0],
+                         [0, -1.0 if up_down else 1.0, height - 1 if up_down else 0],
+                         [0, 0, 1]])
     inverse = np.eye(3)
     if plan.matrix is not None:
         try:
             inverse = np.linalg.inv(plan.matrix)
         except np.linalg.LinAlgError:
             inverse = np.diag([0.0, 0.0, 1.0])
-    return inverse @ flips
+    return inverse @ flipping
 
 
 def collate_plans(batch):
@@ -193,10 +206,18 @@ def collate_plans(batch):
         if (h, w) != (height, width):
             item_labels[:, [2, 4]] *= w / width
             item_labels[:, [3, 5]] *= h / height
-    tiles, chunks, offset = [], [], 0
+    layers = [(plan, plan.flips) for plan in plans]  # (what is warped, the flips of the image it belongs to)
+    blends, ratios = [], []
     for i, plan in enumerate(plans):
+        if plan.mixup is not None:
+            second, ratio = plan.mixup
+            blends.append((i, len(layers)))
+            ratios.append(ratio)
+            layers.append((second, plan.flips))
+    tiles, chunks, offset = [], [], 0
+    for layer, (plan, _) in enumerate(layers):
         for img, (x, y) in plan.tiles:
-            tiles.append((i, x, y, img.shape[1], img.shape[0], offset))
+            tiles.append((layer, x, y, img.shape[1], img.shape[0], offset))
             chunks.append(img)
             offset += img.shape[0] * img.shape[1] * 3
     pixels = torch.empty(offset, dtype=torch.uint8)
@@ -208,9 +229,11 @@ def collate_plans(batch):
         if plan.hsv is not None:
             hsv[i] = plan.hsv
     batch = PlanBatch(pixels=pixels, tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 6),
-                      canvases=torch.tensor([plan.canvas_size for plan in plans], dtype=torch.int64),
-                      sampling=torch.from_numpy(np.stack([sampling_matrix(plan) for plan in plans])),
-                      projective=torch.tensor([plan.projective for plan in plans]),
+                      canvases=torch.tensor([plan.canvas_size for plan, _ in layers], dtype=torch.int64),
+                      sampling=torch.from_numpy(np.stack([sampling_matrix(plan, flips) for plan, flips in layers])),
+                      projective=torch.tensor([plan.projective for plan, _ in layers]),
+                      blends=torch.tensor(blends, dtype=torch.int64).reshape(-1, 2),
+                      ratios=torch.tensor(ratios, dtype=torch.float64),
                       out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
                       hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
                       size=(height, width))

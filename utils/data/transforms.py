@@ -300,9 +300,14 @@ def flip_labels(labels: np.ndarray, width: int, height: int, up_down: bool, left
 
 def mixup(img: np.ndarray, labels: np.ndarray, img2: np.ndarray, labels2: np.ndarray, rng):
     """Blend two same-size images with a Beta(32, 32) ratio and keep both label sets."""
-    ratio = rng.beta(32.0, 32.0)
+    ratio = mixup_ratio(rng)
     blended = cv2.addWeighted(img, ratio, img2, 1.0 - ratio, 0.0)
     return blended, np.concatenate((labels, labels2), 0)
+
+
+def mixup_ratio(rng) -> float:
+    """``mixup``'s draw: the first image's weight (the second's is 1 - it)."""
+    return rng.beta(32.0, 32.0)
 
 
 def box_ioa(box: np.ndarray, boxes: np.ndarray, eps: float = 1e-7) -> np.ndarray:
