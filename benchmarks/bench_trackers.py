@@ -1,15 +1,17 @@
-"""What MLflow logging costs a training run: per-epoch time, the tracker's start, and the whole run, with MLflow on
-(a real ``mlflow server`` on 127.0.0.1, SQLite store) and with --no-trackers, taking turns on the same command
-(a timing: run it on an otherwise idle machine; needs requirements-trackers.txt).
+"""What experiment tracking costs a training run: per-epoch time, the trackers' start, and the whole run, with the
+trackers on and with --no-trackers, taking turns on the same command (a timing: run it on an otherwise idle machine;
+needs requirements-trackers.txt). On: MLflow (a real ``mlflow server`` on 127.0.0.1, SQLite store) and, with
+``--all``, W&B (WANDB_MODE=offline), Comet (COMET_MODE=offline) and ClearML (CLEARML_OFFLINE_MODE=1) too, their
+files in each run folder.
 
     python benchmarks/bench_trackers.py [--data data.yaml] [--imgsz 96] [--epochs 10] [--repeat 2] [--images 64]
-        [--kill-at 3]
+        [--kill-at 3] [--all]
 
 Without --data a generated dataset (benchmarks/generated_dataset.py: ``--images`` 96-px JPEGs, 16 val) is made under
 a temporary folder. Each run trains yolov5n from scratch on the CPU in this process (train.run), no plots, no
 TensorBoard; epoch times are measured around each epoch (training, validation, results row, checkpoint), the
 "tracker start" around the Recorder's start (MLflow's import on the first run, its experiment and run created), and
-the import of ``mlflow.tracking`` alone in a fresh interpreter. A first untracked run warms the caches and is not
+the import of each tracker's package alone in a fresh interpreter. A first untracked run warms the caches and is not
 counted. ``--kill-at N`` adds one MLflow run whose server is killed (SIGKILL) as epoch N's row is about to be logged,
 with MLflow's default retries: its epoch times before and after, and the whole run (the end waits for the queue).
 """
@@ -82,9 +84,25 @@ def killed_run(options: dict, folder: Path, epoch: int, mlflow_server, stop) -> 
             recorder.Recorder.log = log
 
 
-def import_seconds() -> float:
-    code = "import time; t = time.perf_counter(); import mlflow.tracking; print(time.perf_counter() - t)"
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+OFFLINE = {"WANDB_MODE": "offline", "COMET_MODE": "offline", "CLEARML_OFFLINE_MODE": "1"}
+IMPORTS = {"mlflow": "mlflow.tracking", "wandb": "wandb", "comet": "comet_ml", "clearml": "clearml"}
+
+
+def import_seconds(module: str) -> float:
+    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def tracker_environment(folder: Path, every: bool) -> None:
+    """The offline trackers on (``every``) or off, their own home folders under ``folder``."""
+    for name in ("WANDB_API_KEY", "COMET_API_KEY", "CLEARML_API_ACCESS_KEY", *OFFLINE):
+        os.environ.pop(name, None)
+    if every:
+        os.environ.update(OFFLINE)
+        for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+            os.environ[name] = str(folder / "home" / name.lower())
+        os.environ["COMET_CONFIG"] = os.environ["CLEARML_CONFIG_FILE"] = str(folder / "home" / "none")
 
 
 def main() -> None:
@@ -95,11 +113,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--kill-at", type=int, default=0, help="also a run whose server dies at this epoch (0: none)")
+    parser.add_argument("--all", action="store_true", help="W&B, Comet and ClearML (offline) on beside MLflow")
     args = parser.parse_args()
     from tests.test_trackers import mlflow_server, stop  # the tests' loopback server
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
+        tracker_environment(folder, args.all)
         data = args.data or str(make_dataset(folder / "data", args.images, val=16))
         options = dict(data=data, cfg="models/yolov5n.yaml", weights="", imgsz=args.imgsz, epochs=args.epochs,
                        batch_size=16, workers=2, device="cpu", noautoanchor=True, noplots=True, no_tensorboard=True,
@@ -112,15 +132,17 @@ def main() -> None:
                 for tracked in (False, True):
                     rows[tracked].append(one_run(options, tracked))
         killed = killed_run(options, folder, args.kill_at, mlflow_server, stop) if args.kill_at else None
-    print(f"# {cpu_name()}; {args.epochs} epochs of yolov5n at {args.imgsz}, {data}, {args.repeat} runs each")
+    on = "MLflow, W&B, Comet, ClearML" if args.all else "MLflow"
+    print(f"# {cpu_name()}; {args.epochs} epochs of yolov5n at {args.imgsz}, {data}, {args.repeat} runs each; on: {on}")
     for tracked, runs in rows.items():
         later = [t for run in runs for t in run["epochs"][1:]]
         starts = ", ".join(f"{run['start']:.2f}" for run in runs)
         walls = ", ".join(f"{run['wall']:.1f}" for run in runs)
-        print(f"{'MLflow' if tracked else 'none  '}: epoch median {statistics.median(later):.3f} s "
+        print(f"{'on  ' if tracked else 'none'}: epoch median {statistics.median(later):.3f} s "
               f"(mean {statistics.mean(later):.3f}, {len(later)} epochs after each run's first); "
               f"tracker start {starts} s; whole run {walls} s")
-    print(f"import mlflow.tracking in a fresh interpreter: {import_seconds():.2f} s")
+    for name, module in IMPORTS.items() if args.all else [("mlflow", "mlflow.tracking")]:
+        print(f"import {module} in a fresh interpreter: {import_seconds(module):.2f} s")
     if killed:
         before, after = killed["epochs"][1:args.kill_at], killed["epochs"][args.kill_at:]
         print(f"MLflow, server killed at epoch {args.kill_at}: epoch median {statistics.median(before):.3f} s before "

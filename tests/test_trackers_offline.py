@@ -1,0 +1,389 @@
+"""W&B, Comet and ClearML in their offline modes (utils.trackers.wandb_tracker, comet_tracker, clearml_tracker): one
+tiny training run, and one run crashed after epoch 1 then resumed, with every installed tracker on at once (as a user
+with all three set up has them), each read back with its own format's reader:
+
+- W&B: the offline run's ``.wandb`` transaction log through wandb's own record schema: params, per-epoch metrics equal
+  to results.csv at step = epoch, images, run files, the dataset and model artifacts, the exit code; the resume
+  continues the same run id without an epoch logged twice;
+- Comet: the OfflineExperiment archive (experiment.json, messages.json): the same; a resume starts a linked run;
+- ClearML: the offline session zip (task.json, metrics.jsonl): the same; a resume starts a linked task;
+
+and each tracker's switch. No network (no credentials, offline modes, the packages' home folders under tmp). Each
+tracker's tests skip by name without its package (requirements-trackers.txt; CI installs none of them)."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import train as train_script
+from tests.conftest import make_tiny_run
+from tests.test_trackers import tiny_args
+from utils.loggers import RESULTS_KEYS
+from utils.plots import read_results_csv
+from utils.trackers import METRIC_NAMES
+
+NEEDS = {name: f"{package} not installed (pip install -r requirements-trackers.txt)"
+         for name, package in (("wandb", "wandb"), ("comet", "comet_ml"), ("clearml", "clearml"))}
+PACKAGES = {"wandb": "wandb", "comet": "comet_ml", "clearml": "clearml"}
+OFFLINE = {"WANDB_MODE": "offline", "COMET_MODE": "offline", "CLEARML_OFFLINE_MODE": "1"}
+CREDENTIALS = ("WANDB_API_KEY", "WANDB_DISABLED", "COMET_API_KEY", "COMET_PROJECT_NAME", "CLEARML_API_ACCESS_KEY",
+               "CLEARML_API_SECRET_KEY", "CLEARML_CACHE_DIR", "MLFLOW_TRACKING_URI")
+
+
+def needs(name: str):
+    """Skip (by the package's name) unless the tracker's package is installed."""
+    pytest.importorskip(PACKAGES[name], reason=NEEDS[name])
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """Every installed tracker on in its offline mode, with no credentials and its home folders under tmp."""
+    if not any(importlib.util.find_spec(package) for package in PACKAGES.values()):
+        pytest.skip("none of wandb, comet_ml, clearml installed (pip install -r requirements-trackers.txt)")
+    root = tmp_path_factory.mktemp("offline-trackers")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in CREDENTIALS:
+            patch.delenv(name, raising=False)
+        for name, value in OFFLINE.items():
+            patch.setenv(name, value)
+        for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+            patch.setenv(name, str(root / "home" / name.lower()))
+        patch.setenv("COMET_CONFIG", str(root / "home" / "no.comet.config"))
+        patch.setenv("CLEARML_CONFIG_FILE", str(root / "home" / "no-clearml.conf"))
+        patch.setenv("NETRC", str(root / "home" / "no-netrc"))
+        yield (root, *make_tiny_run(root))
+
+
+def train(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = train_script.main(args)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def plain(offline):
+    """A 3-epoch run with --save-period 2 and --upload_dataset val: its folder, stdout and stderr."""
+    status, out, err = train(tiny_args(offline, "plain", "--epochs", "3", "--save-period", "2",
+                                       "--upload_dataset", "val"))
+    assert status == 0, out[-3000:]
+    (start,) = [line for line in out.splitlines() if line.startswith("Trackers:")]
+    return SimpleNamespace(folder=offline[0] / "plain" / "exp", out=out, err=err, start=start, home=offline[0] / "home")
+
+
+@pytest.fixture(scope="module")
+def resumed(offline):
+    """A run crashed right after epoch 1's checkpoint; then, as if the process had died after logging epoch 1 but
+    before that checkpoint, epoch 0's checkpoint is restored and the run resumed (epoch 1 trains again). Its folder,
+    the trackers' files after the first part, and the resumed process's stdout."""
+    from tests.test_resume import StopAfterEpoch
+    from utils.trainer import trainer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "Callbacks", lambda: StopAfterEpoch(1, "crash"))
+        status, out, _ = train(tiny_args(offline, "resumed", "--epochs", "3", "--noplots"))
+    assert status == 130, out[-3000:]
+    folder = offline[0] / "resumed" / "exp"
+    first = {"wandb": offline_logs(folder), "comet": sorted((folder / "comet").glob("*.zip")),
+             "clearml": sessions(folder)}
+    shutil.copy(folder / "weights" / "last.prev.pt", folder / "weights" / "last.pt")
+    status, out, _ = train(["--resume", str(folder / "weights" / "last.pt")])
+    assert status == 0, out[-3000:]
+    return SimpleNamespace(folder=folder, first=first, out=out)
+
+
+def assert_rows_equal_results_csv(rows: dict[int, dict], results_csv: Path, tracker: str) -> None:
+    """Step -> {name: value} equal to results.csv: each epoch once, at step = epoch, under the tracker's names."""
+    table = read_results_csv(results_csv)
+    assert sorted(rows) == [int(e) for e in table["epoch"]]
+    for key in RESULTS_KEYS:
+        logged = [rows[step][METRIC_NAMES[key][tracker]] for step in sorted(rows)]
+        assert logged == pytest.approx(table[key].tolist(), rel=1e-4, abs=1e-12), key
+
+
+def test_no_warning_from_the_trackers_or_their_packages(offline, plain):
+    assert "WARNING" not in plain.out + plain.err
+
+
+# ---------------------------------------------------------------------- W&B: the offline run's transaction log
+
+def offline_logs(run_folder: Path) -> list[Path]:
+    return sorted((run_folder / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def by_type(records, kind: str) -> list:
+    return [getattr(record, kind) for record in records if record.WhichOneof("record_type") == kind]
+
+
+def history_rows(records) -> dict[int, dict]:
+    """Step -> {key: value} of every history record (a step logged twice would be two rows: refused here)."""
+    rows = {}
+    for history in by_type(records, "history"):
+        assert history.step.num not in rows, f"step {history.step.num} logged twice"
+        rows[history.step.num] = {"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                                  for item in history.item}
+    return rows
+
+
+def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_files(request):
+    needs("wandb")
+    from utils.trackers.wandb_tracker import read_records
+
+    plain = request.getfixturevalue("plain")
+    (log,) = offline_logs(plain.folder)  # inside the run folder
+    records = read_records(log)
+    (run,) = by_type(records, "run")
+    assert (f"W&B on (WANDB_MODE=offline): offline run {run.run_id} in {log.parent} (upload: wandb sync "
+            f"{plain.folder / 'wandb'})") in plain.start
+    assert (run.project, run.display_name) == ("plain", "exp")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["epochs"] == 3 and config["save_period"] == 2 and config["hyp/lr0"] == 0.01
+    assert config["save_dir"] == str(plain.folder)
+    rows = history_rows(records)
+    assert_rows_equal_results_csv(rows, plain.folder / "results.csv", "wandb")
+    assert rows[0]["Mosaics/captions"] == ["train_batch0.jpg", "train_batch1.jpg"]  # at their epoch's step
+    assert {"results.png", "PR_curve.png", "confusion_matrix.png"} <= set(rows[2]["Results/captions"])
+    assert "val_batch0_pred.jpg" in rows[2]["Validation/captions"]
+    for name in rows[0]["Mosaics/filenames"] + rows[2]["Results/filenames"]:
+        assert (log.parent / "files" / name).is_file()
+    saved = {file.path for files in by_type(records, "files") for file in files.files}
+    assert {"results.csv", "opt.yaml", "hyp.yaml"} <= saved
+    dataset, *artifacts = by_type(records, "artifact")
+    assert (dataset.name, dataset.type, list(dataset.aliases)) == ("val", "dataset", ["latest"])
+    expected = [f"{kind}/val/im{index}.{suffix}" for index in range(4)
+                for kind, suffix in (("images", "jpg"), ("labels", "txt"))]
+    assert sorted(entry.path for entry in dataset.manifest.contents) == sorted(expected)
+    models = [(artifact.name, sorted(artifact.aliases), [entry.path for entry in artifact.manifest.contents])
+              for artifact in artifacts]
+    assert models == [(f"run_{run.run_id}_model", ["epoch 1", "last", "latest"], ["epoch1.pt"]),
+                      (f"run_{run.run_id}_model", ["best", "latest", "stripped"], ["best.pt"])]
+    (exit_record,) = by_type(records, "exit")
+    assert exit_record.exit_code == 0
+    assert not (plain.home / "wandb_dir").exists()  # the run's files went to the run folder
+
+
+def test_resume_continues_the_same_wandb_run_and_logs_no_epoch_twice(request):
+    needs("wandb")
+    from utils.trackers.wandb_tracker import read_records
+
+    resumed = request.getfixturevalue("resumed")
+    (first,) = resumed.first["wandb"]
+    first_records = read_records(first)
+    assert sorted(history_rows(first_records)) == [0, 1] and by_type(first_records, "exit")[0].exit_code == 1
+    assert "W&B on (WANDB_MODE=offline): continuing its run: offline run " in resumed.out
+    logs = offline_logs(resumed.folder)
+    assert len(logs) == 2 and {log.name for log in logs} == {first.name}  # one run id, two offline parts
+    (second,) = set(logs) - {first}
+    second_records = read_records(second)
+    assert sorted(history_rows(second_records)) == [2]  # epoch 1 was in the first part: not logged again
+    assert_rows_equal_results_csv({**history_rows(first_records), **history_rows(second_records)},
+                                  resumed.folder / "results.csv", "wandb")
+    assert by_type(second_records, "exit")[0].exit_code == 0
+
+
+def test_wandb_is_on_as_yolov5_switches_it(monkeypatch, tmp_path):
+    from utils.trackers.wandb_tracker import WandbTracker, project_name
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    assert project_name("runs/train") == "YOLOv5" and project_name("/x/runs/bccd") == "bccd"
+    if WandbTracker.switch() is None:  # not installed: nothing said
+        needs("wandb")
+    assert WandbTracker.switch() == (False, "not logged in: wandb login, or WANDB_MODE=offline")
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password k123\n")
+    assert WandbTracker.switch() == (True, f"logged in ({tmp_path / 'netrc'})")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example")
+    assert WandbTracker.switch()[0] is False  # the key is for another host
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert WandbTracker.switch() == (True, "WANDB_API_KEY is set")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert WandbTracker.switch() == (False, "WANDB_MODE=disabled")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert WandbTracker.switch() == (True, "WANDB_MODE=offline")
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    assert WandbTracker.switch() == (False, "WANDB_MODE=disabled")
+
+
+# ---------------------------------------------------------------------- Comet: the OfflineExperiment archive
+
+def read_archive(path: Path) -> tuple[dict, list[dict], set[str]]:
+    """(experiment.json, messages.json's messages, the archive's file names) of an OfflineExperiment archive."""
+    with zipfile.ZipFile(path) as archive:
+        experiment = json.loads(archive.read("experiment.json"))
+        messages = [json.loads(line) for line in archive.read("messages.json").splitlines() if line.strip()]
+        return experiment, messages, set(archive.namelist())
+
+
+def payloads(messages: list[dict], kind: str) -> list[dict]:
+    return [message["payload"] for message in messages if message["type"] == kind]
+
+
+def metric_rows(messages: list[dict]) -> dict[int, dict]:
+    """Step -> {metric name: value}; a metric logged twice at one step is refused here."""
+    rows: dict[int, dict] = {}
+    for payload in payloads(messages, "metric_msg"):
+        metric = payload["metric"]
+        row = rows.setdefault(metric["step"], {})
+        assert metric["metricName"] not in row, f"{metric['metricName']} logged twice at step {metric['step']}"
+        row[metric["metricName"]] = float(metric["metricValue"])
+    return rows
+
+
+def uploads(messages: list[dict]) -> dict[str, list]:
+    """Upload type -> the names of the files uploaded as it (images, assets, model elements)."""
+    found: dict[str, list] = {}
+    for payload in payloads(messages, "file_upload"):
+        extra = payload["additional_params"]
+        found.setdefault(payload["upload_type"], []).append(extra.get("fileName") or extra.get("figName"))
+    return found
+
+
+def test_comet_offline_archive_holds_params_metrics_equal_to_results_csv_and_the_files(request):
+    needs("comet")
+    plain = request.getfixturevalue("plain")
+    (archive,) = (plain.folder / "comet").glob("*.zip")  # inside the run folder
+    experiment, messages, names = read_archive(archive)
+    assert (f"Comet on (COMET_MODE=offline): offline run in {plain.folder / 'comet'} (upload: comet upload "
+            f"{archive})") in plain.start
+    assert experiment["project_name"] == "plain" and experiment["offline_id"] == archive.stem
+    others = {payload["key"]: payload["value"] for payload in payloads(messages, "log_other")}
+    assert others["Name"] == "exp" and others["run_folder"] == str(plain.folder)
+    params = {param["paramName"]: param["paramValue"] for param in
+              (payload.get("param") or payload["params"] for payload in payloads(messages, "parameter_msg"))
+              if param["source"] == "manual"}  # "params": a list value's message
+    assert params["epochs"] == 3 and params["save_period"] == 2 and params["hyp/lr0"] == 0.01
+    assert_rows_equal_results_csv(metric_rows(messages), plain.folder / "results.csv", "comet")
+    files = uploads(messages)
+    assert sorted(files["model-element"]) == ["best.pt", "epoch1.pt"]
+    assert {"train_batch0.jpg", "results.png", "PR_curve.png", "val_batch0_pred.jpg", "labels.jpg"} <= set(
+        files["visualization"]) and {"results.csv", "opt.yaml", "hyp.yaml"} <= set(files["asset"])
+    stored = {payload["file_path"] for payload in payloads(messages, "file_upload")}
+    assert stored <= names  # every uploaded file is in the archive
+
+
+def test_an_offline_comet_run_cannot_be_continued_so_a_resume_starts_a_linked_run(request):
+    needs("comet")
+    resumed = request.getfixturevalue("resumed")
+    (first,) = resumed.first["comet"]
+    assert (f"Comet on (COMET_MODE=offline): an offline Comet run cannot be continued, a new run linked to "
+            f"{first.stem}: offline run in ") in resumed.out
+    (second,) = set((resumed.folder / "comet").glob("*.zip")) - {first}
+    _, messages, _ = read_archive(second)
+    others = {payload["key"]: payload["value"] for payload in payloads(messages, "log_other")}
+    assert others["resumed_from"] == first.stem and others["Name"] == "exp"
+    # the whole run, each epoch once: epoch 0 from the checkpoint's rows, 1 and 2 as trained
+    assert_rows_equal_results_csv(metric_rows(messages), resumed.folder / "results.csv", "comet")
+    first_messages = read_archive(first)[1]
+    assert sorted(metric_rows(first_messages)) == [0, 1]
+    assert ("stopped", True) in [(p["key"], p["value"]) for p in payloads(first_messages, "log_other")]
+
+
+def test_comet_is_on_as_yolov5_switches_it(monkeypatch, tmp_path):
+    from utils.trackers.comet_tracker import CometTracker, project_name
+
+    for name in ("COMET_API_KEY", "COMET_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COMET_CONFIG", str(tmp_path / "comet.config"))
+    assert project_name("runs/train") == "yolov5" and project_name("/x/runs/bccd") == "bccd"
+    if CometTracker.switch() is None:  # not installed: nothing said
+        needs("comet")
+    assert CometTracker.switch() == (False, "no COMET_API_KEY, ~/.comet.config or COMET_MODE=offline")
+    (tmp_path / "comet.config").write_text("[comet]\napi_key = abc\n")
+    assert CometTracker.switch() == (True, f"api_key in {tmp_path / 'comet.config'}")
+    monkeypatch.setenv("COMET_API_KEY", "k")
+    assert CometTracker.switch() == (True, "COMET_API_KEY is set")
+    monkeypatch.setenv("COMET_MODE", "offline")
+    assert CometTracker.switch() == (True, "COMET_MODE=offline")
+    monkeypatch.setenv("COMET_MODE", "disabled")
+    assert CometTracker.switch() == (False, "COMET_MODE=disabled")
+
+
+# ---------------------------------------------------------------------- ClearML: the offline session zip
+
+def read_session(path: Path) -> tuple[dict, list[dict], set[str]]:
+    """(task.json, metrics.jsonl's events, the zip's file names) of an offline session zip."""
+    with zipfile.ZipFile(path) as archive:
+        task = json.loads(archive.read("task.json"))
+        events = [event for line in archive.read("metrics.jsonl").splitlines() if line.strip()
+                  for event in json.loads(line)]
+        return task, events, set(archive.namelist())
+
+
+def scalar_rows(events: list[dict]) -> dict[int, dict]:
+    """Iteration -> {"title/series": value}; a scalar reported twice at one iteration is refused here."""
+    rows: dict[int, dict] = {}
+    for event in events:
+        if event["type"] == "training_stats_scalar":
+            row, name = rows.setdefault(event["iter"], {}), f"{event['metric']}/{event['variant']}"
+            assert name not in row, f"{name} reported twice at iteration {event['iter']}"
+            row[name] = float(event["value"])
+    return rows
+
+
+def sessions(run_folder: Path) -> list[Path]:
+    return sorted((run_folder / "clearml" / "offline").glob("*.zip"), key=lambda path: path.stat().st_mtime)
+
+
+def test_clearml_offline_session_holds_params_scalars_equal_to_results_csv_and_the_files(request):
+    needs("clearml")
+    plain = request.getfixturevalue("plain")
+    (session,) = sessions(plain.folder)  # inside the run folder
+    task, events, names = read_session(session)
+    assert f"ClearML on (CLEARML_OFFLINE_MODE=1): offline session {session.with_suffix('')}" in plain.start
+    assert (task["project_name"], task["name"], task["id"]) == ("plain", "exp", session.stem)
+    args, hyp = task["hyperparams"]["Args"], task["hyperparams"]["Hyperparameters"]
+    assert args["epochs"]["value"] == "3" and args["save_period"]["value"] == "2" and hyp["lr0"]["value"] == "0.01"
+    assert task["hyperparams"]["yolo-trainer"]["run_folder"]["value"] == str(plain.folder)
+    assert_rows_equal_results_csv(scalar_rows(events), plain.folder / "results.csv", "clearml")
+    images = {(event["metric"], event["variant"], event["iter"]) for event in events
+              if event["type"] == "training_debug_image"}
+    assert {("Mosaics", "train_batch0.jpg", 0), ("Results", "results.png", 2), ("Validation", "val_batch0_pred.jpg", 2),
+            ("Labels", "labels.jpg", 2)} <= images
+    artifacts = {artifact["key"]: artifact for artifact in task["execution"]["artifacts"]}
+    assert {"results.csv", "opt.yaml", "hyp.yaml", "weights/epoch1.pt", "weights/best.pt"} <= set(artifacts)
+    best = artifacts["weights/best.pt"]["uri"]
+    stored = Path(best).relative_to(session.with_suffix("")).as_posix()
+    assert stored in names and Path(best).read_bytes() == (plain.folder / "weights" / "best.pt").read_bytes()
+    assert not list(plain.home.glob("**/offline-*"))  # nothing in ClearML's home folders
+
+
+def test_an_offline_clearml_run_cannot_be_continued_so_a_resume_starts_a_linked_task(request):
+    needs("clearml")
+    resumed = request.getfixturevalue("resumed")
+    (first,) = resumed.first["clearml"]
+    assert sorted(scalar_rows(read_session(first)[1])) == [0, 1]
+    assert (f"ClearML on (CLEARML_OFFLINE_MODE=1): an offline ClearML run cannot be continued, a new run linked to "
+            f"{first.stem}: offline session ") in resumed.out
+    (second,) = set(sessions(resumed.folder)) - {first}
+    task, events, _ = read_session(second)
+    assert task["hyperparams"]["yolo-trainer"]["resumed_from"]["value"] == first.stem
+    assert_rows_equal_results_csv(scalar_rows(events), resumed.folder / "results.csv", "clearml")  # each epoch once
+
+
+def test_clearml_is_on_as_yolov5_switches_it(monkeypatch, tmp_path):
+    from utils.trackers.clearml_tracker import ClearmlTracker, project_name
+
+    for name in ("CLEARML_API_ACCESS_KEY", "CLEARML_API_SECRET_KEY", "CLEARML_OFFLINE_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLEARML_CONFIG_FILE", str(tmp_path / "clearml.conf"))
+    assert project_name("runs/train") == "YOLOv5" and project_name("/x/runs/bccd") == "bccd"
+    if ClearmlTracker.switch() is None:  # not installed: nothing said
+        needs("clearml")
+    assert ClearmlTracker.switch() == (False, "not configured: clearml-init, or CLEARML_OFFLINE_MODE=1")
+    (tmp_path / "clearml.conf").write_text("api {}\n")
+    assert ClearmlTracker.switch() == (True, f"configured ({tmp_path / 'clearml.conf'})")
+    (tmp_path / "clearml.conf").unlink()
+    monkeypatch.setenv("CLEARML_API_ACCESS_KEY", "a")
+    monkeypatch.setenv("CLEARML_API_SECRET_KEY", "s")
+    assert ClearmlTracker.switch() == (True, "CLEARML_API_ACCESS_KEY and CLEARML_API_SECRET_KEY are set")
+    monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
+    assert ClearmlTracker.switch() == (True, "CLEARML_OFFLINE_MODE=1")
