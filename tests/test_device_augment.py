@@ -258,3 +258,23 @@ def test_pinning_a_plan_batch_pins_its_pixels_only(split, monkeypatch):
     pinned = batch.pin_memory()
     assert pinned.pixels is not batch.pixels and torch.equal(pinned.pixels, batch.pixels)
     assert pinned.tiles is batch.tiles and pinned.size == batch.size
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs the cuda tests)")
+def test_rendering_on_cuda_matches_the_opencv_path_and_never_waits_for_the_gpu(split):
+    """The same tolerance on CUDA, and no host-device synchronisation inside render_plans (the plan's decisions
+    are all read from its host tensors; copies to the device do not wait)."""
+    device = torch.device("cuda")
+    for case in ("mosaic, mixup", "mosaic, perspective, rotation, shear, up-down flips", "letterbox (mosaic 0)"):
+        expected, planned = both_paths(split, *CASES[case], epoch=1)
+        batch = collate_plans(planned)[0].pin_memory()
+        render_plans(batch, device)  # the HSV tables are made and copied once per device, before the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            rendered = render_plans(batch, device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for got, want in zip(rendered.cpu(), collate(expected)[0]):
+            assert_close(got, want)

@@ -58,18 +58,24 @@ def hsv_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     with _TABLES_LOCK:
         if key not in _TABLES:
             to_hsv, to_rgb = hsv_tables_cpu()
-            _TABLES[key] = torch.from_numpy(to_hsv).to(device), torch.from_numpy(to_rgb).to(device)
+            _TABLES[key] = to_device(torch.from_numpy(to_hsv), device), to_device(torch.from_numpy(to_rgb), device)
         return _TABLES[key]
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor's copy on ``device`` that does not wait for the device (a copy from pageable memory is staged
+    before the call returns, so the host tensor may go at once)."""
+    return tensor.to(device, non_blocking=True)
 
 
 def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
     """The images of a ``PlanBatch`` on ``device``: (B, 3, H, W) uint8 RGB, channels_last."""
     device = torch.device(device)
     count, (height, width) = len(batch), batch.size
-    pixels = batch.pixels.to(device, non_blocking=True)
+    pixels = to_device(batch.pixels, device)
     bgr = torch.empty((len(batch.canvases), height, width, 3), dtype=torch.uint8, device=device)  # every layer
     for members in canvas_steps(batch.canvases, CANVAS_BYTES):
-        bgr[members.to(device)] = warp_step(batch, pixels, members, device)
+        bgr[to_device(members, device)] = warp_step(batch, pixels, members, device)
     blend_step(bgr, batch.blends, batch.ratios, device)
     out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=device)
     for first in range(0, count, COLOUR_STEP):
@@ -111,7 +117,7 @@ def sampling_grid(batch, members: torch.Tensor, height: int, width: int, canvas_
                   device) -> torch.Tensor:
     """(n, height, width, 2) ``grid_sample`` coordinates (align_corners=True) of every image pixel."""
     scale = np.array([[2.0 / (canvas_w - 1), 0, -1], [0, 2.0 / (canvas_h - 1), -1], [0, 0, 1]])
-    matrices = torch.from_numpy(scale @ batch.sampling[members].numpy()).to(device, torch.float32)
+    matrices = to_device(torch.from_numpy(scale @ batch.sampling[members].numpy()).to(torch.float32), device)
     ys = torch.arange(height, dtype=torch.float32, device=device).view(1, height, 1)
     xs = torch.arange(width, dtype=torch.float32, device=device).view(1, 1, width)
     m = matrices.view(-1, 9, 1, 1)
@@ -120,7 +126,7 @@ def sampling_grid(batch, members: torch.Tensor, height: int, width: int, canvas_
     projective = batch.projective[members]
     if bool(projective.any()):
         denominator = m[:, 6] * xs + m[:, 7] * ys + m[:, 8]
-        keep = (~projective).to(device).view(-1, 1, 1)
+        keep = to_device(~projective, device).view(-1, 1, 1)
         denominator = torch.where(keep, torch.ones_like(denominator), denominator)
         gx, gy = gx / denominator, gy / denominator
     return torch.stack((gx, gy), -1)
@@ -140,9 +146,9 @@ def blend_step(bgr: torch.Tensor, blends: torch.Tensor, ratios: torch.Tensor, de
     cv2.addWeighted blends uint8 images (equal to it on every value tested)."""
     if not len(blends):
         return
-    images, layers = blends[:, 0].to(device), blends[:, 1].to(device)
-    alpha = ratios.to(torch.float32).to(device).view(-1, 1, 1, 1)
-    beta = (1.0 - ratios).to(torch.float32).to(device).view(-1, 1, 1, 1)  # 1 - ratio in float64, as cv2 is given it
+    images, layers = to_device(blends[:, 0], device), to_device(blends[:, 1], device)
+    alpha = to_device(ratios.to(torch.float32), device).view(-1, 1, 1, 1)
+    beta = to_device((1.0 - ratios).to(torch.float32), device).view(-1, 1, 1, 1)  # 1 - ratio in float64, as cv2
     mixed = bgr[images].to(torch.float32) * alpha + bgr[layers].to(torch.float32) * beta
     bgr[images] = mixed.round_().clamp_(0, 255).to(torch.uint8)
 
@@ -157,8 +163,8 @@ def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, dev
     index = (channels[..., 0] << 16) | (channels[..., 1] << 8) | channels[..., 2]
     packed = to_hsv.index_select(0, index.reshape(-1)).view(count, -1)  # h | s << 8 | v << 16
     # each image's table as three int32 tables already shifted to their place in the HSV -> RGB index
-    tables = (hsv.to(device).to(torch.int32) << torch.tensor([16, 8, 0], dtype=torch.int32, device=device))
-    tables = tables.transpose(1, 2).reshape(-1)  # image i: hue at 768 i, saturation at 768 i + 256, value at + 512
+    tables = hsv.to(torch.int32) << torch.tensor([16, 8, 0], dtype=torch.int32)  # tiny: shifted on the host
+    tables = to_device(tables.transpose(1, 2).reshape(-1), device)  # image i: hue at 768 i, saturation, value
     base = (torch.arange(count, dtype=torch.int32, device=device) * 768).view(-1, 1)
     index = tables.index_select(0, ((packed & 255) + base).view(-1))
     index += tables.index_select(0, (((packed >> 8) & 255) + (base + 256)).view(-1))
@@ -166,7 +172,7 @@ def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, dev
     coloured = to_rgb.index_select(0, index).view(torch.uint8).view(*bgr.shape[:3], 4)[..., :3]
     if bool(has_hsv.all()):
         return coloured
-    return torch.where(has_hsv.to(device).view(-1, 1, 1, 1), coloured, bgr.flip(-1))
+    return torch.where(to_device(has_hsv, device).view(-1, 1, 1, 1), coloured, bgr.flip(-1))
 
 
 class DeviceAugment:
