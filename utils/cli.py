@@ -135,7 +135,7 @@ def add_tracker_flags(parser: argparse.ArgumentParser) -> None:
                              "docs/trackers.md); TensorBoard has its own switch")
     parser.add_argument("--entity", default=None, help="W&B entity (team or user) of the run")
     parser.add_argument("--upload_dataset", nargs="?", const=True, default=False,
-                        help="YOLOv5's W&B dataset upload, 'val' for the val split (accepted; not done: docs/trackers.md)")
+                        help="upload the dataset to W&B as artifacts ('val': the val split alone; docs/trackers.md)")
     parser.add_argument("--bbox_interval", type=bbox_interval, default=-1,
                         help="YOLOv5's W&B interval of val images with boxes (accepted; not done: docs/trackers.md)")
     parser.add_argument("--artifact_alias", type=str, default="latest",
