@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_dataset import make_split
+from tests.test_dataset import SIZES, make_split
 from utils.config import Hyp
 from utils.data import device_augment
 from utils.data.dataset import YoloDataset, collate
@@ -150,11 +150,12 @@ def test_device_augment_is_a_batch_transform(split):
     assert same_targets is targets and same_paths == paths and images.dtype == torch.uint8
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_loader_hands_over_plans_and_keeps_the_opencv_loader_as_it_was(split, workers):
-    common = {"hyp": SCRATCH, "augment": True, "workers": workers, "shuffle": True, "seed": 3, "labels": split}
-    plain, _ = create_dataloader(None, SIZE, 3, 32, **common)
-    planned, dataset = create_dataloader(None, SIZE, 3, 32, augment_device=True, **common)
+@pytest.mark.parametrize("workers, partners", [(0, "dataset"), (2, "dataset"), (0, "batch")])
+def test_loader_hands_over_plans_and_keeps_the_opencv_loader_as_it_was(split, workers, partners):
+    common = {"hyp": SCRATCH.replace(mixup=0.5), "augment": True, "workers": workers, "shuffle": True, "seed": 3,
+              "labels": split, "mosaic_partners": partners}  # batches of 4: "batch" draws partners from the batch
+    plain, _ = create_dataloader(None, SIZE, 4, 32, **common)
+    planned, dataset = create_dataloader(None, SIZE, 4, 32, augment_device=True, **common)
     assert isinstance(dataset, PlanDataset)
     for loader in (plain, planned):
         set_loader_epoch(loader, 1)
@@ -163,6 +164,20 @@ def test_loader_hands_over_plans_and_keeps_the_opencv_loader_as_it_was(split, wo
         assert torch.equal(plan_targets, targets) and plan_paths == paths
         for got, want in zip(render_plans(batch), images):
             assert_close(got, want)
+
+
+def test_quad_takes_the_rendered_batch(tmp_path):
+    """--quad after --augment-device (the trainer chains them in this order): quad groups the rendered images."""
+    from utils.data.quad import QuadBatches
+    from utils.trainer.trainer import chained
+
+    split = make_split(tmp_path, sizes=SIZES * 2, suffix=".jpg")  # 12 images: quad groups 4
+    _, planned = both_paths(split, SCRATCH, False, epoch=0)
+    batch, targets, paths, _ = collate_plans(planned[:8])
+    transform = chained([DeviceAugment(torch.device("cpu")), None, QuadBatches(seed=0, rank=-1)])
+    images, quad_targets, quad_paths = transform(0, 0, batch, targets, paths)
+    assert images.shape == (2, 3, 2 * SIZE, 2 * SIZE) and images.dtype == torch.uint8 and len(quad_paths) == 2
+    assert chained([None, None]) is None
 
 
 def test_mixup_plans_blend_as_opencv_blends():
