@@ -85,8 +85,8 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
     check_augment_device(config, hyp)
     if config.augment_device and torch.device(device).type == "cpu":
-        LOGGER.warning("WARNING: --augment-device renders the augmentation with torch on the CPU, which is slower "
-                       "there than the OpenCV loader workers (docs/device-augmentation.md); it is meant for a GPU")
+        LOGGER.warning("WARNING: --augment-device renders the augmentation with torch on the CPU, which is no faster "
+                       "there than the OpenCV path (docs/device-augmentation.md); it is meant for a GPU")
     batch_size = max(config.batch_size // info.world_size, 1)
     cpus_busy = compute_fills_cpus(device, info.local_world_size)
     common = {"names": names, "single_cls": config.single_cls, "rank": info.rank, "world_size": info.world_size,
