@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--augment-device", action="store_true",
                         help="augment on the training device: the loader workers draw and place (the same draws), "
                              "the pixel work (mosaic canvas, warp, HSV, flips) runs batched with torch on --device "
-                             "(docs/device-augmentation.md; no copy-paste yet)")
+                             "(docs/device-augmentation.md)")
     add_device_flag(parser)
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
@@ -236,7 +236,6 @@ def _train(config, explicit: dict):
     from utils.autobatch import check_request
     from utils.trainer import setup_process, train
     from utils.trainer.resume import resolve_run
-    from utils.trainer.stages import check_augment_device
 
     try:
         if not config.cfg and not config.weights and not config.resume:
@@ -245,7 +244,6 @@ def _train(config, explicit: dict):
             config.cfg = str(ROOT / config.cfg)
         device = setup_process(config.device)
         config, hyp, resume = _shared(lambda: resolve_run(config, explicit))
-        check_augment_device(config, hyp)  # before the run folder is made
         listed = [d for d in str(config.device).replace("cuda:", "").split(",") if d.strip().isdigit()]
         check_request(config.batch_size, device)  # --batch-size -1 needs CUDA
         dist.check_launch(config.batch_size, device, len(listed) or None)

@@ -19,10 +19,10 @@ import torch
 from tests.test_dataset import SIZES, make_split
 from utils.config import Hyp
 from utils.data import device_augment
-from utils.data.dataset import YoloDataset, collate
+from utils.data.dataset import LabelSet, YoloDataset, collate
 from utils.data.device_augment import DeviceAugment, colour_step, render_plans
 from utils.data.loader import create_dataloader, set_loader_epoch
-from utils.data.plans import ImagePlan, PlanBatch, PlanDataset, collate_plans, unplanned_augmentations
+from utils.data.plans import ImagePlan, PlanBatch, PlanDataset, collate_plans
 from utils.data.transforms import augment_hsv, hsv_gains, hsv_lut, perspective_matrix, warp_image
 
 SIZE = 96  # tiny images and canvas: a case runs in a fraction of a second
@@ -42,6 +42,19 @@ CASES = {  # name: (hyp, rect)
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
     return make_split(tmp_path_factory.mktemp("split"), suffix=".jpg")
+
+
+@pytest.fixture(scope="module")
+def segmented(split):
+    """The split with a polygon per box (a diamond inside it), for copy-paste."""
+    segments = []
+    for rows in split.labels:
+        polygons = []
+        for _, cx, cy, w, h in rows.tolist():
+            polygons.append(np.array([[cx, cy - h / 2], [cx + w / 2, cy], [cx, cy + h / 2], [cx - w / 2, cy]],
+                                     np.float32))
+        segments.append(polygons)
+    return LabelSet(split.im_files, split.labels, split.shapes, segments)
 
 
 def assert_close(rendered: torch.Tensor, expected: torch.Tensor) -> None:
@@ -81,6 +94,20 @@ def test_plans_give_the_same_boxes_and_render_the_same_images(split, case):
                 assert_close(got, want)
     assert flips > 0 or not (hyp.fliplr or hyp.flipud)
     assert mixed > 0 or not hyp.mixup
+
+
+@pytest.mark.parametrize("hyp", [SCRATCH.replace(copy_paste=1.0), SCRATCH.replace(copy_paste=0.5, mixup=0.5)])
+def test_copy_paste_plans_give_the_same_boxes_and_images(segmented, hyp):
+    pasted = 0
+    for epoch in range(3):
+        expected, planned = both_paths(segmented, hyp, False, epoch)
+        for (_, targets, _, _), (plan, plan_targets, _, _) in zip(expected, planned):
+            assert torch.equal(plan_targets, targets)
+            pasted += plan.paste is not None
+        rendered = render_plans(collate_plans(planned)[0])
+        for got, want in zip(rendered, collate(expected)[0]):
+            assert_close(got, want)
+    assert pasted > 0
 
 
 def test_no_augmentation_renders_exactly(split):
@@ -192,41 +219,6 @@ def test_mixup_plans_blend_as_opencv_blends():
     assert np.array_equal(layers[:2].numpy(), np.stack(expected))
 
 
-def test_unplanned_augmentations_are_refused(split):
-    assert unplanned_augmentations(SCRATCH.replace(mixup=0.1)) == []
-    assert unplanned_augmentations(SCRATCH.replace(mixup=0.1, copy_paste=0.1)) == ["copy_paste"]
-    with pytest.raises(ValueError, match="copy_paste"):
-        PlanDataset(split, imgsz=SIZE, augment=True, hyp=SCRATCH.replace(copy_paste=0.1))
-
-
-def test_a_hyp_with_unplanned_augmentations_is_refused_in_one_line():
-    from utils.config import ConfigError, TrainConfig
-    from utils.trainer.stages import check_augment_device
-
-    check_augment_device(TrainConfig(augment_device=True), SCRATCH.replace(mixup=0.1))
-    check_augment_device(TrainConfig(), SCRATCH.replace(copy_paste=0.1))  # the OpenCV path does copy-paste
-    with pytest.raises(ConfigError, match=r"^--augment-device does not implement copy_paste yet \(the hyp asks for "
-                                          r"copy_paste 0.1\)[^\n]*$"):
-        check_augment_device(TrainConfig(augment_device=True), SCRATCH.replace(copy_paste=0.1))
-
-
-def test_train_py_refuses_unplanned_augmentations_before_making_the_run_folder(tmp_path, capsys):
-    import yaml
-
-    import train as train_script
-    from tests.conftest import make_tiny_run
-
-    data, cfg = make_tiny_run(tmp_path, num_train=4)
-    hyp = tmp_path / "hyp.yaml"
-    hyp.write_text(yaml.safe_dump(SCRATCH.replace(copy_paste=0.1).to_dict()))
-    status = train_script.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--epochs", "1",
-                                "--device", "cpu", "--hyp", str(hyp), "--project", str(tmp_path / "runs"),
-                                "--augment-device"])
-    error = capsys.readouterr().err.strip().splitlines()
-    assert status != 0 and len(error) == 1 and "--augment-device does not implement copy_paste yet" in error[0]
-    assert not (tmp_path / "runs").exists()
-
-
 @pytest.mark.slow
 def test_training_renders_on_the_device_plots_the_rendered_batches_and_resumes_exactly(tmp_path, monkeypatch):
     """A tiny run with --augment-device: the model and train_batch0.jpg get the rendered uint8 images, and 2 epochs
@@ -277,12 +269,14 @@ def test_pinning_a_plan_batch_pins_its_pixels_only(split, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs the cuda tests)")
-def test_rendering_on_cuda_matches_the_opencv_path_and_never_waits_for_the_gpu(split):
+def test_rendering_on_cuda_matches_the_opencv_path_and_never_waits_for_the_gpu(split, segmented):
     """The same tolerance on CUDA, and no host-device synchronisation inside render_plans (the plan's decisions
     are all read from its host tensors; copies to the device do not wait)."""
     device = torch.device("cuda")
-    for case in ("mosaic, mixup", "mosaic, perspective, rotation, shear, up-down flips", "letterbox (mosaic 0)"):
-        expected, planned = both_paths(split, *CASES[case], epoch=1)
+    cases = [(split, *CASES[name]) for name in ("mosaic, mixup", "mosaic, perspective, rotation, shear, up-down flips",
+                                               "letterbox (mosaic 0)")]
+    for data, hyp, rect in [*cases, (segmented, SCRATCH.replace(copy_paste=1.0, mixup=0.5), False)]:
+        expected, planned = both_paths(data, hyp, rect, epoch=1)
         batch = collate_plans(planned)[0].pin_memory()
         render_plans(batch, device)  # the HSV tables are made and copied once per device, before the check
         torch.cuda.synchronize()

@@ -11,6 +11,7 @@ What the CPU path does with OpenCV per image, done here for a whole batch (docs/
   every possible input (64 MiB + 45 MiB as int32), with the plan's table in between: exact, except that OpenCV's
   HSV -> RGB rounds the last pixels of a row that are not a multiple of its vector width (32 pixels with OpenCV
   5.0 on AVX-512) a little differently (by 1);
+- copy-paste: the canvas pixels under the plan's mask take the mirrored canvas's (exact);
 - mixup: the second mosaic warped the same way, blended in float32 and rounded as cv2.addWeighted (exact);
 - flips: folded into the sampling (exact);
 - letterbox: a plan's tile inside its grey canvas (a resize, when the letterbox needs one, is done by cv2 in the
@@ -110,6 +111,12 @@ def build_canvases(batch, pixels: torch.Tensor, members: torch.Tensor, device) -
         if image in place:
             tile = pixels[offset:offset + w * h * 3].view(h, w, 3)
             canvas[place[image], y:y + h, x:x + w].copy_(tile).sub_(FILL)
+    for image, x, y, w, h, offset in batch.pastes.tolist():  # copy-paste: mirrored pixels under the mask
+        if image in place:
+            mask = to_device(batch.paste_masks[offset:offset + w * h].view(h, w, 1), device)
+            region = canvas[place[image], y:y + h, x:x + w]
+            mirrored = canvas[place[image], y:y + h, width - x - w:width - x].flip(1)
+            region.copy_(torch.where(mask, mirrored, region))
     return canvas.permute(0, 3, 1, 2)
 
 

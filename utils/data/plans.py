@@ -8,8 +8,6 @@ mixup's second mosaic and ratio, the HSV gains, the flips. It computes the final
 canvas, the matrix, the HSV table and the flips. ``collate_plans`` packs a batch's plans into one ``PlanBatch`` (one
 flat uint8 buffer for all pixels, small tables for the rest), and ``utils.data.device_augment.render_plans`` makes
 the images on any torch device.
-
-Not planned yet (refused when the hyp asks for it): copy-paste.
 """
 from __future__ import annotations
 
@@ -21,17 +19,9 @@ import numpy as np
 import torch
 
 from utils.data.dataset import YoloDataset, normalised_targets, pixel_boxes
-from utils.data.transforms import (flip_draws, flip_labels, hsv_gains, hsv_lut, intersect, letterbox_geometry,
-                                   mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
+from utils.data.transforms import (copy_paste_labels, flip_draws, flip_labels, hsv_gains, hsv_lut, intersect,
+                                   letterbox_geometry, mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
                                    warp_needed)
-
-UNPLANNED_HYP = ("copy_paste",)  # augmentations a plan cannot express yet
-
-
-def unplanned_augmentations(hyp) -> list[str]:
-    """The hyp's augmentations that are on and that plans do not implement yet (empty: plans can train it)."""
-    return [name for name in UNPLANNED_HYP if getattr(hyp, name)]
-
 
 @dataclass
 class ImagePlan:
@@ -42,8 +32,10 @@ class ImagePlan:
     ``projective`` or affine) warps the canvas to ``out_size`` (w, h) with bilinear sampling and a grey border, as
     cv2.warpAffine / warpPerspective; None: the canvas is the image. Then ``hsv``, a (256, 3) uint8 table on OpenCV's
     HSV (``transforms.hsv_lut``) or None, and the flips (up-down, left-right). The image comes out RGB.
-    ``mixup``: (a second plan of the same ``out_size``, ratio): before HSV, the warped image is blended with the
-    second one's as cv2.addWeighted(this, ratio, that, 1 - ratio, 0) blends them."""
+    ``paste`` (copy-paste): (mask (h, w) bool, (x, y) of its top-left on the canvas): before the warp, the canvas
+    pixels under the mask take the pixel of the left-right mirrored canvas. ``mixup``: (a second plan of the same
+    ``out_size``, ratio): before HSV, the warped image is blended with the second one's as
+    cv2.addWeighted(this, ratio, that, 1 - ratio, 0) blends them."""
     out_size: tuple[int, int]
     canvas_size: tuple[int, int]
     tiles: list
@@ -51,6 +43,7 @@ class ImagePlan:
     projective: bool = False
     hsv: np.ndarray | None = None
     flips: tuple[bool, bool] = (False, False)
+    paste: tuple | None = None
     mixup: tuple | None = None
 
 
@@ -63,9 +56,6 @@ class PlanDataset(YoloDataset):
         super().__init__(*args, **kwargs)
         if not self.augment:
             raise ValueError(f"{self.prefix}plans are for training items (augment=True)")
-        unplanned = unplanned_augmentations(self.hyp)
-        if unplanned:
-            raise ValueError(f"{self.prefix}device augmentation does not implement {' and '.join(unplanned)} yet")
 
     def item(self, item, partners: np.ndarray | None = None):
         index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
@@ -91,7 +81,8 @@ class PlanDataset(YoloDataset):
 
     def mosaic_plan(self, index: int, rng, partners: np.ndarray | None = None):
         """``load_mosaic`` as a plan: the tiles are the parts of the 4 images inside the window the warp reads (images
-        wholly outside it are not loaded), the labels are ``load_mosaic``'s."""
+        wholly outside it are not loaded; the whole canvas with copy-paste or a projective warp), the labels and the
+        copy-paste draws are ``load_mosaic``'s."""
         s = self.imgsz
         picks, centre, matrix, zoom, window = self.mosaic_draws(index, rng, partners)
         sizes = [self.resized_shape(k) for k in picks]
@@ -113,9 +104,10 @@ class PlanDataset(YoloDataset):
                                          centre)
         if len(segments) != len(labels):
             segments = []
+        labels, segments, pasted = copy_paste_labels(labels, segments, (2 * s, 2 * s), self.hyp.copy_paste, rng)
         projective = self.hyp.perspective > 0
         labels, _ = warp_labels(labels, segments, matrix, zoom, (s, s), projective)
-        return ImagePlan((s, s), (2 * s, 2 * s), tiles, matrix, projective), labels
+        return ImagePlan((s, s), (2 * s, 2 * s), tiles, matrix, projective, paste=mask_part(pasted)), labels
 
     def letterbox_plan(self, index: int, rng):
         """``load_letterboxed`` as a plan: the image (resized here when the letterbox resizes it, as cv2 does today)
@@ -139,6 +131,15 @@ class PlanDataset(YoloDataset):
         return plan, labels, shapes
 
 
+def mask_part(mask: np.ndarray | None):
+    """(the part of a bool ``mask`` that holds its True values, (x, y) of that part), or None for no mask."""
+    if mask is None:
+        return None
+    rows, columns = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    y1, y2, x1, x2 = rows[0], rows[-1] + 1, columns[0], columns[-1] + 1
+    return np.ascontiguousarray(mask[y1:y2, x1:x2]), (int(x1), int(y1))
+
+
 @dataclass
 class PlanBatch:
     """A batch of plans in a few tensors (what loader workers send to the training process).
@@ -148,7 +149,8 @@ class PlanBatch:
     on that layer's canvas), width, height, offset in ``pixels``. ``canvases`` (L, 2) int64: each layer's canvas
     (w, h). ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's
     flips folded in; projective where ``projective`` (L,)). ``blends`` (M, 2) int64 (image, layer) and
-    ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``out_sizes`` (B, 2) int64: each
+    ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``pastes`` (P, 6) int64: layer,
+    x, y, width, height, offset in ``paste_masks`` (flat bool): copy-paste's masks. ``out_sizes`` (B, 2) int64: each
     image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as ``collate``
     pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables."""
     pixels: torch.Tensor
@@ -158,6 +160,8 @@ class PlanBatch:
     projective: torch.Tensor
     blends: torch.Tensor
     ratios: torch.Tensor
+    pastes: torch.Tensor
+    paste_masks: torch.Tensor
     out_sizes: torch.Tensor
     hsv: torch.Tensor
     has_hsv: torch.Tensor
@@ -224,6 +228,10 @@ def collate_plans(batch):
     flat = pixels.numpy()
     for (*_, w, h, start), img in zip(tiles, chunks):
         flat[start:start + w * h * 3].reshape(h, w, 3)[:] = img
+    pastes = [(layer, x, y, mask.shape[1], mask.shape[0]) for layer, (plan, _) in enumerate(layers)
+              if plan.paste is not None for mask, (x, y) in [plan.paste]]
+    masks = [plan.paste[0].reshape(-1) for plan, _ in layers if plan.paste is not None]
+    starts = np.cumsum([0] + [len(mask) for mask in masks])[:-1]
     hsv = np.zeros((len(plans), 256, 3), np.uint8)
     for i, plan in enumerate(plans):
         if plan.hsv is not None:
@@ -234,6 +242,9 @@ def collate_plans(batch):
                       projective=torch.tensor([plan.projective for plan, _ in layers]),
                       blends=torch.tensor(blends, dtype=torch.int64).reshape(-1, 2),
                       ratios=torch.tensor(ratios, dtype=torch.float64),
+                      pastes=torch.tensor([(*paste, int(start)) for paste, start in zip(pastes, starts)],
+                                          dtype=torch.int64).reshape(-1, 6),
+                      paste_masks=torch.from_numpy(np.concatenate(masks + [np.zeros(0, bool)])),
                       out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
                       hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
                       size=(height, width))

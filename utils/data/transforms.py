@@ -323,12 +323,24 @@ def copy_paste(img: np.ndarray, labels: np.ndarray, segments, probability: float
     A copy is pasted only where it overlaps existing boxes by less than 30% (intersection over their
     area). Needs one pixel-space segment per label. Returns (img, labels, segments).
     """
+    if not (probability and len(segments)):
+        return img, labels, segments
+    labels, segments, mirrored_mask = copy_paste_labels(labels, segments, img.shape[:2], probability, rng)
+    if mirrored_mask is not None:
+        img = img.copy()
+        img[mirrored_mask] = cv2.flip(img, 1)[mirrored_mask]
+    return img, labels, segments
+
+
+def copy_paste_labels(labels: np.ndarray, segments, shape, probability: float, rng=None):
+    """``copy_paste``'s draws, labels and segments for an image of ``shape`` (h, w), without the image: (labels,
+    segments, where the mirrored copies go: an (h, w) bool mask, or None when nothing is pasted)."""
     count = len(segments)
     if not (probability and count):
-        return img, labels, segments
+        return labels, segments, None
     rng = rng if rng is not None else np.random.default_rng()
-    width = img.shape[1]
-    mask = np.zeros(img.shape[:2], np.uint8)
+    width = shape[1]
+    mask = np.zeros(shape[:2], np.uint8)
     labels, segments = labels.copy(), list(segments)
     for j in rng.permutation(count)[: round(probability * count)]:
         cls, x1, y1, x2, y2 = labels[j]
@@ -337,11 +349,7 @@ def copy_paste(img: np.ndarray, labels: np.ndarray, segments, probability: float
             labels = np.concatenate((labels, mirrored[None]), 0)
             segments.append(np.stack((width - segments[j][:, 0], segments[j][:, 1]), 1))
             cv2.drawContours(mask, [segments[j].astype(np.int32)], -1, 255, cv2.FILLED)
-    if mask.any():
-        mirrored_mask = cv2.flip(mask, 1).astype(bool)
-        img = img.copy()
-        img[mirrored_mask] = cv2.flip(img, 1)[mirrored_mask]
-    return img, labels, segments
+    return labels, segments, (cv2.flip(mask, 1).astype(bool) if mask.any() else None)
 
 
 def multi_scale_size(imgsz: int, stride: int, rng) -> int:

@@ -16,7 +16,6 @@ from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
-from utils.data.plans import unplanned_augmentations
 from utils.data.transforms import multi_scale_size
 from utils.device import compute_fills_cpus
 from utils.trainer.setup import check_img_size, resolve_data
@@ -83,7 +82,6 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
     machine (``scan_labels``); an image cache is one store per machine that the processes fill together
     (utils.data.image_cache), so every process builds the loaders at the same time."""
     imgsz = check_img_size(config.imgsz, grid_stride, floor=grid_stride * 2)
-    check_augment_device(config, hyp)
     if config.augment_device and torch.device(device).type == "cpu":
         LOGGER.warning("WARNING: --augment-device renders the augmentation with torch on the CPU, which is no faster "
                        "there than the OpenCV path (docs/device-augmentation.md); it is meant for a GPU")
@@ -108,15 +106,6 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
                        labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))
     run_data.set_epoch(0)
     return run_data
-
-
-def check_augment_device(config: TrainConfig, hyp: Hyp) -> None:
-    """--augment-device with a hyp that asks for what the device path does not do yet: refused in one line."""
-    unplanned = unplanned_augmentations(hyp) if config.augment_device else []
-    if unplanned:
-        asked = ", ".join(f"{name} {getattr(hyp, name):g}" for name in unplanned)
-        raise ConfigError(f"--augment-device does not implement {' and '.join(unplanned)} yet (the hyp asks for "
-                          f"{asked}): set them to 0 in --hyp, or augment on the CPU (without --augment-device)")
 
 
 def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
