@@ -115,6 +115,28 @@ def test_calls_return_at_once_and_close_waits_a_bounded_time(monkeypatch, caplog
     release.set()
 
 
+def test_a_stuck_tracker_holds_up_neither_training_nor_the_other_trackers(monkeypatch, caplog):
+    monkeypatch.setattr(dispatch, "CLOSE_WAIT_SECONDS", 0.5)
+    release = threading.Event()
+
+    class Stuck(FakeTracker):  # its server stops answering at the first epoch
+        name, label = "stuck", "Stuck"
+
+        def log_epoch(self, epoch, values):
+            release.wait()
+
+    stuck, good = Stuck(), FakeTracker()
+    trackers = trackers_of(stuck, good)
+    trackers.start([])
+    for epoch in range(3):
+        trackers.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 1.0))
+    trackers.close(finished=True)
+    assert good.calls == [("start", "exp", []), ("log_epoch", 0), ("log_epoch", 1), ("log_epoch", 2),
+                          ("finish", True)]  # every call, while the other tracker hangs
+    assert "WARNING: Trackers: 4 call(s) still unsent after 0.5 s" in caplog.text  # the stuck one: epochs 0-2, end
+    release.set()
+
+
 def test_trackers_are_chosen_by_their_switch_and_none_run_off_the_main_process(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
 

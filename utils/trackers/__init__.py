@@ -4,8 +4,9 @@ TensorBoard.
 - core.py: the ``Tracker`` interface each tracker implements (its own class: start, log_epoch, log_files, finish),
   ``RunStart`` (what a run starts a tracker with), ``METRIC_NAMES`` (results.csv's columns -> each tracker's legal
   names, the one table) and ``redacted`` (options with their credentials hidden).
-- dispatch.py: ``Trackers``, the one object the Recorder calls: every call goes through a background queue (one worker
-  thread), a tracker that fails says so in one warning line and is dropped, and closing waits a bounded time.
+- dispatch.py: ``Trackers``, the one object the Recorder calls: every call goes through the tracker's own background
+  queue and worker thread, a tracker that fails says so in one warning line and is dropped, and closing waits a
+  bounded time.
 - mlflow_tracker.py, wandb_tracker.py, comet_tracker.py, clearml_tracker.py: one ``Tracker`` class each, on as the
   module's docstring says (installed and set up, or the tracker's offline mode), its files inside the run folder.
 

@@ -69,7 +69,7 @@ class RunStart:
 
 
 class Tracker:
-    """One experiment tracker. Its methods run in the trackers' worker thread (utils.trackers.queue), one at a time and
+    """One experiment tracker. Its methods run in its own worker thread (utils.trackers.dispatch), one at a time and
     in order; an exception from any of them turns the tracker off with one warning line (training goes on).
 
     ``switch()`` decides from the environment alone (no import of the tracker's package) whether it is on."""

@@ -1,15 +1,17 @@
 """``Trackers``: the one object the Recorder calls for every experiment tracker that is on.
 
-Every call is put on a queue and made by one worker thread, so a slow or unreachable server never holds up training;
-a tracker whose call fails (server down, an exception in its package) says so in one warning line and gets no further
-calls. ``close`` waits at most CLOSE_WAIT_SECONDS for what is queued. Main process only (``open_trackers`` gives the
-other processes an empty set): the rank check lives here, not in the training loop.
+Every call is put on the tracker's own queue and made by its own worker thread, so a slow or unreachable server never
+holds up training nor the other trackers; a tracker whose call fails (server down, an exception in its package) says
+so in one warning line and gets no further calls. ``close`` waits at most CLOSE_WAIT_SECONDS in all for what is
+queued. Main process only (``open_trackers`` gives the other processes an empty set): the rank check lives here, not
+in the training loop.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from utils import dist
@@ -52,15 +54,15 @@ def open_trackers(config, hyp, save_dir: Path, resume_ids: dict | None = None,
 
 
 class Trackers:
-    """The trackers of one run behind one queue (see the module docstring)."""
+    """The trackers of one run, each behind its own queue and worker thread (see the module docstring)."""
 
     def __init__(self, trackers: list[Tracker], run: RunStart | None = None, off: list[str] = (),
                  resume_ids: dict | None = None):
         self.trackers = list(trackers)
         self.run, self.off, self.resume_ids = run, list(off), dict(resume_ids or {})  # off: "<label> off (why)"
         self.failed: set[str] = set()  # names of trackers that failed (read by tests and the start line)
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._queues: dict[str, queue.Queue] = {}
+        self._threads: list[threading.Thread] = []
 
     def start(self, rows: list[dict]) -> None:
         """Start (or continue) every tracker's run with the epochs already finished (``rows``: a resumed run's
@@ -69,14 +71,20 @@ class Trackers:
             if self.off:
                 LOGGER.info("Trackers: %s", "; ".join(self.off))
             return
-        self._thread = threading.Thread(target=self._work, name="trackers", daemon=True)
-        self._thread.start()
+        reached = []
         for tracker in self.trackers:
+            self._queues[tracker.name] = queue.Queue()
+            thread = threading.Thread(target=self._work, args=(tracker, self._queues[tracker.name]),
+                                      name=f"tracker-{tracker.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
             run = RunStart(**{**vars(self.run), "resume_id": self.resume_ids.get(tracker.name), "rows": list(rows)})
             self._put(tracker, "start", run)
-        reached = threading.Event()
-        self._queue.put(reached)
-        reached.wait(START_WAIT_SECONDS)
+            reached.append(threading.Event())
+            self._queues[tracker.name].put(reached[-1])
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        for event in reached:
+            event.wait(max(0.0, deadline - time.monotonic()))
         LOGGER.info("Trackers: %s; --no-trackers turns them off", "; ".join(self._start_words()))
 
     def _start_words(self) -> list[str]:
@@ -109,32 +117,37 @@ class Trackers:
 
     def close(self, finished: bool) -> None:
         """End every run (``finished``: the run ended normally; else it was stopped and a --resume may continue it)
-        and wait at most CLOSE_WAIT_SECONDS for the queue; safe to call again."""
-        if self._thread is None:
+        and wait at most CLOSE_WAIT_SECONDS in all for the queues; safe to call again."""
+        if not self._threads:
             return
         for tracker in self.trackers:
             self._put(tracker, "finish", bool(finished))
-        self._queue.put(None)
-        self._thread.join(CLOSE_WAIT_SECONDS)
-        if self._thread.is_alive():
+            self._queues[tracker.name].put(None)
+        deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # a live worker's unsent calls: the one it is in and those queued behind it (the queue's end marker excluded)
+        unsent = sum(self._queues[tracker.name].qsize() for tracker, thread in zip(self.trackers, self._threads)
+                     if thread.is_alive())
+        if unsent:
             LOGGER.warning("WARNING: Trackers: %d call(s) still unsent after %g s (a slow or unreachable server) are "
-                           "given up; the run folder has everything", self._queue.qsize() + 1, CLOSE_WAIT_SECONDS)
-        self._thread = None
+                           "given up; the run folder has everything", unsent, CLOSE_WAIT_SECONDS)
+        self._threads = []
 
     def _put(self, tracker: Tracker, method: str, *args) -> None:
-        if self._thread is not None:
-            self._queue.put((tracker, method, args))
+        if self._threads:
+            self._queues[tracker.name].put((method, args))
 
-    def _work(self) -> None:
-        """The worker: calls in order; a tracker's first failure is one warning line and its last call."""
+    def _work(self, tracker: Tracker, calls: queue.Queue) -> None:
+        """One tracker's worker: its calls in order; its first failure is one warning line and its last call."""
         while True:
-            item = self._queue.get()
+            item = calls.get()
             if item is None:
                 return
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            tracker, method, args = item
+            method, args = item
             if tracker.name in self.failed:
                 continue
             try:
