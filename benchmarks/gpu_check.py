@@ -14,6 +14,7 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` 
   throughput_*  train.py --epochs 4 at 640 on the train images x8 (hard links), --baseline's tree then this one:
                 images/s over epochs 2-4, wall, time to the first step, reserved memory (benchmarks/gpu_throughput.py;
                 yolov5s b64/b16 and yolov5n b64 with --cache ram, yolov5s b64 with 4 workers, --cache off)
+  augment_device  yolov5s b64 with 4 workers, --cache ram and off: the OpenCV workers, then --augment-device
   channels_last yolov5n and yolov5s b64 runs of this tree with --channels-last off, then with its default
   tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
                 is listed)
@@ -77,7 +78,8 @@ for folder in (ROOT, ROOT / "benchmarks"):
 from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures)
-from gpu_throughput import CASES as THROUGHPUT_CASES, step_channels_last, step_throughput  # noqa: E402
+from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last,  # noqa: E402
+                            step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -496,6 +498,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "cuda": None,  # the gate: every step below needs a CUDA device
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
+    "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there
     "tests": step_tests,
     "scaler": step_scaler,

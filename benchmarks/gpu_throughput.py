@@ -98,6 +98,19 @@ def step_channels_last(context: Context) -> dict:
     return figures
 
 
+def step_augment_device(context: Context) -> dict:
+    """This tree's OpenCV workers, then --augment-device (the pixel work on the GPU), yolov5s b64, --cache ram and off,
+    with 4 workers (4 CPU cores per GPU: where the workers set the speed)."""
+    figures = {}
+    for cache in ("ram", "off"):
+        runs = ((f"--cache {cache}, OpenCV workers", ROOT, ()),
+                (f"--cache {cache}, --augment-device", ROOT, ("--augment-device",)))
+        compared = _compare(context, f"augment_device_{cache}", runs, "yolov5s", 64, cache, 4)
+        figures.update({key if key != "yolov5s setting" else f"--cache {cache} setting": value
+                        for key, value in compared.items()})
+    return figures
+
+
 def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str, workers: int) -> dict:
     """Train once per (label, tree, extra flags) of ``runs``, one after the other; the figures of each and the
     last run's images/s over the first's."""
