@@ -173,6 +173,28 @@ def test_the_chosen_batch_is_saved_with_the_run(tmp_path, monkeypatch, multi_sca
     assert torch.load(run / "weights" / "last.pt", weights_only=True)["config"]["batch_size"] == 4
 
 
+def test_augment_device_sets_its_tables_memory_aside(tmp_path, monkeypatch, capsys):
+    """--augment-device keeps two HSV tables on the device (utils/data/device_augment.py: RESIDENT_BYTES, 109 MiB):
+    AutoBatch sizes the step in what is left, and its line says so."""
+    from utils.data.device_augment import RESIDENT_BYTES, hsv_tables_cpu
+
+    assert sum(table.nbytes for table in hsv_tables_cpu()) == RESIDENT_BYTES
+    data, cfg = make_tiny_run(tmp_path)
+    monkeypatch.setattr(autobatch, "refuse_on", lambda device: None)
+    monkeypatch.setattr(autobatch, "training_step_probe", lambda *args: linear_probe(GIB, 0.5 * GIB))
+    free = int((5 + 0.5) / 0.8 * GIB + RESIDENT_BYTES / 2)  # batch 5 with all of it, 4 once the tables are aside
+    monkeypatch.setattr("utils.device.cuda_memory", lambda device: (free, 80 * GIB))
+    args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "-1",
+            "--epochs", "1", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noautoanchor", "--noplots",
+            "--workers", "0", "--amp", "off"]
+    assert train_script.main(args) == 0
+    assert yaml.safe_load((tmp_path / "runs" / "exp" / "opt.yaml").read_text())["batch_size"] == 5
+    assert "set aside" not in capsys.readouterr().out
+    assert train_script.main(args + ["--augment-device"]) == 0
+    assert yaml.safe_load((tmp_path / "runs" / "exp2" / "opt.yaml").read_text())["batch_size"] == 4
+    assert "(after 0.106 GiB set aside for --augment-device)" in capsys.readouterr().out
+
+
 def test_multi_scale_bounds_are_the_sizes_it_draws():
     import numpy as np
 

@@ -144,11 +144,12 @@ def refuse_on(device: torch.device) -> None:
 
 def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, device: torch.device,
                        dtype: torch.dtype | None, train_images: Callable[[], int], probe_factory=None,
-                       free_memory=None) -> int:
+                       free_memory=None, reserved: int = 0) -> int:
     """``batch_size`` itself, or for -1 the total batch AutoBatch chooses (decided on the main process, the same
     on every process) for training steps at ``imgsz`` under ``dtype`` autocast (None: fp32). ``train_images()``
     counts the training images (called on the main process only); ``probe_factory(model, imgsz, device, dtype)``
-    and ``free_memory(device)`` default to the CUDA ones."""
+    and ``free_memory(device)`` default to the CUDA ones; ``reserved`` bytes of the free memory are set aside
+    for what the run keeps on the device besides the step (--augment-device's tables)."""
     if batch_size != AUTO:
         return batch_size
     refuse_on(device)
@@ -158,12 +159,14 @@ def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, devi
     free_memory = free_memory or (lambda d: cuda_memory(d)[0])
     processes = dist.get_world_size()
     free = min(dist.gather_object(int(free_memory(device)), phase="report free GPU memory for AutoBatch"))
+    free = max(free - int(reserved), 0)
     outcome = None
     if dist.is_main_process():
         try:
             limit = max(1, min(MAX_BATCH_SIZE, train_images() // processes))
             choice = autobatch(probe_factory(model, imgsz, device, dtype), free, limit)
-            LOGGER.info("%s", choice.summary(device, imgsz, processes))
+            reserve = f" (after {reserved / GIB:.3g} GiB set aside for --augment-device)" if reserved else ""
+            LOGGER.info("%s%s", choice.summary(device, imgsz, processes), reserve)
             outcome = ("ok", choice.batch)
         except AutoBatchError as error:
             outcome = ("error", str(error))
@@ -219,4 +222,8 @@ def auto_batch_size(config, model: torch.nn.Module, device: torch.device, data_c
     imgsz = math.ceil(config.imgsz / stride) * stride
     if config.multi_scale:
         imgsz = multi_scale_bounds(imgsz, stride)[1]
-    return resolve_batch_size(AUTO, model, imgsz, device, dtype, lambda: len(list_image_files(data_cfg.train)))
+    reserved = 0
+    if getattr(config, "augment_device", False):
+        from utils.data.device_augment import RESIDENT_BYTES as reserved
+    return resolve_batch_size(AUTO, model, imgsz, device, dtype, lambda: len(list_image_files(data_cfg.train)),
+                              reserved=reserved)

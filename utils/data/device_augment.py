@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from utils.data.transforms import FILL
 
 CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at most (more images: several steps)
+# what the rendering keeps on the device between batches: the two HSV tables as int32 (AutoBatch sets it aside; the
+# rendering's other buffers are freed before the forward pass, whose peak is larger, and reused by it)
+RESIDENT_BYTES = (256 ** 3 + 180 * 256 ** 2) * 4
 COLOUR_STEP = 16  # images per HSV step (its index tensors: 12 bytes per pixel)
 _TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 _TABLES_LOCK = threading.Lock()
