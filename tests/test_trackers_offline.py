@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -387,3 +388,39 @@ def test_clearml_is_on_as_yolov5_switches_it(monkeypatch, tmp_path):
     assert ClearmlTracker.switch() == (True, "CLEARML_API_ACCESS_KEY and CLEARML_API_SECRET_KEY are set")
     monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
     assert ClearmlTracker.switch() == (True, "CLEARML_OFFLINE_MODE=1")
+
+
+# ---------------------------------------------------------------------- torchrun: rank 0 alone logs
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_log_one_run_to_each_offline_tracker(offline):
+    """torchrun, 2 processes (gloo): one W&B run, one Comet archive, one ClearML session, each equal to results.csv,
+    and no warning from any tracker."""
+    import sys
+
+    from tests.test_ddp import run as run_torchrun  # runs a job again after gloo's known rare abort
+    from tests.test_trackers import free_port
+
+    root, data, cfg = offline
+    project = root / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), str(Path(train_script.__file__)), "--data", str(data), "--cfg", str(cfg), "--weights",
+               "", "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--workers", "0", "--device", "cpu",
+               "--noautoanchor", "--noplots", "--no-tensorboard", "--project", str(project)]
+    # started from a process that ran a ClearML task: its note must not make rank 0's task a stub
+    done = run_torchrun(command, env={"CLEARML_PROC_MASTER_ID": "1:offline-parent", "TRAINS_PROC_MASTER_ID": "1:"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("Trackers:") == 1  # rank 0 alone (the other warns of BatchNorm on 2 images: not ours)
+    assert not re.search(r"WARNING.*(W&B|wandb|Comet|ClearML|Trackers)", done.stdout + done.stderr)
+    folder, results = project / "exp", project / "exp" / "results.csv"
+    if importlib.util.find_spec("wandb"):
+        from utils.trackers.wandb_tracker import read_records
+
+        (log,) = offline_logs(folder)
+        assert_rows_equal_results_csv(history_rows(read_records(log)), results, "wandb")
+    if importlib.util.find_spec("comet_ml"):
+        (archive,) = (folder / "comet").glob("*.zip")
+        assert_rows_equal_results_csv(metric_rows(read_archive(archive)[1]), results, "comet")
+    if importlib.util.find_spec("clearml"):
+        (session,) = sessions(folder)
+        assert_rows_equal_results_csv(scalar_rows(read_session(session)[1]), results, "clearml")

@@ -17,6 +17,7 @@ DEFAULT_PROJECT = "runs/train"  # this --project is ClearML project "YOLOv5" (as
 FRAMEWORKS = ("catboost", "fastai", "gradio", "hydra", "joblib", "lightgbm", "matplotlib", "megengine", "pytorch",
               "scikit", "tensorboard", "tensorflow", "tfdefines", "xgboost")  # ClearML's bindings: all off
 EPOCH_METRIC = METRIC_NAMES["train/box_loss"]["clearml"]  # reported every epoch: its iterations are the task's epochs
+MASTER_NOTES = ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID")  # ClearML's note of the process that started a task
 CAPTURE_NOTHING = dict(auto_connect_frameworks={**dict.fromkeys(FRAMEWORKS, False), "detect_repository": False},
                        auto_resource_monitoring=False, auto_connect_arg_parser=False, auto_connect_streams=False)
 
@@ -62,6 +63,8 @@ class ClearmlTracker(Tracker):
         if offline:
             Task.set_offline(True)
         self.task = _init_task(Task, run, continued, offline)
+        if not isinstance(self.task.id, str):  # a stub (no configuration, or a parent's task): nothing would be logged
+            raise RuntimeError(f"ClearML gave no task ({type(self.task).__name__})")
         self.run_id = self.task.id
         if continued:
             self.task.set_initial_iteration(0)  # continuing sets an offset (last iteration + 1): epochs stay epochs
@@ -120,6 +123,12 @@ def _init_task(task_class, run: RunStart, continued: str | bool, offline: bool):
     # ClearML's reports go through a thread, not its default on Linux, a forked copy of the training process (whose
     # close took 10-16 s a run here, 0.01 s through the thread); the setting is the class attribute its config feeds
     task_class._report_subprocess_enabled = False
+    # ClearML notes "<pid>:<task id>" in CLEARML_PROC_MASTER_ID (and its old name) when a task starts; a process that
+    # inherits another process's note (a run started from a Python process that ran one, torchrun under it) takes
+    # itself for that process's child and gets a stub for a task, which logs nothing and is no run id: the note goes
+    for name in MASTER_NOTES:
+        if os.environ.get(name, str(os.getpid())).split(":")[0] != str(os.getpid()):
+            del os.environ[name]
     saved = os.environ.get("CLEARML_CACHE_DIR")
     if offline:
         os.environ["CLEARML_CACHE_DIR"] = str(run.save_dir / "clearml")

@@ -113,7 +113,8 @@ class Trackers:
 
     def run_ids(self) -> dict[str, str]:
         """Tracker name -> run id, for the checkpoint (a --resume continues these runs)."""
-        return {tracker.name: tracker.run_id for tracker in self.trackers if tracker.run_id}
+        return {tracker.name: tracker.run_id for tracker in self.trackers  # a failed one's too: its run may go on
+                if isinstance(tracker.run_id, str) and tracker.run_id}
 
     def close(self, finished: bool) -> None:
         """End every run (``finished``: the run ended normally; else it was stopped and a --resume may continue it)
