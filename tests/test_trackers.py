@@ -491,3 +491,37 @@ def test_a_continued_mlflow_run_gets_the_rows_it_lacks_once_and_a_missing_one_is
     assert third.run_id != first.run_id and "is not on this server, a new run" in third.note
     assert tracked.get_run(third.run_id).data.tags["yolo-trainer.resumed_from"] == first.run_id
     assert [m.step for m in tracked.get_metric_history(third.run_id, "train/box_loss")] == [0, 1]
+
+
+@pytest.mark.parametrize("interval, epochs_drawn", [(2, [1]), (-1, [0, 1, 2])])
+def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epochs(tmp_path, monkeypatch, interval,
+                                                                                   epochs_drawn):
+    """--bbox_interval N: the first val batch's predictions drawn every N epochs into <run>/val_predictions and given
+    to the trackers (YOLOv5's W&B default for -1: every epoch up to 10 epochs); no tracker on, nothing drawn."""
+    from utils.trainer import recorder
+
+    made = []
+
+    class Recording(FakeTracker):
+        switch = classmethod(lambda cls: (True, "test"))
+
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
+    data, cfg = make_tiny_run(tmp_path)
+    args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs",
+            "3", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noautoanchor", "--noplots", "--workers",
+            "0", "--bbox_interval", str(interval)]
+    assert train_script.main(args) == 0
+    folder = tmp_path / "runs" / "exp" / "val_predictions"
+    assert sorted(p.name for p in folder.iterdir()) == [f"val_pred_epoch{e}.jpg" for e in epochs_drawn]
+    logged = [(call[0], call[1]) for call in made[0].calls
+              if call[0] == "log_epoch" or (call[0] == "log_files" and call[2] == "val_predictions")]
+    expected = [("log_epoch", e) for e in range(3)]
+    for e in reversed(epochs_drawn):  # each image right after its epoch's row (the trackers' step is that epoch)
+        expected.insert(expected.index(("log_epoch", e)) + 1, ("log_files", [f"val_pred_epoch{e}.jpg"]))
+    assert logged == expected
+    assert train_script.main(args + ["--no-trackers"]) == 0
+    assert not (tmp_path / "runs" / "exp2" / "val_predictions").exists()

@@ -27,6 +27,8 @@ def image_key(name: str) -> str:
         return "Labels"
     if name.startswith("val_batch"):
         return "Validation"
+    if name.startswith("val_pred"):  # --bbox_interval's val images with predictions
+        return "Bounding Box Debugger/Images"
     return "Results"
 
 

@@ -66,6 +66,7 @@ class WandbTracker(Tracker):
         self.run = None
         self.logged_through = -1  # the last epoch the run has
         self.step = 0             # the step files and images are shown at (the last epoch logged)
+        self.replayed = False     # the last epoch given was one the run already had (a resumed run retraining it)
 
     def start(self, run: RunStart) -> None:
         import wandb
@@ -112,7 +113,8 @@ class WandbTracker(Tracker):
             self.run.log_artifact(artifact, aliases=["latest"])
 
     def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
-        if epoch <= self.logged_through:
+        self.replayed = epoch <= self.logged_through
+        if self.replayed:
             return
         metrics = {METRIC_NAMES[key]["wandb"]: float(value) for key, value in values.items() if key in METRIC_NAMES}
         self.run.log(metrics, step=epoch)
@@ -134,7 +136,7 @@ class WandbTracker(Tracker):
                 copied = Path(self.run.dir) / path.name
                 shutil.copyfile(path, copied)
                 self.run.save(str(copied), base_path=self.run.dir, policy="now")
-        if images:
+        if images and not self.replayed:  # a retrained epoch's images: its step is in the run already
             self.run.log(images, step=self.step)
 
     def _log_model(self, path: Path) -> None:
