@@ -187,16 +187,24 @@ class ComputeLoss:
             b, a, gj, gi = indices[level]
             iou = pred.new_zeros(0)
             if b.numel():
-                xy, wh, _, cls_logits = pred[b, a, gj, gi].split((2, 2, 1, self.num_classes), 1)
-                xy = xy.sigmoid() * 2 - 0.5
-                wh = (wh.sigmoid() * 2) ** 2 * anchors[level]
-                iou = bbox_iou(torch.cat((xy, wh), 1), boxes[level], CIoU=True).squeeze(-1)
+                iou, cls_logits = self._matched(pred[b, a, gj, gi], anchors[level], boxes[level])
                 box_loss = box_loss + (1.0 - iou).mean() * match_share[level]
                 if self.num_classes > 1:
                     cls_targets = self.class_targets(cls_logits, classes[level])
                     cls_loss = cls_loss + self.cls_loss(cls_logits, cls_targets) * match_share[level]
             tobj = objectness_target(pred.shape[:4], indices[level], iou.detach().clamp(0))
             obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
+        return self._total(box_loss, obj_loss, cls_loss, global_batch)
+
+    def _matched(self, rows: torch.Tensor, anchors: torch.Tensor, boxes: torch.Tensor):
+        """(CIoU of each matched prediction row with its target box, the rows' class logits)."""
+        xy, wh, _, cls_logits = rows.split((2, 2, 1, self.num_classes), 1)
+        xy = xy.sigmoid() * 2 - 0.5
+        wh = (wh.sigmoid() * 2) ** 2 * anchors
+        return bbox_iou(torch.cat((xy, wh), 1), boxes, CIoU=True).squeeze(-1), cls_logits
+
+    def _total(self, box_loss, obj_loss, cls_loss, global_batch):
+        """(the loss to backpropagate, the detached [box, obj, cls] items) from the three sums, with their gains."""
         box_loss = box_loss * self.box_gain
         obj_loss = obj_loss * self.obj_gain
         cls_loss = cls_loss * self.cls_gain
@@ -212,10 +220,7 @@ class ComputeLoss:
         for level, pred in enumerate(preds):
             classes, boxes, indices, anchors, valid = candidates[level]
             matches = valid.sum().clamp(min=1)
-            xy, wh, _, cls_logits = pred[indices].split((2, 2, 1, self.num_classes), 1)
-            xy = xy.sigmoid() * 2 - 0.5
-            wh = (wh.sigmoid() * 2) ** 2 * anchors
-            iou = bbox_iou(torch.cat((xy, wh), 1), boxes, CIoU=True).squeeze(-1)
+            iou, cls_logits = self._matched(pred[indices], anchors, boxes)
             box_loss = box_loss + torch.where(valid, 1.0 - iou, 0.0).sum() / matches * match_share[level]
             if self.num_classes > 1:
                 cls_targets = self.class_targets(cls_logits, classes)
@@ -224,11 +229,7 @@ class ComputeLoss:
                                        * match_share[level])
             tobj = objectness_target_fixed(pred.shape[:4], indices, iou.detach().clamp(0), valid)
             obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
-        box_loss = box_loss * self.box_gain
-        obj_loss = obj_loss * self.obj_gain
-        cls_loss = cls_loss * self.cls_gain
-        total = (box_loss + obj_loss + cls_loss) * (global_batch * self.world_size)
-        return total, torch.cat((box_loss, obj_loss, cls_loss)).detach() * self.world_size
+        return self._total(box_loss, obj_loss, cls_loss, global_batch)
 
     def _fixed_shares(self, valid: list[torch.Tensor], batch_size: int):
         """``_shares`` as tensors on the device (summed over the processes in place there): nothing is read."""
