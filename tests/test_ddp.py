@@ -122,6 +122,24 @@ def test_two_processes_learn_what_one_process_learns(tiny, two_process_run):
         assert worst < 1e-5 and moved > 1e-4, (key, worst, moved)
 
 
+def test_two_processes_rendering_on_their_device_learn_what_the_opencv_loader_teaches(tiny, two_process_run):
+    """--augment-device under torchrun: each process renders its own share of the plans on its own device. With the
+    gentle hyp (no augmentation: a letterbox, which the rendering reproduces exactly) the run takes the steps of the
+    same 2-process run with the OpenCV loader and ends with its weights."""
+    root = tiny[0]
+    done = run(torchrun(*train_args(tiny, "equiv-ddp-device", "--sync-bn", "--augment-device",
+                                    *equivalence_flags(tiny), batch=4), extra=["--master_port", str(free_port())]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "model, BatchNorm statistics and EMA identical on all 2 processes" in done.stdout
+    assert "--augment-device renders the augmentation with torch on the CPU" in done.stdout + done.stderr
+    rendered, opencv = (state(root / "runs" / name / "weights" / "epoch1.pt") for name in ("equiv-ddp-device",
+                                                                                           "equiv-ddp"))
+    assert rendered["training"]["run"]["counters"] == opencv["training"]["run"]["counters"]
+    for key in ("model", "ema"):
+        a, b = rendered[key]["state_dict"], opencv[key]["state_dict"]
+        assert max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point()) < 1e-6
+
+
 def test_distributed_validation_equals_single_process(tiny, tmp_path):
     script = tmp_path / "validate.py"
     script.write_text(VALIDATE_SCRIPT.format(root=str(ROOT), data=str(tiny[1]), cfg=str(tiny[2]), out=str(tmp_path)))
