@@ -16,6 +16,8 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` 
                 yolov5s b64/b16 and yolov5n b64 with --cache ram, yolov5s b64 with 4 workers, --cache off)
   augment_device  yolov5s b64 with 4 workers, --cache ram and off: the OpenCV workers, then --augment-device
   channels_last yolov5n and yolov5s b64 runs of this tree with --channels-last off, then with its default
+  throughput_generated  yolov5s b64 --cache off on 10,000 generated 640x480 JPEGs (made there first), 3 epochs,
+                the baseline then this tree
   tests         python -m pytest -m cuda (fails on a skipped CUDA test; a module skipped for a missing package
                 is listed)
   scaler        yolov5n at 640: fp16 autocast + GradScaler step; an inf gradient skipped (weights untouched);
@@ -79,7 +81,7 @@ from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResul
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures)
 from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last,  # noqa: E402
-                            step_throughput)
+                            step_generated, step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -500,6 +502,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there
+    "throughput_generated": step_generated,  # 10,000 distinct generated images, --cache off (generated here first)
     "tests": step_tests,
     "scaler": step_scaler,
     "train_n_amp": lambda context: step_train(context, "train_n_amp"),

@@ -87,6 +87,25 @@ def step_throughput(context: Context, name: str) -> dict:
     return _compare(context, name, runs, cfg, batch, cache, workers)
 
 
+GENERATED_IMAGES = 10_000  # distinct COCO-like 640x480 JPEGs (benchmarks/generated_dataset.py), made on the machine
+GENERATED_EPOCHS = 3
+
+
+def step_generated(context: Context) -> dict:
+    """The issue's second dataset: 10,000 distinct generated images, yolov5s b64 at 640 with --cache off (1.5 GB of
+    JPEGs, decoded every epoch: the workers' decode is in the measurement), the baseline tree then this one, 3 epochs
+    (images/s over epochs 2-3)."""
+    from generated_dataset import make_photo_dataset
+
+    baseline = Path(context.args.baseline) if context.args.baseline else None
+    if baseline is None:
+        raise StepSkipped("no --baseline folder (another commit's files: git archive 6e07f71 | tar -x -C .gpu/base)")
+    data = make_photo_dataset(context.work / "generated", "coco", GENERATED_IMAGES)
+    runs = (("baseline", baseline.resolve(), ()), ("this tree", ROOT, ()))
+    return _compare(context, "generated", runs, "yolov5s", 64, "off", 8, data=(data, GENERATED_IMAGES),
+                    epochs=GENERATED_EPOCHS)
+
+
 def step_channels_last(context: Context) -> dict:
     """This tree with --channels-last off, then with its default (channels_last on CUDA), batch 64, --cache ram: yolov5n
     (slower than yolov5s at 6e07f71: NHWC kernels for its narrow layers are one suspect) and yolov5s."""
@@ -111,16 +130,17 @@ def step_augment_device(context: Context) -> dict:
     return figures
 
 
-def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str, workers: int) -> dict:
-    """Train once per (label, tree, extra flags) of ``runs``, one after the other; the figures of each and the
-    last run's images/s over the first's."""
-    data, images = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
+def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str, workers: int, data=None,
+             epochs: int = EPOCHS) -> dict:
+    """Train once per (label, tree, extra flags) of ``runs``, one after the other, on ``data`` ((data.yaml, train
+    images); default: the dataset given, repeated); the figures of each and the last run's images/s over the first's."""
+    data, images = data or repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
     figures, rates = {}, []
     for number, (label, tree, extra) in enumerate(runs):
         tag = f"{name}_{number}"
         command = [sys.executable, tree / "train.py", "--data", data, "--cfg", tree / "models" / f"{cfg}.yaml",
                    "--weights", "", "--img", IMGSZ, "--batch-size", batch, "--workers", workers, "--cache", cache,
-                   "--device", 0, "--epochs", EPOCHS, "--noval", "--noplots", "--seed", 0,
+                   "--device", 0, "--epochs", epochs, "--noval", "--noplots", "--seed", 0,
                    "--project", context.work / "runs", "--name", tag, *extra]
         completed = checked(run_command(context, tag, command, context.args.limit_train), f"{label}: train.py")
         measured = training_figures(completed, images)
@@ -131,6 +151,6 @@ def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str
                           f"{measured['precision']}")
     if rates[0] > 0:
         figures[f"{runs[-1][0]} / {runs[0][0]} (img/s)"] = f"{rates[-1] / rates[0]:.2f}"
-    figures[f"{cfg} setting"] = (f"batch {batch} at {IMGSZ}, --cache {cache}, --workers {workers}, {EPOCHS} epochs, "
+    figures[f"{cfg} setting"] = (f"batch {batch} at {IMGSZ}, --cache {cache}, --workers {workers}, {epochs} epochs, "
                                  f"{images} train images")
     return figures
