@@ -261,6 +261,7 @@ def run_evolution(config, space_path: str) -> int:
     from utils.config import Hyp, resolve_hyp_path
     from utils.evolve import METRIC_COLUMNS, SearchSpace, evolve
     from utils.evolve_folder import make_scratch_folder, remove_scratch_folder
+    from utils.trackers.dispatch import evolution_generation
     from utils.trainer import TrainingInterrupted, setup_process, train
 
     project = Path("runs/evolve") if config.project == "runs/train" else Path(config.project)
@@ -277,9 +278,10 @@ def run_evolution(config, space_path: str) -> int:
             scratch = make_scratch_folder(folder, number)  # this generation's own folder (a random name)
             try:
                 generation = dataclasses.replace(config, save_dir=str(scratch), noval=True, nosave=True,
-                                                 noplots=True, tensorboard=False, trackers=False,
+                                                 noplots=True, tensorboard=False,
                                                  hyp=str(resolve_hyp_path(config.hyp)))
-                result = train(generation, hyp, device)
+                with evolution_generation(folder, number):  # its tracker runs grouped, their files in the folder
+                    result = train(generation, hyp, device)
             finally:
                 remove_scratch_folder(scratch)
             return {key: result.last_row[key] for key in METRIC_COLUMNS}

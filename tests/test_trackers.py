@@ -374,6 +374,23 @@ def test_mlflow_run_holds_params_metrics_equal_to_results_csv_and_the_files(tiny
 
 
 @needs_mlflow
+def test_evolve_generations_are_child_runs_of_one_parent_run_per_evolution(tiny, tracked):
+    """--evolve 2 under MLflow: one parent run named after the evolution, made by the first generation, and a child
+    run per generation (mlflow.parentRunId), tagged with the evolution."""
+    status, out = train_capturing_stdout(tiny_args(tiny, "evolving", "--evolve", "2", "--epochs", "1", "--name",
+                                                   "search"))
+    assert status == 0, out[-3000:]
+    experiment = tracked.get_experiment_by_name(str(tiny[0] / "evolving"))
+    runs = tracked.search_runs([experiment.experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get("yolo-trainer.evolution_parent") == "search"]
+    children = [run for run in runs if run.data.tags.get("yolo-trainer.evolution") == "search"]
+    assert parent.info.run_name == "search" and len(runs) == 3
+    assert sorted(run.info.run_name for run in children) == ["search-gen1", "search-gen2"]
+    assert {run.data.tags["mlflow.parentRunId"] for run in children} == {parent.info.run_id}
+    assert all(len(tracked.get_metric_history(run.info.run_id, "metrics/mAP_0.5")) == 1 for run in children)
+
+
+@needs_mlflow
 def test_resume_continues_the_same_mlflow_run_and_logs_no_epoch_twice(tiny, tracked, monkeypatch):
     from tests.test_resume import StopAfterEpoch
     from utils.trainer import trainer
@@ -525,3 +542,32 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
     assert logged == expected
     assert train_script.main(args + ["--no-trackers"]) == 0
     assert not (tmp_path / "runs" / "exp2" / "val_predictions").exists()
+
+
+def test_evolve_generations_log_runs_grouped_under_the_evolution_with_their_files_in_its_folder(tmp_path, monkeypatch):
+    """--evolve: each generation is a tracker run named <evolution>-gen<N>, grouped under the evolution's name, whose
+    files go to the evolution's folder (a generation's own folder is removed when it ends); --no-trackers: none."""
+    from utils.trainer import recorder
+
+    starts = []
+
+    class Recording(FakeTracker):
+        switch = classmethod(lambda cls: (True, "test"))
+
+        def start(self, run):
+            starts.append((run.run_name, run.group, run.save_dir))
+            super().start(run)
+
+    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
+    data, cfg = make_tiny_run(tmp_path)
+    args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--evolve", "2", "--epochs", "1", "--imgsz", "64",
+            "--batch-size", "4", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--name",
+            "search", "--noautoanchor"]
+    assert train_script.main(args) == 0
+    folder = tmp_path / "runs" / "search"
+    assert sorted(name for name, _, _ in starts) == ["search-gen1", "search-gen2"]  # evolve.csv counts from 1
+    assert {(group, Path(save_dir)) for _, group, save_dir in starts} == {("search", folder)}
+    starts.clear()
+    assert train_script.main(args[:-1] + ["--name", "quiet", "--no-trackers", "--noautoanchor"]) == 0
+    assert starts == []
+    assert open_trackers(TrainConfig(), Hyp(), Path("runs/exp"), classes=(Recording,)).run.group == ""  # not evolving

@@ -424,3 +424,26 @@ def test_two_processes_under_torchrun_log_one_run_to_each_offline_tracker(offlin
     if importlib.util.find_spec("clearml"):
         (session,) = sessions(folder)
         assert_rows_equal_results_csv(scalar_rows(read_session(session)[1]), results, "clearml")
+
+
+def test_evolve_generations_are_runs_grouped_under_the_evolution_in_its_folder(offline):
+    """--evolve 2: each installed offline tracker has one run per generation, named <evolution>-gen<N>, grouped under
+    the evolution's name (W&B's group, a Comet tag, a ClearML tag), its files in the evolution's folder."""
+    status, out, _ = train(tiny_args(offline, "evolving", "--evolve", "2", "--epochs", "1", "--name", "search"))
+    assert status == 0, out[-3000:]
+    folder = offline[0] / "evolving" / "search"
+    names = ["search-gen1", "search-gen2"]
+    if importlib.util.find_spec("wandb"):
+        from utils.trackers.wandb_tracker import read_records
+
+        runs = [by_type(read_records(log), "run")[0] for log in offline_logs(folder)]
+        assert sorted(run.display_name for run in runs) == names and {run.run_group for run in runs} == {"search"}
+    if importlib.util.find_spec("comet_ml"):
+        archives = [read_archive(path) for path in sorted((folder / "comet").glob("*.zip"))]
+        others = [{p["key"]: p["value"] for p in payloads(messages, "log_other")} for _, messages, _ in archives]
+        assert sorted(other["Name"] for other in others) == names and {o["evolution"] for o in others} == {"search"}
+        assert [experiment["tags"] for experiment, _, _ in archives] == [["search"], ["search"]]
+    if importlib.util.find_spec("clearml"):
+        tasks = [read_session(path)[0] for path in sessions(folder)]
+        assert sorted(task["name"] for task in tasks) == names
+        assert all("search" in task.get("tags", []) for task in tasks), [task.get("tags") for task in tasks]

@@ -134,7 +134,8 @@ def _init_task(task_class, run: RunStart, continued: str | bool, offline: bool):
         os.environ["CLEARML_CACHE_DIR"] = str(run.save_dir / "clearml")
     try:
         return task_class.init(project_name=project_name(run.experiment), task_name=run.run_name,
-                               reuse_last_task_id=False, continue_last_task=continued, **CAPTURE_NOTHING)
+                               reuse_last_task_id=False, continue_last_task=continued,
+                               tags=[run.group] if run.group else None, **CAPTURE_NOTHING)
     finally:
         if offline:
             if saved is None:

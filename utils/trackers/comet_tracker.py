@@ -95,6 +95,9 @@ class CometTracker(Tracker):
         if not run.resume_id or _mode() == "offline":
             self.experiment.set_name(run.run_name)
             self.experiment.log_other("run_folder", str(run.save_dir))
+            if run.group:  # --evolve: the generations share the evolution's name as a tag
+                self.experiment.add_tag(run.group)
+                self.experiment.log_other("evolution", run.group)
             self.experiment.log_parameters(run.params)
         self.step = max(self.logged_through, 0)
         for row in run.rows:

@@ -67,6 +67,7 @@ class RunStart:
     params: dict                    # opt.yaml's options and the hyperparameters (hyp/<key>), redacted
     save_dir: Path
     resume_id: str | None = None    # the run id a resumed checkpoint stored for this tracker
+    group: str = ""                 # --evolve: the evolution's name, which groups its generations' runs
     rows: list = field(default_factory=list)  # results rows of the epochs already finished ({"epoch": e, ...})
 
 

@@ -8,6 +8,8 @@ in the training loop.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import queue
 import threading
@@ -30,10 +32,26 @@ START_WAIT_SECONDS = 10.0   # start-up waits at most this for the trackers' runs
 CLOSE_WAIT_SECONDS = 60.0   # the end of a run waits at most this for the queued calls
 
 
+_GENERATION: contextvars.ContextVar = contextvars.ContextVar("evolution_generation", default=None)
+
+
+@contextlib.contextmanager
+def evolution_generation(folder: Path, number: int):
+    """--evolve: runs opened inside are generation ``number`` of the evolution in ``folder``: named
+    ``<evolution>-gen<number>``, grouped under the evolution's name (each tracker's group, docs/trackers.md), their
+    files in ``folder`` (a generation's own folder is removed when it ends)."""
+    token = _GENERATION.set((Path(folder), int(number)))
+    try:
+        yield
+    finally:
+        _GENERATION.reset(token)
+
+
 def open_trackers(config, hyp, save_dir: Path, resume_ids: dict | None = None,
                   classes: tuple[type[Tracker], ...] = TRACKERS) -> "Trackers":
     """The trackers that are on for this run (none with --no-trackers, and none off the main process), not started
-    yet; ``resume_ids``: the run ids a resumed checkpoint stored (tracker name -> id)."""
+    yet; ``resume_ids``: the run ids a resumed checkpoint stored (tracker name -> id). Inside
+    ``evolution_generation`` the run is that generation's."""
     if not dist.is_main_process():
         return Trackers([])
     chosen, off = [], []
@@ -50,6 +68,10 @@ def open_trackers(config, hyp, save_dir: Path, resume_ids: dict | None = None,
     params = {**config.to_dict(), **{f"hyp/{key}": value for key, value in hyp.to_dict().items()}}
     run = RunStart(experiment=str(config.project), run_name=Path(save_dir).name, params=redacted(params),
                    save_dir=Path(save_dir))
+    generation = _GENERATION.get()
+    if generation is not None:
+        folder, number = generation
+        run.run_name, run.group, run.save_dir = f"{folder.name}-gen{number}", folder.name, folder
     return Trackers(chosen, run, off, resume_ids or {})
 
 

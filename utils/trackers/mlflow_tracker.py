@@ -84,11 +84,25 @@ class MlflowTracker(Tracker):
         tags = {"yolo-trainer.run_folder": str(run.save_dir)}
         if self.resumed_from:
             tags["yolo-trainer.resumed_from"] = self.resumed_from
+        if run.group:  # --evolve: each generation a child of the evolution's parent run
+            tags.update({"yolo-trainer.evolution": run.group, "mlflow.parentRunId": self._parent(run.group)})
         created = self.client.create_run(self.experiment_id, run_name=run.run_name, tags=tags)
         self.run_id = created.info.run_id
         params = [Param(key, _param_text(value)) for key, value in run.params.items()]
         for first in range(0, len(params), PARAMS_PER_CALL):
             self.client.log_batch(self.run_id, params=params[first:first + PARAMS_PER_CALL], synchronous=True)
+
+    def _parent(self, group: str) -> str:
+        """The id of the evolution ``group``'s parent run in this experiment, made by its first generation."""
+        quoted = group.replace("\\", "\\\\").replace("'", "\\'")
+        found = self.client.search_runs([self.experiment_id], f"tags.`yolo-trainer.evolution_parent` = '{quoted}'",
+                                        max_results=1)
+        if found:
+            return found[0].info.run_id
+        parent = self.client.create_run(self.experiment_id, run_name=group,
+                                        tags={"yolo-trainer.evolution_parent": group})
+        self.client.set_terminated(parent.info.run_id, "FINISHED")
+        return parent.info.run_id
 
     def _create_experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException

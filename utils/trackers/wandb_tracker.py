@@ -78,7 +78,8 @@ class WandbTracker(Tracker):
         if run.resume_id and offline:
             self.logged_through = last_offline_step(run.save_dir / "wandb", run.resume_id)
         self.run = wandb.init(project=project_name(run.experiment), entity=run.params.get("entity") or None,
-                              name=run.run_name, dir=str(run.save_dir), config=run.params, id=run.resume_id,
+                              name=run.run_name, group=run.group or None, dir=str(run.save_dir), config=run.params,
+                              id=run.resume_id,
                               resume="allow" if run.resume_id else None, settings=settings)
         self.run_id = self.run.id
         if run.resume_id and not offline and self.run.resumed:
