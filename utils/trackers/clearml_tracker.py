@@ -7,7 +7,6 @@ repository, uncommitted diff or requirements (the arguments of ``Task.init`` bel
 starts, in the trackers' worker thread."""
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -41,9 +40,7 @@ class ClearmlTracker(Tracker):
     name, label, package = "clearml", "ClearML", "clearml"
 
     @classmethod
-    def switch(cls) -> tuple[bool, str] | None:
-        if importlib.util.find_spec("clearml") is None:
-            return None
+    def decide(cls) -> tuple[bool, str]:
         if _offline():
             return True, "CLEARML_OFFLINE_MODE=1"
         how = _configured()
@@ -52,8 +49,6 @@ class ClearmlTracker(Tracker):
     def __init__(self):
         super().__init__()
         self.task = None
-        self.logged_through = -1  # the last epoch the task has
-        self.step = 0             # the iteration plots are reported at (the last epoch logged)
 
     def start(self, run: RunStart) -> None:
         from clearml import Task

@@ -8,7 +8,6 @@ worker thread."""
 from __future__ import annotations
 
 import configparser
-import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -55,9 +54,7 @@ class CometTracker(Tracker):
     name, label, package = "comet", "Comet", "comet_ml"
 
     @classmethod
-    def switch(cls) -> tuple[bool, str] | None:
-        if importlib.util.find_spec("comet_ml") is None:
-            return None
+    def decide(cls) -> tuple[bool, str]:
         if _mode() == "disabled":
             return False, "COMET_MODE=disabled"
         if _mode() == "offline":
@@ -68,8 +65,6 @@ class CometTracker(Tracker):
     def __init__(self):
         super().__init__()
         self.experiment = None
-        self.logged_through = -1  # the last epoch the experiment has
-        self.step = 0             # the step images and files are logged at (the last epoch logged)
 
     def start(self, run: RunStart) -> None:
         import comet_ml

@@ -1,6 +1,7 @@
 """The tracker interface, the table of metric names, and the redaction of options before they are logged."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,8 @@ class Tracker:
     """One experiment tracker. Its methods run in its own worker thread (utils.trackers.dispatch), one at a time and
     in order; an exception from any of them turns the tracker off with one warning line (training goes on).
 
-    ``switch()`` decides from the environment alone (no import of the tracker's package) whether it is on."""
+    ``switch()`` decides from the environment alone (no import of the tracker's package) whether it is on: nothing
+    when ``package`` is not installed, else the tracker's own ``decide()``."""
 
     name = "tracker"        # the key of its run id in a checkpoint (training.run.tracker_runs)
     label = "Tracker"       # how messages name it
@@ -86,10 +88,19 @@ class Tracker:
         self.url = ""                    # where to see the run, set by start()
         self.note = ""                   # said in the start line before the URL (e.g. "continuing run ...")
         self.why = ""                    # why it is on (switch), said in the start line
+        self.logged_through = -1         # the last epoch the run has (a resumed run's retrained epochs are not sent)
+        self.step = 0                    # the step files and images are shown at (the last epoch logged)
 
     @classmethod
     def switch(cls) -> tuple[bool, str] | None:
         """(on, why) from the environment; None when its package is not installed (then nothing is said)."""
+        if importlib.util.find_spec(cls.package) is None:
+            return None
+        return cls.decide()
+
+    @classmethod
+    def decide(cls) -> tuple[bool, str]:
+        """(on, why) from the environment, the package being installed."""
         raise NotImplementedError
 
     def start(self, run: RunStart) -> None:

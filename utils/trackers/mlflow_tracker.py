@@ -4,7 +4,6 @@
 tags. The package is imported when a run starts, in the trackers' worker thread."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -25,9 +24,7 @@ class MlflowTracker(Tracker):
     name, label, package = "mlflow", "MLflow", "mlflow"
 
     @classmethod
-    def switch(cls) -> tuple[bool, str] | None:
-        if importlib.util.find_spec("mlflow") is None:
-            return None
+    def decide(cls) -> tuple[bool, str]:
         uri = os.environ.get("MLFLOW_TRACKING_URI", "")
         if not uri:
             return False, "MLFLOW_TRACKING_URI is not set: this project logs to no MLflow store unasked"
@@ -38,7 +35,6 @@ class MlflowTracker(Tracker):
         self.client = None
         self.experiment_id = ""
         self.resumed_from = ""  # a resumed checkpoint's run id this server lacks (tagged on the new run)
-        self.logged_through = -1  # the last epoch the run has (a resumed run's retrained epochs are not logged again)
 
     def start(self, run: RunStart) -> None:
         from mlflow.tracking import MlflowClient

@@ -8,7 +8,6 @@ An offline run is read back with ``read_records`` (the run's ``.wandb`` transact
 schema): a resumed offline run learns from it which epochs its earlier process logged."""
 from __future__ import annotations
 
-import importlib.util
 import netrc
 import os
 import shutil
@@ -50,9 +49,7 @@ class WandbTracker(Tracker):
     name, label, package = "wandb", "W&B", "wandb"
 
     @classmethod
-    def switch(cls) -> tuple[bool, str] | None:
-        if importlib.util.find_spec("wandb") is None:
-            return None
+    def decide(cls) -> tuple[bool, str]:
         mode = _mode()
         if mode == "disabled":
             return False, "WANDB_MODE=disabled"
@@ -64,8 +61,6 @@ class WandbTracker(Tracker):
     def __init__(self):
         super().__init__()
         self.run = None
-        self.logged_through = -1  # the last epoch the run has
-        self.step = 0             # the step files and images are shown at (the last epoch logged)
         self.replayed = False     # the last epoch given was one the run already had (a resumed run retraining it)
 
     def start(self, run: RunStart) -> None:
