@@ -13,6 +13,7 @@ with another commit's files and no .git, e.g.::
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,8 +37,6 @@ def repeated_dataset(data_yaml: str, times: int, root: Path) -> tuple[Path, int]
     """(data.yaml, train images) of ``data_yaml``'s train images and labels repeated ``times`` times as hard links
     under ``root`` (a copy where the file system refuses links), its val split as it is. Made once; a later call
     finds it."""
-    import shutil
-
     import yaml
 
     from utils.data.dataset_yaml import load_data_config
@@ -52,16 +51,16 @@ def repeated_dataset(data_yaml: str, times: int, root: Path) -> tuple[Path, int]
             (root / folder / "train").mkdir(parents=True, exist_ok=True)
         for copy in range(times):
             for image, label in zip(images, labels):
-                _link(image, root / "images" / "train" / f"{image.stem}_{copy}{image.suffix}", shutil)
+                _link(image, root / "images" / "train" / f"{image.stem}_{copy}{image.suffix}")
                 if label.exists():
-                    _link(label, root / "labels" / "train" / f"{image.stem}_{copy}.txt", shutil)
+                    _link(label, root / "labels" / "train" / f"{image.stem}_{copy}.txt")
         values = {"path": str(root.resolve()), "train": "images/train",
                   "val": [str(Path(p).resolve()) for p in config.split("val")], "names": list(config.names)}
         target.write_text(yaml.safe_dump(values, sort_keys=False))
     return target, len(images) * times
 
 
-def _link(source: Path, destination: Path, shutil) -> None:
+def _link(source: Path, destination: Path) -> None:
     if destination.exists():
         return
     try:
