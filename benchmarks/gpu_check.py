@@ -433,33 +433,49 @@ def step_loader(context: Context) -> dict:
     return figures
 
 
-# (model, batch, step checks): "" is the device's default (deferred on CUDA); "immediate" is the step as it was
-# before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate), in the same lease
-PROFILE_CASES = (("yolov5n", 16, ""), ("yolov5n", 64, ""), ("yolov5s", 16, ""), ("yolov5s", 64, ""),
-                 ("yolov5n", 64, "immediate"), ("yolov5s", 64, "immediate"))
+# (label, model, batch, environment, extra flags, profiled): the defaults (deferred checks on CUDA, channels_last,
+# cudnn.benchmark off) with batches from the loader, then with held batches (the GPU's step alone) and one change at
+# a time: the step as it was before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate),
+# cuDNN's own algorithm timing, NCHW. All at 640, --amp auto, 8 workers, on the dataset repeated x8.
+IMMEDIATE = {"YOLO_TRAINER_STEP_CHECKS": "immediate"}
+PROFILE_CASES = (
+    ("yolov5s b64 loader", "yolov5s", 64, None, ("--source", "loader"), True),
+    ("yolov5s b64 held", "yolov5s", 64, None, (), True),
+    ("yolov5s b64 held, immediate checks", "yolov5s", 64, IMMEDIATE, (), False),
+    ("yolov5s b64 held, cudnn.benchmark", "yolov5s", 64, None, ("--cudnn-benchmark",), True),
+    ("yolov5s b64 held, NCHW", "yolov5s", 64, None, ("--channels-last", "off"), False),
+    ("yolov5n b64 held", "yolov5n", 64, None, (), True),
+    ("yolov5n b64 held, cudnn.benchmark", "yolov5n", 64, None, ("--cudnn-benchmark",), False),
+    ("yolov5n b64 held, NCHW", "yolov5n", 64, None, ("--channels-last", "off"), False),
+    ("yolov5s b16 held", "yolov5s", 16, None, (), True),
+    ("yolov5s b16 held, cudnn.benchmark", "yolov5s", 16, None, ("--cudnn-benchmark",), False),
+    ("yolov5n b64 loader", "yolov5n", 64, None, ("--source", "loader"), False),
+)
 
 
 def step_profile(context: Context) -> dict:
-    """benchmarks/profile_train_step.py on the GPU: the phases of a training step (CUDA events), kernels and
-    synchronisations per step, at 640 with batches from the loader (8 workers), --amp auto; the JSON of each case
-    goes beside the logs (profile_<cfg>_b<batch>[_immediate].json)."""
-    import json
+    """benchmarks/profile_train_step.py on the GPU, PROFILE_CASES: the phases of a training step (CUDA events),
+    kernels and synchronisations per step; the JSON and log of each case go beside the logs (profile_<n>.json)."""
+    from gpu_throughput import REPEAT, repeated_dataset
 
+    data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
     figures = {}
-    for cfg, batch, checks in PROFILE_CASES:
-        name = f"profile_{cfg}_b{batch}" + (f"_{checks}" if checks else "")
+    for number, (label, cfg, batch, environment, extra, profiled) in enumerate(PROFILE_CASES):
+        name = f"profile_{number}"
         output = context.work / "logs" / f"{name}.json"
         command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", f"models/{cfg}.yaml",
-                                 "--data", context.data, "--imgsz", 640, "--batch-size", batch, "--amp", "auto",
-                                 "--source", "loader", "--workers", 8, "--steps", 30, "--top", 15, "--json", output)
-        environment = {"YOLO_TRAINER_STEP_CHECKS": checks} if checks else None
-        checked(run_command(context, name, command, 300, extra_env=environment), f"profile {cfg} batch {batch}")
+                                 "--data", data, "--imgsz", 640, "--batch-size", batch, "--amp", "auto",
+                                 "--source", "memory", "--hold", 4, "--workers", 8, "--steps", 20, "--top", 25,
+                                 "--json", output, *extra, *(() if profiled else ("--no-profile",)))
+        checked(run_command(context, name, command, 120, extra_env=environment), f"profile {label}")
         result = json.loads(output.read_text())
         phases = ", ".join(f"{phase} {times['gpu_ms']:.1f}" for phase, times in result["phases"].items())
+        host = sum(times["host_ms"] for phase, times in result["phases"].items() if phase != "data")
         syncs = sum(result.get("syncs_per_step", {}).values())
-        figures[f"{cfg} b{batch}" + (f" {checks} checks" if checks else "")] = (f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step "
-                                      f"(GPU ms: {phases}); {result.get('kernels_per_step', 0):.0f} kernels and "
-                                      f"{syncs:.1f} syncs per step; {result.get('max_memory_reserved_gb', 0):.1f} GB")
+        counted = (f"; {result['kernels_per_step']:.0f} kernels and {syncs:.1f} syncs per step"
+                   if "kernels_per_step" in result else "")
+        figures[label] = (f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step (GPU ms: {phases}; "
+                          f"host ms outside data {host:.1f}){counted}; {result.get('max_memory_reserved_gb', 0):.1f} GB")
     return figures
 
 

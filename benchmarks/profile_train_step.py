@@ -53,7 +53,9 @@ def parse_args():
     parser.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA device (0)")
     parser.add_argument("--source", default="memory", choices=("memory", "loader"))
-    parser.add_argument("--workers", type=int, default=0, help="loader processes (--source loader)")
+    parser.add_argument("--workers", type=int, default=0, help="loader processes (also to collate --source memory's)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms per shape)")
     parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--no-profile", action="store_true", help="only the step times")
@@ -84,9 +86,8 @@ def build(args, device):
     channels_last = use_channels_last(args.channels_last, device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    workers = args.workers if args.source == "loader" else 0
     loader, _ = create_dataloader(data.train, args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
-                                  workers=workers, shuffle=True, names=data.names)
+                                  workers=args.workers, shuffle=True, names=data.names)
     if args.source == "memory":
         batches = []
         for batch in loader:
@@ -241,6 +242,7 @@ def main():
     from utils.memory import keep_freed_memory
 
     device = select_device(args.device)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     if device.type == "cpu":
         keep_freed_memory()  # as train.py does on the CPU
     capability = torch.backends.cpu.get_cpu_capability()
@@ -248,7 +250,8 @@ def main():
              f"{torch.get_num_threads()} threads, ATen CPU capability {capability}, oneDNN max ISA "
              f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'default')}")
     print(f"torch {torch.__version__}, {where}; {Path(args.cfg).stem} {args.imgsz} px, batch {args.batch_size}, "
-          f"amp {args.amp}, channels_last {args.channels_last}, batches from {args.source}")
+          f"amp {args.amp}, channels_last {args.channels_last}, batches from {args.source}, cudnn.benchmark "
+          f"{args.cudnn_benchmark}")
     step, accumulate, source = build(args, device)
     run_steps(step, accumulate, source, 3, device)  # warm-up (cuDNN's algorithm search, the allocator)
     if device.type == "cuda":
@@ -258,6 +261,7 @@ def main():
     phases = timer.phases(args.steps)
     result = {"device": where, "cfg": Path(args.cfg).stem, "imgsz": args.imgsz, "batch": args.batch_size,
               "amp": step.precision.name, "source": args.source, "steps": args.steps,
+              "channels_last": step.channels_last, "cudnn_benchmark": args.cudnn_benchmark,
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
     if device.type == "cuda":
