@@ -479,6 +479,38 @@ def step_profile(context: Context) -> dict:
     return figures
 
 
+def step_sync_sites(context: Context) -> dict:
+    """Where a CUDA training step still waits for the device: tests/test_cuda.py's sync-debug test (its failure names
+    the call), then yolov5s at batch 64 (held batches, 640) profiled, with 10 more steps under
+    ``set_sync_debug_mode("warn")`` tallied by the project's frames that asked (profile_train_step.py --sync-debug)."""
+    from gpu_throughput import REPEAT, repeated_dataset
+
+    figures = {}
+    test = run_command(context, "sync_test", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p",
+                                              "no:cacheprovider", "--tb=short", "tests/test_cuda.py", "-k",
+                                              "steady_state_step"], 120)
+    lines = [text for _, text in test.fragments]
+    figures["sync-debug test"] = next((line for line in reversed(lines) if " in " in line and "passed" in line
+                                       or "failed" in line), "no summary")
+    raised = [line.strip() for line in lines if line.lstrip().startswith(("utils/", "models/")) or "Error" in line]
+    if test.returncode:
+        figures["sync-debug test: where"] = " | ".join(raised[-6:])[:600]
+    data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
+    output = context.work / "logs" / "sync_sites.json"
+    command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", "models/yolov5s.yaml",
+                             "--data", data, "--imgsz", 640, "--batch-size", 64, "--amp", "auto", "--source", "memory",
+                             "--hold", 4, "--workers", 8, "--steps", 20, "--top", 30, "--sync-debug", 10,
+                             "--json", output)
+    checked(run_command(context, "sync_sites", command, 150), "profile --sync-debug")
+    result = json.loads(output.read_text())
+    figures["yolov5s b64 held"] = f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step"
+    figures["syncs per step by site"] = "; ".join(f"{n:.2f} {site}" for site, n in
+                                                  result.get("sync_sites_per_step", {}).items()) or "none"
+    figures["host ms per step, top operators"] = "; ".join(
+        f"{name} {ms:.2f}" for name, ms in list(result.get("host_ms_per_step_by_operator", {}).items())[:12])
+    return figures
+
+
 def step_reference(context: Context) -> dict:
     """YOLOv5 v7 with train_n_amp's settings on a copy of the dataset (it writes label caches beside the labels)."""
     import shutil
@@ -514,6 +546,7 @@ def step_reference(context: Context) -> dict:
 STEPS = {  # most valuable first: a short lease runs the head of this list (see --deadline and --state)
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
+    "sync_sites": step_sync_sites,  # which calls in a CUDA step still wait for the device, and the host's operators
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers

@@ -54,6 +54,9 @@ def parse_args():
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA device (0)")
     parser.add_argument("--source", default="memory", choices=("memory", "loader"))
     parser.add_argument("--workers", type=int, default=0, help="loader processes (also to collate --source memory's)")
+    parser.add_argument("--sync-debug", type=int, default=0, metavar="N",
+                        help="CUDA: N more steps under torch.cuda.set_sync_debug_mode('warn'); prints where each "
+                             "host-device synchronisation was asked for (the innermost frames of this project)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms per shape)")
     parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
@@ -228,7 +231,52 @@ def profile_steps(step, accumulate, source, args, device) -> dict:
     print()
     print(events.table(sort_by="self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total",
                        row_limit=args.top))
+    if device.type == "cuda":  # the host's side: what keeps it from running ahead of the GPU
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+        figures["host_ms_per_step_by_operator"] = {
+            e.key: e.self_cpu_time_total / 1e3 / args.steps
+            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]}
     return figures
+
+
+def sync_sites(step, accumulate, source, count: int, device) -> dict:
+    """{"file:line <- file:line": synchronisations per step} over ``count`` steps run under
+    ``torch.cuda.set_sync_debug_mode("warn")``: PyTorch warns at each call that waits for the device, and the warning's
+    Python stack names who asked (the two innermost frames under this repository)."""
+    import traceback
+    import warnings
+
+    import torch
+
+    sites = defaultdict(int)
+    original = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return original(message, category, filename, lineno, file, line)
+        frames = [f"{Path(frame.filename).resolve().relative_to(ROOT)}:{frame.lineno}"
+                  for frame in traceback.extract_stack()[:-1]
+                  if Path(frame.filename).resolve().is_relative_to(ROOT) and "profile_train_step" not in frame.filename]
+        sites[" <- ".join(reversed(frames[-2:])) or f"{filename}:{lineno}"] += 1
+
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            run_steps(step, accumulate, source, count, device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = original
+    per_step = {site: number / count for site, number in sorted(sites.items(), key=lambda item: -item[1])}
+    print(f"\nsynchronisations per step by site, over {count} steps under set_sync_debug_mode('warn') "
+          "(the train_one_epoch call's own start and end included):")
+    for site, number in per_step.items():
+        print(f"  {number:6.2f}  {site}")
+    if not per_step:
+        print("  none")
+    return per_step
 
 
 def main():
@@ -274,6 +322,8 @@ def main():
         print(f"{name:10s} {times['host_ms']:9.2f} {gpu}")
     if not args.no_profile:
         result.update(profile_steps(step, accumulate, source, args, device))
+    if args.sync_debug and device.type == "cuda":
+        result["sync_sites_per_step"] = sync_sites(step, accumulate, source, args.sync_debug, device)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
