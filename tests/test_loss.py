@@ -166,6 +166,22 @@ def test_label_smoothing_targets():
     assert torch.allclose(target, torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.1, 0.9]]))
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_class_targets_equal_the_indexed_write_to_the_bit(smoothing):
+    """class_targets builds the smoothed one-hot targets by a comparison (an indexed write of a number waits for the
+    device on CUDA); the values are those of the indexed write, for any classes, none included."""
+    loss, _, _ = single_cell_case(label_smoothing=smoothing)
+    generator = torch.Generator().manual_seed(3)
+    for rows, classes in ((0, 2), (1, 1), (7, 5), (40, 80)):
+        picked = torch.randint(0, classes, (rows,), generator=generator)
+        logits = torch.randn(rows, classes, generator=generator)
+        expected = torch.full_like(logits, loss.cls_negative)
+        expected[torch.arange(rows), picked] = loss.cls_positive
+        target = loss.class_targets(logits, picked)
+        assert target.dtype == logits.dtype and target.shape == (rows, classes)
+        assert torch.equal(target, expected)
+
+
 def test_focal_loss_matches_formula_and_replaces_bce_when_gamma_positive():
     pred, true = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.0])
     focal = FocalLoss(nn.BCEWithLogitsLoss(), gamma=2.0, alpha=0.25)
