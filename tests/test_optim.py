@@ -158,6 +158,38 @@ def test_ema_update_formula():
     assert ema.ema[0].weight[0, 0].item() == pytest.approx(d2 * first + (1 - d2) * 3.0)
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_ema_follows_replaced_tensors_and_other_dtypes(deferred):
+    """ModelEMA keeps its (EMA, model) tensor pairs between updates: a model whose data is swapped by ``.to()``, a
+    buffer replaced by a new tensor and a model in another dtype are still what each update averages."""
+    model = ema_model()
+    ema = ModelEMA(model, decay=0.9, tau=2.0)
+    keep = torch.ones((), dtype=torch.bool) if deferred else None
+    ema.update(model, keep=keep)
+    expected = {k: v.clone() for k, v in ema.ema.state_dict().items()}
+
+    def one_update(values: dict) -> None:  # what the next update must give, from the model's state now
+        d = 0.9 * (1 - math.exp(-(ema.updates + 1) / 2.0))
+        for key, value in model.state_dict().items():
+            if value.dtype.is_floating_point:
+                values[key] = d * values[key] + (1 - d) * value.to(values[key].dtype)
+        ema.update(model, keep=keep)
+        for key, value in ema.ema.state_dict().items():
+            assert torch.allclose(value, values[key], rtol=1e-6, atol=1e-7), key
+
+    with torch.no_grad():
+        model[0].weight.fill_(3.0)
+    one_update(expected)
+    model.to(torch.float64)  # swaps every parameter's data: the Parameter objects stay, the buffers are new
+    with torch.no_grad():
+        model[0].weight.fill_(-2.0)
+        model[1].running_var.fill_(4.0)
+    one_update(expected)
+    model[1].running_mean = torch.full((2,), 6.0, dtype=torch.float64)  # a new buffer object
+    one_update(expected)
+    assert ema.ema[1].running_mean.dtype == torch.float32
+
+
 def test_ema_state_round_trip_and_update_attr():
     model = ema_model()
     ema = ModelEMA(model, decay=0.9, tau=2.0)

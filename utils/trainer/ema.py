@@ -34,7 +34,7 @@ class ModelEMA:
         self.tau = tau
         self._updates = updates
         self._device_updates: torch.Tensor | None = None  # the count while the device decides (update(keep=...))
-        self._float_keys = None
+        self._pairs: tuple | None = None  # (the tensors' identities, EMA tensors, model tensors): _tensor_pairs
 
     @property
     def updates(self) -> int:
@@ -53,12 +53,7 @@ class ModelEMA:
     def update(self, model: nn.Module, keep: torch.Tensor | None = None) -> None:
         """One step: ema = d * ema + (1 - d) * model for floating-point entries; with ``keep`` (a boolean tensor),
         only where it is true, decided on the device (see the module docstring)."""
-        ema_state = self.ema.state_dict()
-        if self._float_keys is None:
-            self._float_keys = [k for k, v in ema_state.items() if v.dtype.is_floating_point]
-        model_state = unwrap_model(model).state_dict()
-        ema_tensors = [ema_state[k] for k in self._float_keys]
-        model_tensors = [model_state[k].detach().to(ema_state[k].dtype) for k in self._float_keys]
+        ema_tensors, model_tensors = self._tensor_pairs(unwrap_model(model))
         if keep is None:
             self._updates = self.updates + 1
             self._device_updates = None
@@ -73,6 +68,23 @@ class ModelEMA:
         change = torch._foreach_sub(model_tensors, ema_tensors)
         torch._foreach_mul_(change, weight)
         torch._foreach_add_(ema_tensors, change)
+
+    def _tensor_pairs(self, model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(EMA tensors, model tensors in the EMA's dtypes) of the floating-point state entries. Looked up in the two
+        state_dicts once and kept while both modules hold the same tensor objects (their identities are compared at
+        each update): two state_dicts and a detach per entry every step were most of the host's time of an update,
+        which on a GPU is time the device waits for. Parameters are kept as themselves, so a ``.to()`` that swaps
+        their data is followed; a buffer replaced by a new tensor makes the lookup run again."""
+        identities = tuple(map(id, (*self.ema.parameters(), *self.ema.buffers(), *model.parameters(),
+                                    *model.buffers())))
+        if self._pairs is None or self._pairs[0] != identities:
+            ema_state, model_state = self.ema.state_dict(keep_vars=True), model.state_dict(keep_vars=True)
+            keys = [k for k, v in ema_state.items() if v.dtype.is_floating_point]
+            self._pairs = (identities, [ema_state[k] for k in keys], [model_state[k] for k in keys])
+        _, ema_tensors, model_tensors = self._pairs
+        if any(m.dtype != e.dtype for e, m in zip(ema_tensors, model_tensors)):
+            model_tensors = [m.to(e.dtype) for e, m in zip(ema_tensors, model_tensors)]
+        return ema_tensors, model_tensors
 
     def update_attr(self, model: nn.Module, include: tuple[str, ...] = (),
                     exclude: tuple[str, ...] = ("process_group", "reducer")) -> None:
