@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "the pixel work (mosaic canvas, warp, HSV, flips) runs batched with torch on --device "
                              "(docs/device-augmentation.md)")
     add_device_flag(parser)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="CUDA: replay the model's forward and backward as CUDA graphs, captured for the first "
+                             "full batch's shape (other shapes run eagerly; not under DDP); for GPUs that wait for "
+                             "the host's kernel launches (utils/trainer/cuda_graphs.py)")
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=cli.OPTIMIZER_NAMES, default="SGD", help="optimizer")

@@ -80,7 +80,7 @@ for folder in (ROOT, ROOT / "benchmarks"):
 from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures)
-from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last,  # noqa: E402
+from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last, step_cuda_graphs,  # noqa: E402
                             step_generated, step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
@@ -511,6 +511,41 @@ def step_sync_sites(context: Context) -> dict:
     return figures
 
 
+def step_graphs_step(context: Context) -> dict:
+    """--cuda-graphs on the step: the cuda tests of the graphed step and of a step that never waits (set_sync_debug_mode),
+    then yolov5s at batch 64 (held batches, 640) eager and with graphs, phases and host operators each, the graphed one
+    also tallying any synchronisation by site (profile_train_step.py --cuda-graphs --sync-debug)."""
+    from gpu_throughput import REPEAT, repeated_dataset
+
+    test = run_command(context, "graphs_test", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p",
+                                                "no:cacheprovider", "--tb=short", "tests/test_cuda_graphs.py",
+                                                "tests/test_cuda.py", "-k", "graphs or steady_state_step"], 180)
+    lines = [text for _, text in test.fragments]
+    figures = {"cuda tests (graphs, sync-debug)": next((line for line in reversed(lines) if "passed" in line
+                                                        or "failed" in line), "no summary")}
+    if test.returncode:
+        figures["cuda tests: where"] = " | ".join(line.strip() for line in lines if line.lstrip().startswith(
+            ("utils/", "models/", "tests/", "E "))[-8:])[:600]
+    data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
+    for label, extra in (("eager", ()), ("--cuda-graphs", ("--cuda-graphs", "--sync-debug", 10))):
+        output = context.work / "logs" / f"graphs_step_{'graphs' if extra else 'eager'}.json"
+        command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", "models/yolov5s.yaml",
+                                 "--data", data, "--imgsz", 640, "--batch-size", 64, "--amp", "auto", "--source",
+                                 "memory", "--hold", 4, "--workers", 8, "--steps", 20, "--top", 20, "--json", output,
+                                 *extra)
+        checked(run_command(context, output.stem, command, 180), f"profile {label}")
+        result = json.loads(output.read_text())
+        phases = ", ".join(f"{phase} {times['host_ms']:.1f}/{times['gpu_ms']:.1f}"
+                           for phase, times in result["phases"].items())
+        figures[f"yolov5s b64 held, {label}"] = (
+            f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step (host/GPU ms: {phases}); "
+            f"{result.get('kernels_per_step', 0):.0f} kernels per step; {result.get('max_memory_reserved_gb', 0):.1f} GB")
+        if "sync_sites_per_step" in result:
+            figures[f"{label}: syncs per step by site"] = "; ".join(
+                f"{n:.2f} {site}" for site, n in result["sync_sites_per_step"].items()) or "none"
+    return figures
+
+
 def step_reference(context: Context) -> dict:
     """YOLOv5 v7 with train_n_amp's settings on a copy of the dataset (it writes label caches beside the labels)."""
     import shutil
@@ -546,6 +581,8 @@ def step_reference(context: Context) -> dict:
 STEPS = {  # most valuable first: a short lease runs the head of this list (see --deadline and --state)
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
+    "graphs_step": step_graphs_step,  # --cuda-graphs: its cuda tests, and the step eager against graphed
+    "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s and yolov5n b64, eager then graphed
     "sync_sites": step_sync_sites,  # which calls in a CUDA step still wait for the device, and the host's operators
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},

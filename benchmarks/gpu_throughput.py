@@ -117,6 +117,16 @@ def step_channels_last(context: Context) -> dict:
     return figures
 
 
+def step_cuda_graphs(context: Context) -> dict:
+    """This tree without and with --cuda-graphs (the forward and backward replayed as CUDA graphs), yolov5s and yolov5n
+    at batch 64, --cache ram, 8 workers."""
+    figures = {}
+    for cfg in ("yolov5s", "yolov5n"):
+        runs = ((f"{cfg} eager", ROOT, ()), (f"{cfg} --cuda-graphs", ROOT, ("--cuda-graphs",)))
+        figures.update(_compare(context, f"cuda_graphs_{cfg}", runs, cfg, 64, "ram", 8))
+    return figures
+
+
 def step_augment_device(context: Context) -> dict:
     """This tree's OpenCV workers, then --augment-device (the pixel work on the GPU), yolov5s b64, --cache ram and off,
     with 4 workers (4 CPU cores per GPU: where the workers set the speed)."""

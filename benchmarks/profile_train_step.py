@@ -57,6 +57,8 @@ def parse_args():
     parser.add_argument("--sync-debug", type=int, default=0, metavar="N",
                         help="CUDA: N more steps under torch.cuda.set_sync_debug_mode('warn'); prints where each "
                              "host-device synchronisation was asked for (the innermost frames of this project)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="the forward and backward replayed as CUDA graphs (train.py --cuda-graphs)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms per shape)")
     parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
@@ -109,6 +111,10 @@ def build(args, device):
     checks = StepChecks.chosen(device, optimizer)  # as build_step: deferred on CUDA (YOLO_TRAINER_STEP_CHECKS)
     step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz, fixed_shapes=checks is not None),
                      choose_precision(args.amp, device, model), ema, channels_last, checks=checks)
+    if args.cuda_graphs:
+        from utils.trainer.cuda_graphs import graphed_model
+
+        step.graphs = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False)
     model.train()
     return step, accumulate, loader
 
@@ -310,6 +316,7 @@ def main():
     result = {"device": where, "cfg": Path(args.cfg).stem, "imgsz": args.imgsz, "batch": args.batch_size,
               "amp": step.precision.name, "source": args.source, "steps": args.steps,
               "channels_last": step.channels_last, "cudnn_benchmark": args.cudnn_benchmark,
+              "cuda_graphs": step.graphs is not None,
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
     if device.type == "cuda":

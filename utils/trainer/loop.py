@@ -76,6 +76,7 @@ class TrainStep:
     phase: object = None
     loss_scale: float = 1.0  # the loss is multiplied by this before backward (4 with --quad, as YOLOv5)
     checks: StepChecks | None = None  # decide on non-finite values on the device (module docstring); None: at once
+    graphs: object = None  # --cuda-graphs: a utils.trainer.cuda_graphs.GraphedModel that runs the model's forward
 
     def __post_init__(self):
         if self.checks is not None:  # a GradScaler passes its found_inf to SGD.step instead of reading it
@@ -98,8 +99,11 @@ class TrainStep:
             return self._forward_backward(images, targets)
 
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        with self.precision.autocast():
-            predictions = self.model(images)
+        if self.graphs is not None:  # replays or the model itself, autocast included (utils/trainer/cuda_graphs.py)
+            predictions = self.graphs(images)
+        else:
+            with self.precision.autocast():
+                predictions = self.model(images)
         self.mark("forward")
         loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
         self.mark("loss")

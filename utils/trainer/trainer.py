@@ -31,6 +31,7 @@ from utils.loss import ComputeLoss
 from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
+from utils.trainer.cuda_graphs import graphed_model
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
 from utils.data.device_augment import DeviceAugment
@@ -455,7 +456,9 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks)
+    graphs = graphed_model(config.cuda_graphs, model, precision, max(config.batch_size // info.world_size, 1),
+                           torch.device(device), info.distributed, config.multi_scale)
+    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, graphs=graphs)
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
         per_process = config.batch_size // max(info.world_size, 1)

@@ -1,0 +1,137 @@
+"""--cuda-graphs (utils/trainer/cuda_graphs.py): which runs use it, and that its capture changes nothing a run computes.
+
+On the CPU the capture is a stand-in that does what torch.cuda.make_graphed_callables does to the model (warm-up
+iterations in training mode, which move BatchNorm's statistics, and gradients taken with autograd.grad, not
+accumulated) and returns the module itself; the ``cuda`` case captures real graphs and compares them with the
+eager step."""
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from tests.test_host_reads import batches, tiny_step
+from utils.trainer.cuda_graphs import GraphedModel, graphed_model
+from utils.trainer.loop import train_one_epoch
+from utils.trainer.state import RunState
+
+CPU = torch.device("cpu")
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
+
+
+class StandInCapture:
+    """make_graphed_callables' effects on the model, without a GPU: ``num_warmup_iters`` forward and backward passes
+    of the sample (BatchNorm in training mode), autocast's cache state seen, the module returned as it is."""
+
+    def __init__(self):
+        self.calls, self.cache_enabled = 0, []
+
+    def __call__(self, module, sample_args, num_warmup_iters=3, allow_unused_input=False):
+        self.calls += 1
+        self.cache_enabled.append(torch.is_autocast_cache_enabled())
+        parameters = [p for p in module.parameters() if p.requires_grad]
+        for _ in range(num_warmup_iters):
+            outputs = module(*sample_args)
+            torch.autograd.grad(sum(o.float().sum() for o in outputs), parameters, allow_unused=True)
+        return module
+
+
+def buffers(model) -> dict:
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def test_the_flag_is_used_on_one_cuda_process_only(caplog):
+    model = tiny_step().model
+    precision = tiny_step().precision
+    with caplog.at_level(logging.WARNING):
+        assert graphed_model(False, model, precision, 2, torch.device("cuda"), False) is None
+        assert not caplog.records
+        assert graphed_model(True, model, precision, 2, CPU, False) is None
+        assert graphed_model(True, model, precision, 2, torch.device("cuda", 0), True) is None
+    said = [record.getMessage() for record in caplog.records]
+    assert "--cuda-graphs has no effect on cpu" in said[0] and "not used under DDP" in said[1]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        graphs = graphed_model(True, model, precision, 2, torch.device("cuda", 0), False, multi_scale=True)
+    assert isinstance(graphs, GraphedModel) and graphs.batch_size == 2 and graphs.graphed is None
+    assert "--multi-scale" in caplog.records[0].getMessage()
+
+
+def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly():
+    """A run whose forward goes through GraphedModel (the stand-in capture) ends with the weights, BatchNorm statistics
+    and EMA of the same run without it, to the bit; full batches replay, a smaller one and eval mode do not."""
+    plain, graphed = tiny_step(), tiny_step()
+    capture = StandInCapture()
+    graphed.graphs = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
+    loader = batches(7)
+    smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
+               in batches(1)]
+    for step in (plain, graphed):
+        train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: 2)
+    assert capture.calls == 1 and capture.cache_enabled == [True]  # fp32 here: no autocast, so its default
+    assert (graphed.graphs.replays, graphed.graphs.eager) == (9, 1)
+    for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
+        for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(graphed).state_dict().items()):
+            assert torch.equal(a, b), (name, key)
+    graphed.model.eval()
+    with torch.no_grad():
+        graphed.graphs(loader[0][0].float() / 255)
+    assert graphed.graphs.eager == 2
+
+
+def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
+    """After the capture's warm-up passes BatchNorm holds what one pass of the batch gives (the replayed one), as the
+    same model without graphs; the capture ran under autocast with its weight cache off."""
+    step = tiny_step()
+    reference = copy.deepcopy(step.model)
+    capture = StandInCapture()
+    precision = copy.copy(step.precision)
+    precision.dtype = torch.bfloat16  # autocast on the CPU: the capture must see its cache off
+    graphs = GraphedModel(step.model, precision, batch_size=2, capture=capture)
+    images = batches(1)[0][0].float() / 255
+    graphs(images)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference(images)
+    assert capture.cache_enabled == [False] and (graphs.replays, graphs.eager) == (1, 0)
+    expected, after = buffers(reference), buffers(step.model)
+    counted = [name for name in after if name.endswith("num_batches_tracked")]
+    assert counted and all(int(after[name]) == 1 for name in counted)  # one pass, not 1 + WARMUP_ITERATIONS
+    assert all(torch.equal(expected[name], after[name]) for name in expected)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_graphs_train_as_the_eager_step_on_cuda():
+    """Real CUDA graphs: 8 fp16 steps (GradScaler, deferred checks, the fixed-shape loss) against the eager step
+    from the same weights and batches: weights within fp16 training's rounding."""
+    from tests.test_cuda import tiny_batch, tiny_model
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import choose_precision
+    from utils.trainer.ema import ModelEMA
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.optim import build_optimizer
+    from utils.trainer.step_checks import StepChecks
+
+    device = torch.device("cuda")
+    steps = []
+    for graphs in (False, True):
+        model = tiny_model().to(device).train()
+        precision = choose_precision("auto", device, model)
+        step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+                         precision, ModelEMA(model), checks=StepChecks())
+        step.graphs = GraphedModel(model, precision, batch_size=2) if graphs else None
+        images, targets = tiny_batch(device)
+        for _ in range(8):
+            step.forward_backward(images, targets)
+            step.optimizer_step()
+            step.counters.global_step += 1
+        steps.append(step)
+    assert steps[1].graphs.replays == 8 and steps[1].graphs.eager == 0
+    for a, b in zip(steps[0].model.state_dict().values(), steps[1].model.state_dict().values()):
+        if a.dtype.is_floating_point:
+            assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+        else:
+            assert torch.equal(a, b)
