@@ -79,7 +79,7 @@ for folder in (ROOT, ROOT / "benchmarks"):
 
 from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
                               checked, child_result, commit_of, count_images, python_command, results_rows,
-                              run_command, run_folder, training_figures, val_figures)
+                              run_command, run_folder, training_figures, val_figures, validation_seconds)
 from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last, step_cuda_graphs,  # noqa: E402
                             step_generated, step_throughput)
 
@@ -194,6 +194,28 @@ def step_train(context: Context, name: str) -> dict:
     wanted = "fp32" if amp == "off" else "fp16"
     if wanted not in figures["precision"]:
         raise StepFailed(f"trained in '{figures['precision']}', expected {wanted}")
+    return figures
+
+
+def step_bf16(context: Context) -> dict:
+    """bf16 autocast on the GPU (no GradScaler, so no scale to keep) against fp16: yolov5s at batch 16 for --epochs on
+    the dataset, validating every epoch: training images/s, seconds per validation during training, mAP50-95 (bf16
+    within AMP_TOLERANCE of fp16)."""
+    figures, maps = {}, {}
+    for amp in ("auto", "bf16"):
+        name = f"bf16_check_{amp}"
+        completed = checked(run_command(context, name, train_command(context, name, "yolov5s", "--epochs",
+                                                                     context.args.epochs, "--amp", amp),
+                                        context.args.limit_train), f"train.py yolov5s --amp {amp}")
+        measured = training_figures(completed, count_images(context.data, "train"))
+        maps[amp] = results_rows(run_folder(completed))[-1]["metrics/mAP_0.5:0.95"]
+        validations = validation_seconds(completed)
+        figures[f"--amp {amp}"] = (f"{measured['precision']}, {measured.get('train img/s', '?')} img/s, validation "
+                                   f"{sum(validations) / max(len(validations), 1):.2f} s per epoch over "
+                                   f"{len(validations)}, mAP50-95 {maps[amp]:.4f}, {measured['GPU memory (reserved)']}")
+    if abs(maps["bf16"] - maps["auto"]) > AMP_TOLERANCE:
+        raise StepFailed(f"bf16 mAP50-95 {maps['bf16']:.4f} against fp16 {maps['auto']:.4f}: more than "
+                         f"{AMP_TOLERANCE} apart")
     return figures
 
 
@@ -583,6 +605,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "cuda": None,  # the gate: every step below needs a CUDA device
     "graphs_step": step_graphs_step,  # --cuda-graphs: its cuda tests, and the step eager against graphed
     "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s and yolov5n b64, eager then graphed
+    "bf16": step_bf16,  # bf16 autocast against fp16: speed, validation time per epoch, accuracy
     "sync_sites": step_sync_sites,  # which calls in a CUDA step still wait for the device, and the host's operators
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},

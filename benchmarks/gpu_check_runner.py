@@ -163,6 +163,21 @@ def training_figures(completed: Completed, train_images: int) -> dict:
     return figures
 
 
+def validation_seconds(completed: Completed) -> list[float]:
+    """Seconds each validation during training took: from the end of an epoch's training progress bar to the next
+    'all' row (the validation's own progress, scoring and printing)."""
+    seconds, trained_at = [], None
+    for at, text in completed.fragments:
+        match = PROGRESS.match(text)
+        if match:
+            *_, done, total = match.groups()
+            trained_at = at if done == total else None
+        elif trained_at is not None and ALL_ROW.match(text):
+            seconds.append(at - trained_at)
+            trained_at = None
+    return seconds
+
+
 def run_folder(completed: Completed) -> Path:
     for _, text in completed.fragments:
         if "Logging results to " in text:

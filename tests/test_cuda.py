@@ -624,3 +624,22 @@ def test_gpu_check_throughput_steps_compare_a_baseline_tree_on_a_repeated_datase
         step_throughput(context, next(iter(CASES)))
     assert set(CASES) <= set(gpu_check.selected_steps("throughput", ""))
     assert not set(CASES) & set(gpu_check.selected_steps("", "throughput"))
+
+
+def test_gpu_check_times_each_validation_during_training_from_the_log():
+    """gpu_check's bf16 step: seconds from the end of an epoch's training bar to the validation's 'all' row; the
+    validation's own bar and an epoch cut short do not count."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_check_runner import Completed, validation_seconds
+
+    def bar(epoch: int, done: int) -> str:
+        return (f"        {epoch}/3      0.65G      0.125    0.02681    0.05362         34        640: "
+                f"{done * 33}%|##| {done}/3 [00:01<00:00, 2.1it/s]")
+
+    row = "                   all         87       1138      0.512      0.498      0.501      0.301"
+    fragments = [(1.0, bar(1, 1)), (2.0, bar(1, 3)), (2.4, "  Class  Images  Instances  P  R  mAP50  mAP50-95: 1/3 ["),
+                 (3.5, row), (4.0, bar(2, 1)), (5.0, bar(2, 3)), (5.75, row), (6.0, bar(3, 2)), (7.0, row)]
+    assert validation_seconds(Completed(0, 8.0, fragments)) == [1.5, 0.75]
