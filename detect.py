@@ -16,8 +16,11 @@ stream=True)`` yields them one image or video frame at a time instead, keeping n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,10 +284,12 @@ class DetectedImage(NamedTuple):
         return f"{self.path}:{self.frame}" if self.frame else self.path
 
 
-def run_config(config: DetectConfig, collect: bool = False) -> DetectResult:
+def run_config(config: DetectConfig, collect: bool = False, interrupted: threading.Event | None = None
+               ) -> DetectResult:
     """Detect on ``config.source``: drawn images/videos and labels in the run folder (runs/detect/expN);
-    ``collect``: also keep every image's detections in the result (the command line does not)."""
-    detect_run = DetectRun(config)
+    ``collect``: also keep every image's detections in the result (the command line does not); ``interrupted``:
+    see DetectRun."""
+    detect_run = DetectRun(config, interrupted)
     result = DetectResult(detect_run.save_dir)
     for found in detect_run.images():
         if collect:
@@ -296,14 +301,16 @@ class DetectRun:
     """One detect run. Built: settings checked, sources resolved, model loaded and warmed up, run folder made.
     ``images()`` then processes the sources one image or video frame at a time (outputs written as it goes) and
     yields a DetectedImage for each, keeping nothing; its end logs the speed line, and however it ends the progress
-    bar and the video being written are closed."""
+    bar and the video being written are closed. ``interrupted`` (the command line's: ``interrupts_noted``), once
+    set, ends it with KeyboardInterrupt before the next image, should the one Ctrl-C raised have been dropped."""
 
-    def __init__(self, config: DetectConfig):
+    def __init__(self, config: DetectConfig, interrupted: threading.Event | None = None):
         from utils.precision import inference_autocast
 
         _check_settings(config)
         _warn_unsupported(config)
         self.config = config
+        self.interrupted = interrupted or threading.Event()
         self.sources = Sources(config.source, config.vid_stride)
         device = select_device(config.device)
         self.model, half = _load_model(config, device)
@@ -324,6 +331,8 @@ class DetectRun:
                    bar_format="{l_bar}{bar:10}{r_bar}")
         try:
             for item in sources:
+                if self.interrupted.is_set():
+                    raise KeyboardInterrupt
                 det, shape, seconds = _predict(self.model, item, config, context)
                 _save_outputs(item, det, config, context)
                 LOGGER.info(_log_line(item, det, shape, seconds, context["names"]))
@@ -439,8 +448,38 @@ def _main(argv) -> int:
     from utils.memory import keep_freed_memory
 
     keep_freed_memory()  # whole-process choice: see utils/memory.py
-    run_config(config_from_args(args))
+    with interrupts_noted() as interrupted:
+        run_config(config_from_args(args), interrupted=interrupted)
     return 0
+
+
+@contextlib.contextmanager
+def interrupts_noted() -> Iterator[threading.Event]:
+    """Ctrl-C for the command line: a SIGINT raises KeyboardInterrupt where it lands, as Python's own handler does,
+    and also sets the Event yielded, which DetectRun checks before each image; one still set at the end raises.
+
+    Python drops a KeyboardInterrupt raised inside a finalizer (a weakref callback or ``__del__``: it prints
+    "Exception ignored in ..." and goes on), and mss runs a weakref finalizer for every screenshot: a Ctrl-C that
+    landed there left ``--source screen`` (or a live stream, which never ends either) running on. SIGINT is left as it
+    is when its handler is not Python's default one (ignored in a background job, or a caller's own) or outside the
+    main thread; the Event is then never set."""
+    interrupted = threading.Event()
+
+    def on_interrupt(number, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():  # dropped after the last image (closing the video, the summary)
+        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

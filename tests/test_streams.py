@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import collections
 import http.server
+import itertools
+import signal
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import cv2
 import numpy as np
 import pytest
 
 from tests.conftest import save_random_checkpoint
-from utils import streams
+from utils import sources, streams
 from utils.sources import SourceError, Sources, live_kind
 
 FRAMES = 12
@@ -379,3 +383,44 @@ def test_close_waits_for_a_reconnecting_reader_to_let_go(cameras, monkeypatch, c
     assert stream.thread.is_alive() and "still reading after" in caplog.text
     stream.thread.join(5)
     assert not stream.thread.is_alive()
+
+
+class _Reply:
+    """Stands for an mss screenshot's reply, which mss frees with a weakref finalizer."""
+
+
+def test_a_ctrl_c_dropped_by_a_finalizer_still_ends_the_command_line(weights, tmp_path, monkeypatch, capsys):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored in ..."), and mss frees every
+    screenshot's reply in one: a Ctrl-C that landed there left ``detect.py --source screen`` capturing on (a CI run of
+    test_the_command_line_captures_the_screen_until_interrupted timed out waiting for its exit). The command line notes
+    the signal and ends before it detects another frame: exit 130, the frames before in the video. Here a finalizer
+    run while the third frame is grabbed raises the SIGINT itself; a screen that is not stopped ends after 20 frames."""
+    import detect
+
+    grabbed = []
+
+    def screen(text):
+        for number in itertools.count(1):
+            grabbed.append(number)
+            if number == 3:
+                weakref.finalize(_Reply(), signal.raise_signal, signal.SIGINT)  # the reply dies at once: Ctrl-C
+            if number > 20:
+                return
+            yield np.full((48, 64, 3), 40, np.uint8)
+
+    monkeypatch.setattr(sources, "read_screen", screen)
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(type(unraisable.exc_value)))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts it (pytest & ignores)
+    try:
+        code = detect.main(["--weights", str(weights), "--source", "screen", "--imgsz", "64", "--device", "cpu",
+                            "--project", str(tmp_path / "runs")])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # detect.main put it back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert dropped == [KeyboardInterrupt]  # Python did drop it
+    assert (code, err.strip().splitlines()[-1], grabbed) == (130, "detect.py: interrupted", [1, 2, 3])
+    video = cv2.VideoCapture(str(tmp_path / "runs" / "exp" / "screen.mp4"))
+    assert int(video.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    video.release()
