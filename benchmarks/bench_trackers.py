@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--kill-at", type=int, default=0, help="also a run whose server dies at this epoch (0: none)")
     parser.add_argument("--all", action="store_true", help="W&B, Comet and ClearML (offline) on beside MLflow")
+    parser.add_argument("--bbox-interval", type=int, default=-1,
+                        help="train.py's --bbox_interval (-1: its default, val images every epoch up to 10 epochs)")
     args = parser.parse_args()
     from tests.test_trackers import mlflow_server, stop  # the tests' loopback server
 
@@ -123,7 +125,7 @@ def main() -> None:
         data = args.data or str(make_dataset(folder / "data", args.images, val=16))
         options = dict(data=data, cfg="models/yolov5n.yaml", weights="", imgsz=args.imgsz, epochs=args.epochs,
                        batch_size=16, workers=2, device="cpu", noautoanchor=True, noplots=True, no_tensorboard=True,
-                       project=str(folder / "runs"))
+                       project=str(folder / "runs"), bbox_interval=args.bbox_interval)
         with mlflow_server(folder / "mlflow") as (uri, _):
             os.environ["MLFLOW_TRACKING_URI"] = uri
             one_run(options, False)  # warm-up, not counted: label cache, image cache, first imports
