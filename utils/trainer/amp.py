@@ -27,10 +27,12 @@ class Precision:
     dtype: torch.dtype | None  # None: plain fp32
     scaler: torch.amp.GradScaler
 
-    def autocast(self):
+    def autocast(self, cache: bool = True):
+        """The autocast context (none for fp32); ``cache=False``: without autocast's cache of cast weights (CUDA graph
+        capture refuses it)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=cache)
 
     @property
     def name(self) -> str:

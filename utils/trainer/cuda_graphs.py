@@ -21,7 +21,6 @@ captured here). The graphs keep their own memory pool: a run that also steps oth
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -54,20 +53,13 @@ class GraphedModel:
         self.key = None  # (shape, strides, dtype) of the captured input
         self.replays = self.eager = 0
 
-    def _autocast(self):
-        """The precision's autocast without its cache of cast weights (refused by graph capture)."""
-        if self.precision.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.precision.device_type, dtype=self.precision.dtype,
-                              cache_enabled=False)
-
     def __call__(self, images: torch.Tensor):
         key = (tuple(images.shape), images.stride(), images.dtype)
         if self.graphed is None and images.shape[0] == self.batch_size and self.model.training:
             self._capture(images, key)
         if key == self.key and self.model.training:
             self.replays += 1
-            with self._autocast():
+            with self.precision.autocast(cache=False):
                 return list(self.graphed(images))
         self.eager += 1
         with self.precision.autocast():
@@ -75,7 +67,7 @@ class GraphedModel:
 
     def _capture(self, images: torch.Tensor, key) -> None:
         saved = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()}
-        with self._autocast():
+        with self.precision.autocast(cache=False):
             self.graphed = self._capture_function(_Forward(self.model), (images.detach().clone(),),
                                                   num_warmup_iters=WARMUP_ITERATIONS, allow_unused_input=True)
         with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
