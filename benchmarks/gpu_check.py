@@ -475,22 +475,48 @@ PROFILE_CASES = (
 )
 
 
-def step_profile(context: Context) -> dict:
-    """benchmarks/profile_train_step.py on the GPU, PROFILE_CASES: the phases of a training step (CUDA events),
-    kernels and synchronisations per step; the JSON and log of each case go beside the logs (profile_<n>.json)."""
+def profile_case(context: Context, name: str, cfg: str, batch: int, *extra, environment=None, limit: float = 150
+                 ) -> dict:
+    """benchmarks/profile_train_step.py on the GPU: ``cfg`` at 640 and ``batch``, --amp auto, 4 batches of the dataset
+    repeated x8 collated by 8 workers and replayed (the step alone), 20 timed steps; its JSON (also in the logs as
+    <name>.json)."""
     from gpu_throughput import REPEAT, repeated_dataset
 
     data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
+    output = context.work / "logs" / f"{name}.json"
+    command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", f"models/{cfg}.yaml",
+                             "--data", data, "--imgsz", 640, "--batch-size", batch, "--amp", "auto",
+                             "--source", "memory", "--hold", 4, "--workers", 8, "--steps", 20, "--top", 25,
+                             "--json", output, *extra)
+    checked(run_command(context, name, command, limit, extra_env=environment), f"profile_train_step.py ({name})")
+    return json.loads(output.read_text())
+
+
+def cuda_tests(context: Context, name: str, keyword: str, *files: str) -> dict:
+    """``pytest -m cuda`` on ``files`` selected by ``keyword``: its summary line and, when one fails, the frames that
+    name where (a synchronisation the sync-debug mode refused, say)."""
+    test = run_command(context, name, [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                                       "--tb=short", *files, "-k", keyword], 180)
+    lines = [text for _, text in test.fragments]
+    figures = {f"cuda tests ({keyword})": next((line for line in reversed(lines) if "passed" in line
+                                                or "failed" in line), "no summary")}
+    if test.returncode:
+        where = [line.strip() for line in lines if line.lstrip().startswith(("utils/", "models/", "tests/", "E "))]
+        figures["cuda tests: where"] = " | ".join(where[-8:])[:600]
+    return figures
+
+
+def sites(result: dict) -> str:
+    return "; ".join(f"{n:.2f} {site}" for site, n in result.get("sync_sites_per_step", {}).items()) or "none"
+
+
+def step_profile(context: Context) -> dict:
+    """PROFILE_CASES through profile_case: the phases of a training step (CUDA events), kernels and synchronisations
+    per step (profile_<n>.json beside the logs)."""
     figures = {}
     for number, (label, cfg, batch, environment, extra, profiled) in enumerate(PROFILE_CASES):
-        name = f"profile_{number}"
-        output = context.work / "logs" / f"{name}.json"
-        command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", f"models/{cfg}.yaml",
-                                 "--data", data, "--imgsz", 640, "--batch-size", batch, "--amp", "auto",
-                                 "--source", "memory", "--hold", 4, "--workers", 8, "--steps", 20, "--top", 25,
-                                 "--json", output, *extra, *(() if profiled else ("--no-profile",)))
-        checked(run_command(context, name, command, 120, extra_env=environment), f"profile {label}")
-        result = json.loads(output.read_text())
+        result = profile_case(context, f"profile_{number}", cfg, batch, *extra,
+                              *(() if profiled else ("--no-profile",)), environment=environment, limit=120)
         phases = ", ".join(f"{phase} {times['gpu_ms']:.1f}" for phase, times in result["phases"].items())
         host = sum(times["host_ms"] for phase, times in result["phases"].items() if phase != "data")
         syncs = sum(result.get("syncs_per_step", {}).values())
@@ -503,31 +529,12 @@ def step_profile(context: Context) -> dict:
 
 def step_sync_sites(context: Context) -> dict:
     """Where a CUDA training step still waits for the device: tests/test_cuda.py's sync-debug test (its failure names
-    the call), then yolov5s at batch 64 (held batches, 640) profiled, with 10 more steps under
-    ``set_sync_debug_mode("warn")`` tallied by the project's frames that asked (profile_train_step.py --sync-debug)."""
-    from gpu_throughput import REPEAT, repeated_dataset
-
-    figures = {}
-    test = run_command(context, "sync_test", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p",
-                                              "no:cacheprovider", "--tb=short", "tests/test_cuda.py", "-k",
-                                              "steady_state_step"], 120)
-    lines = [text for _, text in test.fragments]
-    figures["sync-debug test"] = next((line for line in reversed(lines) if " in " in line and "passed" in line
-                                       or "failed" in line), "no summary")
-    raised = [line.strip() for line in lines if line.lstrip().startswith(("utils/", "models/")) or "Error" in line]
-    if test.returncode:
-        figures["sync-debug test: where"] = " | ".join(raised[-6:])[:600]
-    data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
-    output = context.work / "logs" / "sync_sites.json"
-    command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", "models/yolov5s.yaml",
-                             "--data", data, "--imgsz", 640, "--batch-size", 64, "--amp", "auto", "--source", "memory",
-                             "--hold", 4, "--workers", 8, "--steps", 20, "--top", 30, "--sync-debug", 10,
-                             "--json", output)
-    checked(run_command(context, "sync_sites", command, 150), "profile --sync-debug")
-    result = json.loads(output.read_text())
+    the call), then yolov5s at batch 64 profiled, with 10 more steps under ``set_sync_debug_mode("warn")`` tallied by
+    the project's frames that asked (profile_train_step.py --sync-debug)."""
+    figures = cuda_tests(context, "sync_test", "steady_state_step", "tests/test_cuda.py")
+    result = profile_case(context, "sync_sites", "yolov5s", 64, "--sync-debug", 10)
     figures["yolov5s b64 held"] = f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step"
-    figures["syncs per step by site"] = "; ".join(f"{n:.2f} {site}" for site, n in
-                                                  result.get("sync_sites_per_step", {}).items()) or "none"
+    figures["syncs per step by site"] = sites(result)
     figures["host ms per step, top operators"] = "; ".join(
         f"{name} {ms:.2f}" for name, ms in list(result.get("host_ms_per_step_by_operator", {}).items())[:12])
     return figures
@@ -535,36 +542,20 @@ def step_sync_sites(context: Context) -> dict:
 
 def step_graphs_step(context: Context) -> dict:
     """--cuda-graphs on the step: the cuda tests of the graphed step and of a step that never waits (set_sync_debug_mode),
-    then yolov5s at batch 64 (held batches, 640) eager and with graphs, phases and host operators each, the graphed one
-    also tallying any synchronisation by site (profile_train_step.py --cuda-graphs --sync-debug)."""
-    from gpu_throughput import REPEAT, repeated_dataset
-
-    test = run_command(context, "graphs_test", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p",
-                                                "no:cacheprovider", "--tb=short", "tests/test_cuda_graphs.py",
-                                                "tests/test_cuda.py", "-k", "graphs or steady_state_step"], 180)
-    lines = [text for _, text in test.fragments]
-    figures = {"cuda tests (graphs, sync-debug)": next((line for line in reversed(lines) if "passed" in line
-                                                        or "failed" in line), "no summary")}
-    if test.returncode:
-        figures["cuda tests: where"] = " | ".join(line.strip() for line in lines if line.lstrip().startswith(
-            ("utils/", "models/", "tests/", "E "))[-8:])[:600]
-    data, _ = repeated_dataset(context.data, REPEAT, context.work / f"dataset_x{REPEAT}")
-    for label, extra in (("eager", ()), ("--cuda-graphs", ("--cuda-graphs", "--sync-debug", 10))):
-        output = context.work / "logs" / f"graphs_step_{'graphs' if extra else 'eager'}.json"
-        command = python_command("benchmarks/profile_train_step.py", "--device", 0, "--cfg", "models/yolov5s.yaml",
-                                 "--data", data, "--imgsz", 640, "--batch-size", 64, "--amp", "auto", "--source",
-                                 "memory", "--hold", 4, "--workers", 8, "--steps", 20, "--top", 20, "--json", output,
-                                 *extra)
-        checked(run_command(context, output.stem, command, 180), f"profile {label}")
-        result = json.loads(output.read_text())
+    then yolov5s at batch 64 eager and with graphs, phases and host operators each, the graphed one also tallying any
+    synchronisation by site (profile_train_step.py --cuda-graphs --sync-debug)."""
+    figures = cuda_tests(context, "graphs_test", "graphs or steady_state_step", "tests/test_cuda_graphs.py",
+                         "tests/test_cuda.py")
+    for label, name, extra in (("eager", "graphs_step_eager", ()),
+                               ("--cuda-graphs", "graphs_step_graphs", ("--cuda-graphs", "--sync-debug", 10))):
+        result = profile_case(context, name, "yolov5s", 64, *extra, limit=180)
         phases = ", ".join(f"{phase} {times['host_ms']:.1f}/{times['gpu_ms']:.1f}"
                            for phase, times in result["phases"].items())
         figures[f"yolov5s b64 held, {label}"] = (
             f"{result['images_per_s']:.0f} img/s, {result['step_ms']:.1f} ms/step (host/GPU ms: {phases}); "
             f"{result.get('kernels_per_step', 0):.0f} kernels per step; {result.get('max_memory_reserved_gb', 0):.1f} GB")
         if "sync_sites_per_step" in result:
-            figures[f"{label}: syncs per step by site"] = "; ".join(
-                f"{n:.2f} {site}" for site, n in result["sync_sites_per_step"].items()) or "none"
+            figures[f"{label}: syncs per step by site"] = sites(result)
     return figures
 
 

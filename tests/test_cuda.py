@@ -643,3 +643,53 @@ def test_gpu_check_times_each_validation_during_training_from_the_log():
     fragments = [(1.0, bar(1, 1)), (2.0, bar(1, 3)), (2.4, "  Class  Images  Instances  P  R  mAP50  mAP50-95: 1/3 ["),
                  (3.5, row), (4.0, bar(2, 1)), (5.0, bar(2, 3)), (5.75, row), (6.0, bar(3, 2)), (7.0, row)]
     assert validation_seconds(Completed(0, 8.0, fragments)) == [1.5, 0.75]
+
+
+def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_test(tmp_path, monkeypatch):
+    """gpu_check's sync_sites and graphs_step without a GPU, their commands faked: each profile case runs
+    profile_train_step.py with its flags on the repeated dataset, its JSON becomes figures, and a failing cuda test is
+    reported with the frames that name where it failed."""
+    import json
+    import types
+    from pathlib import Path
+
+    import sys
+
+    from benchmarks import gpu_check
+
+    gpu_throughput = sys.modules["gpu_throughput"]  # as gpu_check imports it (benchmarks/ on sys.path)
+    commands = []
+
+    def run_command(context, name, command, limit, extra_env=None):
+        command = [str(part) for part in command]
+        commands.append((name, command))
+        if "pytest" in command:
+            return types.SimpleNamespace(returncode=1, fragments=[
+                (0.1, "utils/loss.py:257: in class_targets"), (0.2, "E   RuntimeError: called a synchronizing CUDA op"),
+                (0.3, "1 failed, 36 deselected in 3.1s")])
+        figures = {"images_per_s": 900.0, "step_ms": 71.1, "phases": {"forward": {"host_ms": 14.5, "gpu_ms": 16.0}},
+                   "kernels_per_step": 1770.0}
+        if "--sync-debug" in command:
+            figures["sync_sites_per_step"] = {"utils/loss.py:257 <- utils/loss.py:226": 3.0}
+        Path(command[command.index("--json") + 1]).write_text(json.dumps(figures))
+        return types.SimpleNamespace(returncode=0, fragments=[])
+
+    monkeypatch.setattr(gpu_check, "run_command", run_command)
+    monkeypatch.setattr(gpu_throughput, "repeated_dataset", lambda data, times, root: (root / "data.yaml", 1640))
+    (tmp_path / "logs").mkdir()
+    context = types.SimpleNamespace(data="data.yaml", work=tmp_path)
+    sync = gpu_check.step_sync_sites(context)
+    assert sync["cuda tests (steady_state_step)"] == "1 failed, 36 deselected in 3.1s"
+    assert sync["cuda tests: where"] == ("utils/loss.py:257: in class_targets | E   RuntimeError: called a "
+                                         "synchronizing CUDA op")
+    assert sync["syncs per step by site"] == "3.00 utils/loss.py:257 <- utils/loss.py:226"
+    graphs = gpu_check.step_graphs_step(context)
+    assert "eager: syncs per step by site" not in graphs
+    assert graphs["--cuda-graphs: syncs per step by site"].startswith("3.00 ")
+    assert graphs["yolov5s b64 held, --cuda-graphs"].startswith("900 img/s, 71.1 ms/step (host/GPU ms: forward 14.5/16.0)")
+    profiled = [command for name, command in commands if "pytest" not in command]
+    assert [command[command.index("--json") + 1:] for command in profiled] == [
+        [str(tmp_path / "logs" / "sync_sites.json"), "--sync-debug", "10"],
+        [str(tmp_path / "logs" / "graphs_step_eager.json")],
+        [str(tmp_path / "logs" / "graphs_step_graphs.json"), "--cuda-graphs", "--sync-debug", "10"]]
+    assert all(command[command.index("--data") + 1] == str(tmp_path / "dataset_x8" / "data.yaml") for command in profiled)
