@@ -20,7 +20,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
+import torch
 
 import train as train_script
 from tests.conftest import make_tiny_run
@@ -513,8 +516,9 @@ def test_a_continued_mlflow_run_gets_the_rows_it_lacks_once_and_a_missing_one_is
 @pytest.mark.parametrize("interval, epochs_drawn", [(2, [1]), (-1, [0, 1, 2])])
 def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epochs(tmp_path, monkeypatch, interval,
                                                                                    epochs_drawn):
-    """--bbox_interval N: the first val batch's predictions drawn every N epochs into <run>/val_predictions and given
-    to the trackers (YOLOv5's W&B default for -1: every epoch up to 10 epochs); no tracker on, nothing drawn."""
+    """--bbox_interval N: the first val batch's predictions given to the trackers every N epochs (YOLOv5's W&B
+    default for -1: every epoch up to 10 epochs); a tracker that takes a picture (the default) gets them drawn into
+    <run>/val_predictions, in its worker thread; no tracker on, nothing drawn."""
     from utils.trainer import recorder
 
     made = []
@@ -526,6 +530,16 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
             super().__init__()
             made.append(self)
 
+    from utils import drawing
+
+    drawn_in = []  # (file name, thread name) of each picture drawn
+    plot_images = drawing.plot_images
+
+    def recorded(images, targets, paths=None, fname=None, *args, **kwargs):
+        drawn_in.append((Path(fname).name, threading.current_thread().name))
+        return plot_images(images, targets, paths, fname, *args, **kwargs)
+
+    monkeypatch.setattr(drawing, "plot_images", recorded)
     monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
     data, cfg = make_tiny_run(tmp_path)
     args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs",
@@ -534,6 +548,8 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
     assert train_script.main(args) == 0
     folder = tmp_path / "runs" / "exp" / "val_predictions"
     assert sorted(p.name for p in folder.iterdir()) == [f"val_pred_epoch{e}.jpg" for e in epochs_drawn]
+    # drawn in the tracker's worker thread, not on the training thread
+    assert drawn_in == [(f"val_pred_epoch{e}.jpg", "tracker-fake") for e in epochs_drawn]
     logged = [(call[0], call[1]) for call in made[0].calls
               if call[0] == "log_epoch" or (call[0] == "log_files" and call[2] == "val_predictions")]
     expected = [("log_epoch", e) for e in range(3)]
@@ -571,3 +587,52 @@ def test_evolve_generations_log_runs_grouped_under_the_evolution_with_their_file
     assert train_script.main(args[:-1] + ["--name", "quiet", "--no-trackers", "--noautoanchor"]) == 0
     assert starts == []
     assert open_trackers(TrainConfig(), Hyp(), Path("runs/exp"), classes=(Recording,)).run.group == ""  # not evolving
+
+
+def predictions_of(folder: Path, images: int = 2):
+    from utils.trackers import ValPredictions
+
+    pixels = torch.full((images, 3, 32, 48), 90, dtype=torch.uint8)
+    detections = [torch.tensor([[4.0, 5, 20, 25, 0.9, 1], [0, 0, 10, 10, 0.2, 0], [1, 1, 9, 9, 0.25, 0]])]
+    detections += [torch.zeros((0, 6))] * (images - 1)
+    return ValPredictions(3, pixels, detections, [f"d/im{i}.jpg" for i in range(images)], ["cat", "dog"],
+                          folder / "val_predictions" / "val_pred_epoch3.jpg")
+
+
+def test_val_predictions_keep_the_first_16_images_as_rgb_and_their_boxes_at_conf_025_and_above(tmp_path):
+    predictions = predictions_of(tmp_path, images=20)
+    assert predictions.images.shape == (16, 32, 48, 3) and predictions.images.dtype == np.uint8
+    assert len(predictions.boxes) == len(predictions.paths) == 16 and predictions.paths[0] == "d/im0.jpg"
+    assert predictions.boxes[0].tolist() == [[4, 5, 20, 25, pytest.approx(0.9), 1], [1, 1, 9, 9, 0.25, 0]]
+    assert [predictions.label(cls) for cls in (0, 1, 7)] == ["cat", "dog", "7"]
+
+
+def test_val_predictions_are_drawn_once_whichever_tracker_thread_asks_first(tmp_path, monkeypatch):
+    from utils import drawing
+
+    calls = []
+    plot_images = drawing.plot_images
+
+    def slow(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        time.sleep(0.2)  # the others ask meanwhile, and wait
+        return plot_images(*args, **kwargs)
+
+    monkeypatch.setattr(drawing, "plot_images", slow)
+    predictions = predictions_of(tmp_path)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(predictions.drawn()), name=f"t{i}") for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and got == [predictions.file] * 3
+    picture = cv2.imread(str(predictions.file))
+    assert picture is not None and (np.abs(picture.astype(int) - 90).max(axis=2) > 40).any()  # a box drawn on grey
+
+
+def test_val_predictions_that_cannot_be_drawn_are_one_warning_and_none(tmp_path, caplog):
+    (tmp_path / "val_predictions").write_text("a file where the folder should be")
+    predictions = predictions_of(tmp_path)
+    assert predictions.drawn() is None and predictions.drawn() is None
+    assert len([r for r in caplog.records if "not drawn" in r.getMessage()]) == 1

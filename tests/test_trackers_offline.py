@@ -153,6 +153,8 @@ def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_fil
     assert rows[0]["Mosaics/captions"] == ["train_batch0.jpg", "train_batch1.jpg"]  # at their epoch's step
     assert {"results.png", "PR_curve.png", "confusion_matrix.png"} <= set(rows[2]["Results/captions"])
     assert "val_batch0_pred.jpg" in rows[2]["Validation/captions"]
+    for step in range(3):  # --bbox_interval's default on 3 epochs: every epoch, the val batch's 4 images
+        assert rows[step]["Bounding Box Debugger/Images/count"] == 4
     for name in rows[0]["Mosaics/filenames"] + rows[2]["Results/filenames"]:
         assert (log.parent / "files" / name).is_file()
     saved = {file.path for files in by_type(records, "files") for file in files.files}
@@ -267,6 +269,7 @@ def test_comet_offline_archive_holds_params_metrics_equal_to_results_csv_and_the
     assert sorted(files["model-element"]) == ["best.pt", "epoch1.pt"]
     assert {"train_batch0.jpg", "results.png", "PR_curve.png", "val_batch0_pred.jpg", "labels.jpg"} <= set(
         files["visualization"]) and {"results.csv", "opt.yaml", "hyp.yaml"} <= set(files["asset"])
+    assert files["visualization"].count("im0.jpg") == 3  # --bbox_interval's default: a val image every epoch
     stored = {payload["file_path"] for payload in payloads(messages, "file_upload")}
     assert stored <= names  # every uploaded file is in the archive
 
@@ -349,6 +352,8 @@ def test_clearml_offline_session_holds_params_scalars_equal_to_results_csv_and_t
               if event["type"] == "training_debug_image"}
     assert {("Mosaics", "train_batch0.jpg", 0), ("Results", "results.png", 2), ("Validation", "val_batch0_pred.jpg", 2),
             ("Labels", "labels.jpg", 2)} <= images
+    assert {(metric, iteration) for metric, _, iteration in images if metric == "Bounding Boxes"} == {
+        ("Bounding Boxes", 0), ("Bounding Boxes", 1), ("Bounding Boxes", 2)}  # --bbox_interval's default: every epoch
     artifacts = {artifact["key"]: artifact for artifact in task["execution"]["artifacts"]}
     assert {"results.csv", "opt.yaml", "hyp.yaml", "weights/epoch1.pt", "weights/best.pt"} <= set(artifacts)
     best = artifacts["weights/best.pt"]["uri"]
@@ -447,3 +452,95 @@ def test_evolve_generations_are_runs_grouped_under_the_evolution_in_its_folder(o
         tasks = [read_session(path)[0] for path in sessions(folder)]
         assert sorted(task["name"] for task in tasks) == names
         assert all("search" in task.get("tags", []) for task in tasks), [task.get("tags") for task in tasks]
+
+
+# ---------------------------------------------------------------------- --bbox_interval's images, each tracker's form
+
+def val_predictions(folder: Path):
+    """Two 64x64 images: the first with a box of class 1 at 0.9 and one at 0.1 (below the 0.25 shown), the second
+    with none."""
+    import numpy as np
+
+    from utils.trackers import ValPredictions
+
+    images = np.full((2, 3, 64, 64), 90, dtype=np.uint8)
+    detections = [np.array([[8, 10, 40, 50, 0.9, 1], [0, 0, 20, 20, 0.1, 0]], np.float32), np.zeros((0, 6))]
+    return ValPredictions(0, images, detections, ["a/im0.jpg", "a/im1.jpg"], ["cat", "dog"],
+                          folder / "val_predictions" / "val_pred_epoch0.jpg")
+
+
+def log_one_epoch(tracker, folder: Path) -> None:
+    from utils.trackers import RunStart
+
+    tracker.start(RunStart("boxes", "exp", {"epochs": 1}, folder))
+    tracker.log_epoch(0, dict.fromkeys(RESULTS_KEYS, 0.5))
+    tracker.log_predictions(val_predictions(folder))
+    tracker.finish(True)
+
+
+def test_wandb_gets_each_val_image_with_its_boxes_as_box_data_in_the_bounding_box_debugger(offline, tmp_path):
+    """As YOLOv5's W&B logger: one wandb.Image per val image under "Bounding Box Debugger/Images" at the epoch's step,
+    captioned with its file name, its boxes at conf 0.25 and above as W&B box data (nothing drawn)."""
+    needs("wandb")
+    from utils.trackers.wandb_tracker import WandbTracker, read_records
+
+    log_one_epoch(WandbTracker(), tmp_path)
+    (log,) = offline_logs(tmp_path)
+    rows = history_rows(read_records(log))
+    assert rows[0]["Bounding Box Debugger/Images/captions"] == ["im0.jpg", "im1.jpg"]
+    assert rows[0]["Bounding Box Debugger/Images/count"] == 2
+    boxes = [json.loads((log.parent / "files" / entry["predictions"]["path"]).read_text())
+             for entry in rows[0]["Bounding Box Debugger/Images/all_boxes"]]
+    assert boxes[0]["class_labels"] == {"0": "cat", "1": "dog"}
+    assert boxes[0]["box_data"] == [{"position": {"minX": 8, "minY": 10, "maxX": 40, "maxY": 50}, "class_id": 1,
+                                     "box_caption": "dog 0.900", "scores": {"class_score": pytest.approx(0.9)},
+                                     "domain": "pixel"}]
+    assert boxes[1]["box_data"] == []
+    assert not (tmp_path / "val_predictions").exists()  # nothing drawn for W&B
+
+
+def test_comet_gets_each_val_image_with_its_boxes_as_annotations(offline, tmp_path):
+    """Comet: each val image named after its file at the epoch's step, its boxes at conf 0.25 and above as the
+    annotation layer "Predictions" ([x, y, w, h], class name, confidence) that Comet's viewer draws."""
+    needs("comet")
+    from utils.trackers.comet_tracker import CometTracker
+
+    log_one_epoch(CometTracker(), tmp_path)
+    (archive,) = sorted((tmp_path / "comet").glob("*.zip"))
+    _, messages, names = read_archive(archive)
+    shown = {payload["additional_params"]["figName"]: payload for payload in payloads(messages, "file_upload")
+             if payload["upload_type"] == "visualization"}
+    assert sorted(shown) == ["im0.jpg", "im1.jpg"]
+    assert shown["im0.jpg"]["additional_params"]["step"] == 0 and shown["im0.jpg"]["file_path"] in names
+    (layer,) = shown["im0.jpg"]["metadata"]["annotations"]
+    assert layer["name"] == "Predictions"
+    assert layer["data"] == [{"boxes": [[8, 10, 32, 40]], "label": "dog", "score": pytest.approx(0.9)}]
+    assert "annotations" not in shown["im1.jpg"]["metadata"]  # no box: no layer
+    assert not (tmp_path / "val_predictions").exists()
+
+
+def test_clearml_gets_each_val_image_drawn_with_its_boxes_as_yolov5s_bounding_boxes_samples(offline, tmp_path):
+    """As YOLOv5's ClearML logger: each val image with its boxes drawn (conf 0.25 and above) as a debug sample, title
+    "Bounding Boxes", series the file name, at the epoch's iteration."""
+    needs("clearml")
+    import cv2
+    import numpy as np
+
+    from utils.drawing import colors
+    from utils.trackers.clearml_tracker import ClearmlTracker
+
+    log_one_epoch(ClearmlTracker(), tmp_path)
+    (session,) = sessions(tmp_path)
+    _, events, names = read_session(session)
+    shown = {event["variant"]: event for event in events
+             if event["type"] == "training_debug_image" and event["metric"] == "Bounding Boxes"}
+    assert sorted(shown) == ["im0.jpg", "im1.jpg"] and {event["iter"] for event in shown.values()} == {0}
+    pictures = {}
+    with zipfile.ZipFile(session) as archive:
+        for variant, event in shown.items():
+            (stored,) = [name for name in names if name.endswith(Path(event["url"]).name)]
+            pictures[variant] = cv2.imdecode(np.frombuffer(archive.read(stored), np.uint8), cv2.IMREAD_COLOR)
+    box_colour = np.array(colors(1, bgr=True))  # class 1's box, drawn (class 0's at 0.1 is not)
+    assert np.abs(pictures["im0.jpg"][30, 8].astype(int) - box_colour).max() < 40
+    assert np.abs(pictures["im0.jpg"][5, 5].astype(int) - 90).max() < 10  # where the 0.1 box would have been
+    assert np.abs(pictures["im1.jpg"].astype(int) - 90).max() < 10  # no box

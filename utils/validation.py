@@ -85,7 +85,7 @@ class _Accumulator:
 
 def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, max_det=300, compute_loss=None,
              save_dir=None, plots=True, half=False, verbose=False, single_cls=False, save_json=False, save_txt=False,
-             save_conf=False, json_name="predictions.json", distributed=False, pred_image=None) -> ValResult:
+             save_conf=False, json_name="predictions.json", distributed=False, first_batch=None) -> ValResult:
     """Run ``model`` over ``dataloader`` and score it; see the module docstring for how.
 
     ``compute_loss`` given means "called from training": val losses are computed and the speed line is
@@ -95,8 +95,9 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     is restored afterwards. ``distributed``: every process of the group calls this with its own slice of
     the val set (``create_dataloader(..., shard="batches")``: whole batches, none twice, no padding); the
     statistics are gathered and scored on the main process and every process returns the same result
-    (plots and files are written by the main process only). ``pred_image``: a file that gets the first batch's
-    predictions drawn (what training gives the experiment trackers every --bbox_interval epochs), plots or not.
+    (plots and files are written by the main process only). ``first_batch``: called (on the main process) with the
+    first batch's images as the loader gave them (uint8), its predictions (per image (n, 6) xyxy, conf, class in
+    those images' pixels) and paths: what training gives the experiment trackers every --bbox_interval epochs.
     """
     from utils.nms import non_max_suppression
 
@@ -115,6 +116,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     channels_last = is_channels_last(model)
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
+            loaded = images
             with timers[0]:
                 images = model_input(images, device, input_dtype, channels_last)
                 targets = targets.to(device)
@@ -132,8 +134,8 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
                              single_cls, save_dir if save_txt else None, save_conf, save_json, plots)
             if plot_targets is not None:
                 _plot_batch(images, plot_targets, detections, paths, save_dir, batch_index, names)
-            if pred_image is not None and writer and batch_index == 0:
-                _plot_batch(images, None, detections, paths, Path(pred_image), None, names)
+            if first_batch is not None and writer and batch_index == 0:
+                first_batch(loaded, detections, paths)
     batches = len(dataloader)
     if distributed:
         losses, batches = _gather(acc, losses, batches)
@@ -273,9 +275,9 @@ def _save_txt(native, size, file: Path, save_conf: bool) -> None:
     file.write_text("\n".join(lines) + "\n")
 
 
-def _plot_batch(images, targets, detections, paths, save_dir: Path, batch_index: int | None, names) -> None:
+def _plot_batch(images, targets, detections, paths, save_dir: Path, batch_index: int, names) -> None:
     """val_batch{i}_labels.jpg and val_batch{i}_pred.jpg (predictions as [image, class, x1, y1, x2, y2, conf]) in
-    ``save_dir``; with ``batch_index`` None, only the predictions, drawn into the file ``save_dir``.
+    ``save_dir``.
 
     A failure to draw is logged, never fatal: it must not end a validation or a training run.
     """
@@ -287,9 +289,6 @@ def _plot_batch(images, targets, detections, paths, save_dir: Path, batch_index:
     rows = [torch.cat((torch.full((len(d), 1), i, device=d.device), d[:, 5:6], d[:, :5]), 1)
             for i, d in enumerate(detections)]
     predictions = torch.cat(rows, 0) if rows else torch.zeros((0, 7))
-    if batch_index is None:
-        plot_images(images, predictions, paths, save_dir, names)
-        return
     plot_images(images, targets, paths, save_dir / f"val_batch{batch_index}_labels.jpg", names)
     plot_images(images, predictions, paths, save_dir / f"val_batch{batch_index}_pred.jpg", names)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, image_key
+from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, ValPredictions, image_key
 
+PREDICTIONS_TITLE = "Bounding Boxes"  # YOLOv5's ClearML debug samples of val images with their predicted boxes
 DEFAULT_PROJECT = "runs/train"  # this --project is ClearML project "YOLOv5" (as in YOLOv5), any other its last part
 FRAMEWORKS = ("catboost", "fastai", "gradio", "hydra", "joblib", "lightgbm", "matplotlib", "megengine", "pytorch",
               "scikit", "tensorboard", "tensorflow", "tfdefines", "xgboost")  # ClearML's bindings: all off
@@ -102,6 +103,22 @@ class ClearmlTracker(Tracker):
             else:  # checkpoints too: ClearML 2.1's OutputModel fails in offline mode (DummyModel has no 'locked')
                 name = f"{folder}/{path.name}" if folder else path.name
                 self.task.upload_artifact(name, artifact_object=str(path), wait_on_upload=True)
+
+    def log_predictions(self, predictions: ValPredictions) -> None:
+        """As YOLOv5's ClearML logger: each image with its boxes drawn ("<class>: <conf>%") as a debug sample, title
+        "Bounding Boxes", series the image's file name, at the epoch's iteration (drawn here, in this thread)."""
+        import cv2
+
+        from utils.drawing import colors, draw_box_label
+
+        logger = self.task.get_logger()
+        for image, boxes, path in zip(predictions.images, predictions.boxes, predictions.paths):
+            drawn = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+            for x1, y1, x2, y2, conf, cls in boxes.tolist():
+                draw_box_label(drawn, (x1, y1, x2, y2), f"{predictions.label(cls)}: {round(conf * 100, 2)}%",
+                               colors(int(cls), bgr=True))
+            logger.report_image(PREDICTIONS_TITLE, Path(path).name, iteration=self.step,
+                                image=cv2.cvtColor(drawn, cv2.COLOR_BGR2RGB))
 
     def finish(self, finished: bool) -> None:
         self.task.get_logger().flush(wait=True)

@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker
+from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, ValPredictions
 
 DEFAULT_PROJECT = "runs/train"  # this --project is Comet project "yolov5" (YOLOv5's default), any other its last part
 MODEL_NAME = "yolov5"  # the model's name in the experiment, as YOLOv5's Comet logger names it
@@ -121,6 +121,16 @@ class CometTracker(Tracker):
                 self.experiment.log_image(str(path), name=path.name, step=self.step)
             else:
                 self.experiment.log_asset(str(path), file_name=path.name, step=self.step)
+
+    def log_predictions(self, predictions: ValPredictions) -> None:
+        """Each image with its predicted boxes as Comet annotations (layer "Predictions": box [x, y, w, h] in the
+        image's pixels, label the class name, score the confidence; drawn by Comet's image viewer, nothing drawn here),
+        named after the image's file, at the epoch's step."""
+        for image, boxes, path in zip(predictions.images, predictions.boxes, predictions.paths):
+            data = [{"boxes": [[x1, y1, x2 - x1, y2 - y1]], "label": predictions.label(cls), "score": conf}
+                    for x1, y1, x2, y2, conf, cls in boxes.tolist()]
+            self.experiment.log_image(image, name=Path(path).name, step=self.step,
+                                      annotations=[{"name": "Predictions", "data": data}] if data else None)
 
     def finish(self, finished: bool) -> None:
         if not finished:

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from utils.loggers import RESULTS_KEYS
+
+LOGGER = logging.getLogger(__name__)
 
 # results.csv's columns (YOLOv5's names) -> the name each tracker logs them under (docs/trackers.md shows this
 # table). MLflow refuses ':' in a metric name on Windows (its client and a Windows server), so
@@ -18,6 +24,9 @@ METRIC_NAMES: dict[str, dict[str, str]] = {
 }
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+PREDICTIONS_FOLDER = "val_predictions"  # <run>/val_predictions/val_pred_epoch<N>.jpg, and the artifacts' folder
+PREDICTIONS_CONF = 0.25     # --bbox_interval's boxes: predictions at this confidence and above (YOLOv5's trackers)
+PREDICTIONS_IMAGES = 16     # --bbox_interval's images: the first val batch's first 16 (YOLOv5's W&B and ClearML)
 
 
 def image_key(name: str) -> str:
@@ -72,6 +81,55 @@ class RunStart:
     rows: list = field(default_factory=list)  # results rows of the epochs already finished ({"epoch": e, ...})
 
 
+class ValPredictions:
+    """--bbox_interval's val images with their predictions at one epoch, as every tracker gets them: the first val
+    batch's first PREDICTIONS_IMAGES letterboxed images and their boxes at PREDICTIONS_CONF and above. Made on the
+    training thread from copies (cheap); what costs, drawing, is done in the trackers' worker threads: each tracker
+    shows them its own way (W&B's boxes and Comet's annotations are drawn by the tracker's own viewer), and those that
+    take a picture file share one drawing, ``drawn()``, made once by the first thread that asks."""
+
+    def __init__(self, epoch: int, images, detections, paths, names, file: Path):
+        count = min(len(images), PREDICTIONS_IMAGES)
+        self.epoch = int(epoch)
+        self.images = np.ascontiguousarray(_numpy(images[:count]).transpose(0, 2, 3, 1))  # (n, h, w, 3) uint8 RGB
+        self.boxes = []  # per image (k, 6) float32 [x1, y1, x2, y2, conf, class] in the image's pixels
+        for detection in list(detections)[:count]:
+            rows = _numpy(detection)[:, :6].astype(np.float32).reshape(-1, 6)
+            self.boxes.append(rows[rows[:, 4] >= PREDICTIONS_CONF])
+        self.paths = [str(path) for path in list(paths)[:count]]
+        self.names = [str(name) for name in names]
+        self.file = Path(file)  # where drawn() writes the mosaic of all of them
+        self._lock = threading.Lock()
+        self._drawn: bool | None = None
+
+    def label(self, cls: float) -> str:
+        index = int(cls)
+        return self.names[index] if 0 <= index < len(self.names) else str(index)
+
+    def drawn(self) -> Path | None:
+        """The images drawn with their boxes into one mosaic at ``file`` (once, whichever thread asks first; the
+        others wait for it); None when it could not be drawn (one warning)."""
+        with self._lock:
+            if self._drawn is None:
+                try:
+                    from utils.drawing import plot_images
+
+                    rows = [np.concatenate((np.full((len(b), 1), i, np.float32), b[:, 5:6], b[:, :5]), 1)
+                            for i, b in enumerate(self.boxes)]
+                    table = np.concatenate(rows, 0) if rows else np.zeros((0, 7), np.float32)
+                    self.file.parent.mkdir(parents=True, exist_ok=True)
+                    plot_images(self.images.transpose(0, 3, 1, 2), table, self.paths, self.file, self.names)
+                    self._drawn = self.file.is_file()
+                except Exception as error:  # drawing (cv2, the disk) failed: a picture the trackers miss, never fatal
+                    LOGGER.warning("WARNING: --bbox_interval's image %s not drawn (%s)", self.file, error)
+                    self._drawn = False
+            return self.file if self._drawn else None
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
 class Tracker:
     """One experiment tracker. Its methods run in its own worker thread (utils.trackers.dispatch), one at a time and
     in order; an exception from any of them turns the tracker off with one warning line (training goes on).
@@ -115,6 +173,13 @@ class Tracker:
     def log_files(self, paths: list[Path], folder: str) -> None:
         """Files of the run folder as artifacts under ``folder`` ('' = the top)."""
         raise NotImplementedError
+
+    def log_predictions(self, predictions: ValPredictions) -> None:
+        """--bbox_interval's val images with their predictions, at the step of the epoch logged last (their epoch's).
+        By default their one drawn mosaic, as a file under PREDICTIONS_FOLDER."""
+        drawn = predictions.drawn()
+        if drawn is not None:
+            self.log_files([drawn], PREDICTIONS_FOLDER)
 
     def finish(self, finished: bool) -> None:
         """End the run: finished normally, or stopped (a signal or an error; a --resume continues it)."""

@@ -20,7 +20,7 @@ from utils import dist
 from utils.errors import one_line
 from utils.trackers.clearml_tracker import ClearmlTracker
 from utils.trackers.comet_tracker import CometTracker
-from utils.trackers.core import RunStart, Tracker, redacted
+from utils.trackers.core import RunStart, Tracker, ValPredictions, redacted
 from utils.trackers.mlflow_tracker import MlflowTracker
 from utils.trackers.wandb_tracker import WandbTracker
 
@@ -132,6 +132,13 @@ class Trackers:
         if paths:
             for tracker in self.trackers:
                 self._put(tracker, "log_files", paths, folder)
+
+    def log_predictions(self, predictions: ValPredictions | None) -> None:
+        """--bbox_interval's val images with their predictions, right after their epoch's row (its step): each
+        tracker shows them its own way, in its worker thread (drawing included)."""
+        if predictions is not None:
+            for tracker in self.trackers:
+                self._put(tracker, "log_predictions", predictions)
 
     def run_ids(self) -> dict[str, str]:
         """Tracker name -> run id, for the checkpoint (a --resume continues these runs)."""

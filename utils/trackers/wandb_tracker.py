@@ -15,7 +15,9 @@ import struct
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, image_key
+from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, ValPredictions, image_key
+
+PREDICTIONS_KEY = "Bounding Box Debugger/Images"  # YOLOv5's W&B panel of val images with their predicted boxes
 
 DEFAULT_HOST = "https://api.wandb.ai"
 DEFAULT_PROJECT = "runs/train"   # YOLOv5: this --project is W&B project "YOLOv5", any other its last part
@@ -134,6 +136,25 @@ class WandbTracker(Tracker):
                 self.run.save(str(copied), base_path=self.run.dir, policy="now")
         if images and not self.replayed:  # a retrained epoch's images: its step is in the run already
             self.run.log(images, step=self.step)
+
+    def log_predictions(self, predictions: ValPredictions) -> None:
+        """As YOLOv5's W&B logger: each image with its predicted boxes as W&B box data (drawn, filtered and captioned
+        by W&B's viewer; nothing is drawn here) under "Bounding Box Debugger/Images", at the epoch's step."""
+        import wandb
+
+        if self.replayed:  # a retrained epoch's images: its step is in the run already
+            return
+        class_labels = dict(enumerate(predictions.names))
+        shown = []
+        for image, boxes, path in zip(predictions.images, predictions.boxes, predictions.paths):
+            box_data = [{"position": {"minX": float(x1), "minY": float(y1), "maxX": float(x2), "maxY": float(y2)},
+                         "class_id": int(cls), "box_caption": f"{predictions.label(cls)} {conf:.3f}",
+                         "scores": {"class_score": float(conf)}, "domain": "pixel"}
+                        for x1, y1, x2, y2, conf, cls in boxes.tolist()]
+            shown.append(wandb.Image(image, caption=Path(path).name,
+                                     boxes={"predictions": {"box_data": box_data, "class_labels": class_labels}}))
+        if shown:
+            self.run.log({PREDICTIONS_KEY: shown}, step=self.step)
 
     def _log_model(self, path: Path) -> None:
         """A checkpoint as a version of the run's model artifact ``run_<id>_model``, as YOLOv5's W&B logger names it:

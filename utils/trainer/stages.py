@@ -129,11 +129,11 @@ def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
 
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
-                   precision=None, distributed: bool = False, pred_image=None):
+                   precision=None, distributed: bool = False, first_batch=None):
     """Validate in the precision training computes in (``precision``: utils.trainer.amp.Precision, None for
     fp32), as YOLOv5 validates in fp16 when it trains with AMP: fp16 on CUDA, bf16 autocast where training
-    runs bf16 autocast (CPUs with AMX under --amp auto, or --amp bf16). ``pred_image``: a file for the first
-    batch's predictions (utils.validation.validate)."""
+    runs bf16 autocast (CPUs with AMX under --amp auto, or --amp bf16). ``first_batch``: called with the first
+    batch's images, predictions and paths (utils.validation.validate)."""
     from utils.validation import validate
 
     dtype = precision.dtype if precision is not None else None
@@ -141,7 +141,7 @@ def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plo
     with autocast:
         return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
                         plots=plots, verbose=verbose, half=dtype == torch.float16, distributed=distributed,
-                        pred_image=pred_image)
+                        first_batch=first_batch)
 
 
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,

@@ -48,9 +48,10 @@ from utils.trainer.stages import build_data, final_validation, fit_anchors, load
 from utils.rng import capture_rng, restore_rng
 from utils.trainer.state import RunState
 from utils.trainer.step_checks import StepChecks
+from utils.trackers import ValPredictions
+from utils.trackers.core import PREDICTIONS_FOLDER
 
 LOGGER = logging.getLogger(__name__)
-BBOX_FOLDER = "val_predictions"  # <run>/val_predictions/val_pred_epoch<N>.jpg: --bbox_interval's images, trackers
 
 
 @dataclass
@@ -123,7 +124,7 @@ class Trainer:
             self._restore(resume)
         self.step.counters = self.state.counters
         self.epochs, self.budget = config.epochs, None
-        self._bbox_images: list[Path] = []  # this epoch's --bbox_interval image, for the trackers
+        self._predictions: ValPredictions | None = None  # this epoch's --bbox_interval images, for the trackers
         self._start_budget()
         self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
         self.recorder = open_recorder(config, hyp, self.save_dir, self.state, resume is not None) if self.main else None
@@ -289,8 +290,8 @@ class Trainer:
         final_epoch = state.epoch >= self.epochs
         if self.main:
             self.recorder.log(epoch, values)
-            self.recorder.trackers.log_files(self._bbox_images, BBOX_FOLDER)  # --bbox_interval, at this epoch's step
-            self._bbox_images.clear()
+            self.recorder.trackers.log_predictions(self._predictions)  # --bbox_interval, at this epoch's step
+            self._predictions = None
             if epoch == 0 and not config.noplots:
                 self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
         if not config.nosave or final_epoch:  # decided alike on every process (the save gathers from all)
@@ -330,26 +331,25 @@ class Trainer:
     def _validate(self, stats, learning_rates, validate: bool, plots: bool, epoch: int):
         """Validate the EMA model through its fused copy, every process its share of the val set (when
         ``validate``); (results row, fitness, per-class mAPs), the same on every process. Every --bbox_interval
-        epochs the first val batch's predictions go to the experiment trackers (``_bbox_image``)."""
+        epochs the first val batch's predictions go to the experiment trackers (``_keep_predictions``)."""
         val_start = time.perf_counter()
         metrics = None
-        pred_image = self._bbox_image(epoch) if validate else None
         if validate:
+            keep = self._keep_predictions(epoch)
             metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
                                      self.val_loss, self.save_dir, plots=plots and not self.config.noplots,
                                      precision=self.step.precision, distributed=self.info.distributed,
-                                     pred_image=pred_image)
-            if pred_image is not None and pred_image.is_file():
-                self._bbox_images.append(pred_image)  # given to the trackers with the epoch's row
+                                     first_batch=keep)
         stats.validation_time = time.perf_counter() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
         fitness = fitness_of(values) if metrics is not None else 0.0
         return values, fitness, (metrics.maps.tolist() if metrics is not None else None)
 
-    def _bbox_image(self, epoch: int) -> Path | None:
-        """Where this epoch's validation draws its first batch's predictions for the trackers, or None: every
-        --bbox_interval epochs (YOLOv5's W&B default for -1: a tenth of the epochs, every epoch up to 10), on the main
-        process, only while a tracker is on (nothing is drawn for nobody)."""
+    def _keep_predictions(self, epoch: int):
+        """What this epoch's validation calls with its first batch (images, predictions, paths) to keep them for the
+        trackers, or None: every --bbox_interval epochs (YOLOv5's W&B default for -1: a tenth of the epochs, every
+        epoch up to 10), on the main process, only while a tracker is on. Only copies are made here; the drawing, if a
+        tracker wants a picture, happens in the trackers' threads (into <run>/val_predictions/val_pred_epoch<N>.jpg)."""
         if not self.main or not self.recorder.trackers.trackers:
             return None
         interval = self.config.bbox_interval
@@ -357,9 +357,11 @@ class Trainer:
             interval = self.epochs // 10 if self.epochs > 10 else 1
         if (epoch + 1) % interval:
             return None
-        folder = self.save_dir / BBOX_FOLDER
-        folder.mkdir(exist_ok=True)
-        return folder / f"val_pred_epoch{epoch}.jpg"
+        file = self.save_dir / PREDICTIONS_FOLDER / f"val_pred_epoch{epoch}.jpg"
+
+        def keep(images, detections, paths) -> None:
+            self._predictions = ValPredictions(epoch, images, detections, paths, self.data.names, file)
+        return keep
 
     def _at_step_boundary(self) -> bool:
         """After an optimizer step: write a mid-epoch checkpoint when the clock or a signal asks; True = stop."""
