@@ -62,6 +62,10 @@ class FakeTracker(Tracker):
     def log_files(self, paths, folder):
         self.calls.append(("log_files", [p.name for p in paths], folder))
 
+    def log_validation(self, epoch, per_class, confusion, names):
+        self.calls.append(("log_validation", epoch, per_class, None if confusion is None else confusion.tolist(),
+                           names))
+
     def finish(self, finished):
         if self.block is not None:
             self.block.wait()
@@ -558,6 +562,41 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
     assert logged == expected
     assert train_script.main(args + ["--no-trackers"]) == 0
     assert not (tmp_path / "runs" / "exp2" / "val_predictions").exists()
+
+
+def test_each_epochs_validation_per_class_and_best_pts_confusion_matrix_go_to_the_trackers(tmp_path, monkeypatch):
+    """Each epoch's validation per class after its row; at the end, best.pt's confusion matrix (its validation counts
+    one; an epoch's does not) at the last epoch's step."""
+    from utils.trainer import recorder
+
+    made = []
+
+    class Recording(FakeTracker):
+        switch = classmethod(lambda cls: (True, "test"))
+
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
+    data, cfg = make_tiny_run(tmp_path)
+    assert train_script.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size",
+                              "4", "--epochs", "2", "--device", "cpu", "--project", str(tmp_path / "runs"),
+                              "--noautoanchor", "--workers", "0", "--bbox_interval", "100"]) == 0
+    calls = [call for call in made[0].calls if call[0] in ("log_epoch", "log_validation")]
+    assert [call[:2] for call in calls] == [("log_epoch", 0), ("log_validation", 0), ("log_epoch", 1),
+                                            ("log_validation", 1), ("log_validation", 1)]  # the last: best.pt's
+    table = read_results_csv(tmp_path / "runs" / "exp" / "results.csv")
+    for epoch, (_, _, per_class, confusion, names) in enumerate(calls[1:4:2]):
+        assert names == ["class0", "class1"] and {row["name"] for row in per_class} <= set(names)
+        assert {"precision", "recall", "f1", "tp", "fp", "instances", "mAP50", "mAP50-95"} <= set(per_class[0])
+        assert confusion is None  # an epoch's validation counts no confusion matrix (as YOLOv5's)
+        mean = np.mean([row["mAP50-95"] for row in per_class])
+        assert mean == pytest.approx(table["metrics/mAP_0.5:0.95"][epoch], rel=1e-3, abs=1e-5)
+    labels = sum(row["instances"] for row in calls[1][2])
+    _, _, per_class, confusion, _ = calls[-1]  # best.pt's: the confusion matrix confusion_matrix.png draws
+    assert per_class == [] and np.array(confusion).shape == (3, 3)  # the two classes and background
+    assert np.array(confusion)[:, :2].sum() == labels > 0  # each label counted once: matched, or missed (background)
 
 
 def test_evolve_generations_log_runs_grouped_under_the_evolution_with_their_files_in_its_folder(tmp_path, monkeypatch):

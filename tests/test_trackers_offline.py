@@ -544,3 +544,64 @@ def test_clearml_gets_each_val_image_drawn_with_its_boxes_as_yolov5s_bounding_bo
     assert np.abs(pictures["im0.jpg"][30, 8].astype(int) - box_colour).max() < 40
     assert np.abs(pictures["im0.jpg"][5, 5].astype(int) - 90).max() < 10  # where the 0.1 box would have been
     assert np.abs(pictures["im1.jpg"].astype(int) - 90).max() < 10  # no box
+
+
+# ---------------------------------------------------------------------- Comet: per-class metrics, confusion matrix
+
+PER_CLASS = [{"class": 0, "name": "cat", "instances": 5, "precision": 0.5, "recall": 0.4, "f1": 0.444, "tp": 2,
+              "fp": 2, "mAP50": 0.3, "mAP50-95": 0.1},
+             {"class": 1, "name": "dog", "instances": 3, "precision": 0.75, "recall": 1.0, "f1": 0.857, "tp": 3,
+              "fp": 1, "mAP50": 0.9, "mAP50-95": 0.6}]
+CONFUSION = [[2, 0, 2], [1, 3, 1], [2, 0, 0]]  # [predicted, true], background last
+
+
+def comet_validation_messages(folder: Path) -> list[dict]:
+    import numpy as np
+
+    from utils.trackers import RunStart
+    from utils.trackers.comet_tracker import CometTracker
+
+    tracker = CometTracker()
+    tracker.start(RunStart("classes", "exp", {"epochs": 2}, folder))
+    for epoch in range(2):
+        tracker.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 0.5))
+        tracker.log_validation(epoch, PER_CLASS, np.array(CONFUSION), ["cat", "dog"])
+    tracker.finish(True)
+    (archive,) = sorted((folder / "comet").glob("*.zip"))
+    _, messages, _ = read_archive(archive)
+    return archive, messages
+
+
+@pytest.mark.parametrize("switches, per_class, matrices", [({}, False, True),
+                                                           ({"COMET_LOG_PER_CLASS_METRICS": "True"}, True, True),
+                                                           ({"COMET_LOG_CONFUSION_MATRIX": "false"}, False, False)])
+def test_comet_logs_per_class_metrics_and_the_confusion_matrix_as_yolov5s_comet_logger(offline, tmp_path, monkeypatch,
+                                                                                      switches, per_class, matrices):
+    """After each epoch's validation, as YOLOv5's Comet logger: each class's metrics prefixed with its name when
+    COMET_LOG_PER_CLASS_METRICS=true (off by default), and the confusion matrix unless COMET_LOG_CONFUSION_MATRIX=false,
+    its rows predicted and columns actual classes, 'background' last."""
+    needs("comet")
+    monkeypatch.delenv("COMET_LOG_PER_CLASS_METRICS", raising=False)
+    monkeypatch.delenv("COMET_LOG_CONFUSION_MATRIX", raising=False)
+    for name, value in switches.items():
+        monkeypatch.setenv(name, value)
+    archive, messages = comet_validation_messages(tmp_path)
+    rows = metric_rows(messages)
+    classes = {name: value for name, value in rows[1].items() if name.startswith(("cat_", "dog_"))}
+    if per_class:
+        assert classes == {"cat_mAP@.5": 0.3, "cat_mAP@.5:.95": 0.1, "cat_precision": 0.5, "cat_recall": 0.4,
+                           "cat_f1": 0.444, "cat_true_positives": 2, "cat_false_positives": 2, "cat_support": 5,
+                           "dog_mAP@.5": 0.9, "dog_mAP@.5:.95": 0.6, "dog_precision": 0.75, "dog_recall": 1.0,
+                           "dog_f1": 0.857, "dog_true_positives": 3, "dog_false_positives": 1, "dog_support": 3}
+        assert sorted(name for name in rows[0] if name.startswith("cat_")) == sorted(n for n in classes if "cat" in n)
+    else:
+        assert classes == {}
+    found = [payload for payload in payloads(messages, "file_upload")
+             if payload["upload_type"] == "confusion-matrix"]
+    assert [p["additional_params"]["fileName"] for p in found] == (
+        ["confusion-matrix-epoch-0.json", "confusion-matrix-epoch-1.json"] if matrices else [])
+    if matrices:
+        with zipfile.ZipFile(archive) as stored:
+            matrix = json.loads(stored.read(found[1]["file_path"]))
+        assert matrix["matrix"] == CONFUSION and matrix["labels"] == ["cat", "dog", "background"]
+        assert (matrix["rowLabel"], matrix["columnLabel"]) == ("Predicted Category", "Actual Category")

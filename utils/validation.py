@@ -46,7 +46,9 @@ class ValResult:
     coco: tuple | None = None  # (mAP50-95, mAP50) from pycocotools with save_json
     save_dir: Path | None = None
     per_class: list = field(default_factory=list)  # classes with labels: dicts of class, name, instances, precision,
-    # recall, mAP50, mAP50-95 (the --verbose table's rows)
+    # recall, mAP50, mAP50-95 (the --verbose table's rows), and f1, tp, fp (at the max-F1 confidence)
+    confusion: np.ndarray | None = None  # with plots: (nc + 1)^2 counts [predicted, true] at conf 0.25, IoU 0.45 (the
+    # last row/column: background), as confusion_matrix.png draws them; None without plots (not counted, as YOLOv5)
 
 
 class _Timer:
@@ -301,7 +303,8 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
     else:
         tp, conf, pred_cls, target_cls = np.zeros((0, 10), bool), np.zeros(0), np.zeros(0), np.zeros(0)
     instances = np.bincount(target_cls.astype(int), minlength=nc)
-    result = ValResult(seen=acc.seen, instances=int(instances.sum()), maps=np.zeros(nc))
+    result = ValResult(seen=acc.seen, instances=int(instances.sum()), maps=np.zeros(nc),
+                       confusion=acc.confusion.matrix.copy() if plots else None)
     classes, ap50, ap = np.zeros(0, int), np.zeros(0), np.zeros(0)
     if len(target_cls):
         metrics = ap_per_class(tp, conf, pred_cls, target_cls)
@@ -312,7 +315,9 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
         result.map50, result.map = float(ap50.mean()), float(ap.mean())
         result.per_class = [{"class": int(cls), "name": acc.names[cls], "instances": int(instances[cls]),
                              "precision": float(metrics.p[i]), "recall": float(metrics.r[i]),
-                             "mAP50": float(ap50[i]), "mAP50-95": float(ap[i])} for i, cls in enumerate(classes)]
+                             "mAP50": float(ap50[i]), "mAP50-95": float(ap[i]), "f1": float(metrics.f1[i]),
+                             "tp": int(round(metrics.tp[i])), "fp": int(round(metrics.fp[i]))}
+                            for i, cls in enumerate(classes)]
     LOGGER.info(TABLE_ROW, "all", acc.seen, instances.sum(), result.mp, result.mr, result.map50, result.map)
     if not instances.sum():
         LOGGER.warning("WARNING: no labels found in the val set, can not compute metrics without labels")

@@ -8,6 +8,7 @@ worker thread."""
 from __future__ import annotations
 
 import configparser
+import io
 import logging
 import os
 from pathlib import Path
@@ -44,6 +45,11 @@ def _api_key_source() -> str:
     return f"api_key in {path}" if config.get("comet", "api_key", fallback="") else ""
 
 
+def _switched(name: str, default: bool) -> bool:
+    """A YOLOv5 Comet switch from the environment: "true" (any case) is on, anything else off."""
+    return os.environ.get(name, str(default)).lower() == "true"
+
+
 def _no_late_import_warning(record: logging.LogRecord) -> bool:
     """Comet's warning that torch was imported before it (so its framework auto-logging, which is off here, would be
     partial) is not shown: it says nothing about this run."""
@@ -65,6 +71,7 @@ class CometTracker(Tracker):
     def __init__(self):
         super().__init__()
         self.experiment = None
+        self.replayed = False     # the last epoch given was one the run already had (a resumed run retraining it)
 
     def start(self, run: RunStart) -> None:
         import comet_ml
@@ -107,7 +114,8 @@ class CometTracker(Tracker):
         return max(steps, default=-1)
 
     def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
-        if epoch <= self.logged_through:
+        self.replayed = epoch <= self.logged_through
+        if self.replayed:
             return
         metrics = {METRIC_NAMES[key]["comet"]: float(value) for key, value in values.items() if key in METRIC_NAMES}
         self.experiment.log_metrics(metrics, step=epoch, epoch=epoch)
@@ -126,11 +134,32 @@ class CometTracker(Tracker):
         """Each image with its predicted boxes as Comet annotations (layer "Predictions": box [x, y, w, h] in the
         image's pixels, label the class name, score the confidence; drawn by Comet's image viewer, nothing drawn here),
         named after the image's file, at the epoch's step."""
-        for image, boxes, path in zip(predictions.images, predictions.boxes, predictions.paths):
+        for index, (boxes, path) in enumerate(zip(predictions.boxes, predictions.paths)):
             data = [{"boxes": [[x1, y1, x2 - x1, y2 - y1]], "label": predictions.label(cls), "score": conf}
                     for x1, y1, x2, y2, conf, cls in boxes.tolist()]
-            self.experiment.log_image(image, name=Path(path).name, step=self.step,
+            # a JPEG file object: Comet would stretch an array's values to its min and max, and encode PNG (slow)
+            self.experiment.log_image(io.BytesIO(predictions.jpeg(index)), name=Path(path).name, step=self.step,
                                       annotations=[{"name": "Predictions", "data": data}] if data else None)
+
+    def log_validation(self, epoch: int, per_class: list[dict], confusion, names: list[str]) -> None:
+        """As YOLOv5's Comet logger after each validation: with COMET_LOG_PER_CLASS_METRICS=true (off by default) and
+        more than one class, each class's metrics prefixed with its name (``<class>_mAP@.5``, ...); unless
+        COMET_LOG_CONFUSION_MATRIX=false, the confusion matrix where it was counted (predicted rows, actual columns,
+        "background" last; YOLOv5 logs an empty one after each epoch, whose validation counts none)."""
+        if self.replayed:
+            return
+        if _switched("COMET_LOG_PER_CLASS_METRICS", False) and len(names) > 1:
+            for row in per_class:
+                self.experiment.log_metrics({"mAP@.5": row["mAP50"], "mAP@.5:.95": row["mAP50-95"],
+                                             "precision": row["precision"], "recall": row["recall"], "f1": row["f1"],
+                                             "true_positives": row["tp"], "false_positives": row["fp"],
+                                             "support": row["instances"]}, prefix=row["name"], step=epoch, epoch=epoch)
+        if confusion is not None and _switched("COMET_LOG_CONFUSION_MATRIX", True):
+            labels = [*names, "background"]
+            self.experiment.log_confusion_matrix(matrix=confusion.tolist(), labels=labels, max_categories=len(labels),
+                                                 epoch=epoch, step=epoch, column_label="Actual Category",
+                                                 row_label="Predicted Category",
+                                                 file_name=f"confusion-matrix-epoch-{epoch}.json")
 
     def finish(self, finished: bool) -> None:
         if not finished:

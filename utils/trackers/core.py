@@ -106,6 +106,16 @@ class ValPredictions:
         index = int(cls)
         return self.names[index] if 0 <= index < len(self.names) else str(index)
 
+    def jpeg(self, index: int) -> bytes:
+        """Image ``index`` as JPEG bytes (quality 95; OpenCV encodes one in well under a millisecond, PNG through PIL
+        took ~35 ms on a 2-core EPYC)."""
+        import cv2
+
+        done, data = cv2.imencode(".jpg", self.images[index][..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
+        if not done:
+            raise ValueError(f"{self.paths[index]}: the image could not be encoded as JPEG")
+        return data.tobytes()
+
     def drawn(self) -> Path | None:
         """The images drawn with their boxes into one mosaic at ``file`` (once, whichever thread asks first; the
         others wait for it); None when it could not be drawn (one warning)."""
@@ -180,6 +190,13 @@ class Tracker:
         drawn = predictions.drawn()
         if drawn is not None:
             self.log_files([drawn], PREDICTIONS_FOLDER)
+
+    def log_validation(self, epoch: int, per_class: list[dict], confusion: np.ndarray | None,
+                       names: list[str]) -> None:
+        """A validation at step ``epoch``, after its row: per class (dicts of class, name, instances, precision,
+        recall, f1, tp, fp, mAP50, mAP50-95 for the classes with labels; each epoch's) and its confusion matrix
+        ((nc + 1)^2 counts [predicted, true], the last: background; counted where validation plots, so best.pt's at
+        the end; else None). Nothing by default: only YOLOv5's Comet logger logs them."""
 
     def finish(self, finished: bool) -> None:
         """End the run: finished normally, or stopped (a signal or an error; a --resume continues it)."""

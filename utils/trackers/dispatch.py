@@ -140,6 +140,12 @@ class Trackers:
             for tracker in self.trackers:
                 self._put(tracker, "log_predictions", predictions)
 
+    def log_validation(self, epoch: int, per_class: list[dict], confusion, names: list[str]) -> None:
+        """A validation per class (utils.validation.ValResult.per_class) and its confusion matrix (None where it
+        was not counted), after the row of step ``epoch`` (Tracker.log_validation)."""
+        for tracker in self.trackers:
+            self._put(tracker, "log_validation", int(epoch), list(per_class), confusion, list(names))
+
     def run_ids(self) -> dict[str, str]:
         """Tracker name -> run id, for the checkpoint (a --resume continues these runs)."""
         return {tracker.name: tracker.run_id for tracker in self.trackers  # a failed one's too: its run may go on

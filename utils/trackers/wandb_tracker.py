@@ -151,7 +151,7 @@ class WandbTracker(Tracker):
                          "class_id": int(cls), "box_caption": f"{predictions.label(cls)} {conf:.3f}",
                          "scores": {"class_score": float(conf)}, "domain": "pixel"}
                         for x1, y1, x2, y2, conf, cls in boxes.tolist()]
-            shown.append(wandb.Image(image, caption=Path(path).name,
+            shown.append(wandb.Image(image, caption=Path(path).name, file_type="jpg",  # PNG: 35 ms an image here
                                      boxes={"predictions": {"box_data": box_data, "class_labels": class_labels}}))
         if shown:
             self.run.log({PREDICTIONS_KEY: shown}, step=self.step)

@@ -145,10 +145,10 @@ def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plo
 
 
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
-                     distributed: bool = False, precision=None) -> dict:
+                     distributed: bool = False, precision=None):
     """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
     process its share; the weights are sent from the main process, so no other node needs the file), draw
-    results.png."""
+    results.png. (metrics, utils.validation.ValResult), both empty (``{}``, None) without a best.pt."""
     from models import build_model
     from utils.checkpoint import load_checkpoint, model_entry
 
@@ -162,7 +162,7 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
         entry = model_entry(load_checkpoint(best)) if best.exists() else None
     if distributed:
         entry = dist.broadcast_object(entry, phase="strip the checkpoints and send best.pt")
-    metrics = {}
+    metrics, result = {}, None
     if entry is not None:
         LOGGER.info("\nValidating %s...", best)
         model = build_model(entry, source=str(best)).to(device).eval()
@@ -176,4 +176,4 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
 
             plot_results(Path(save_dir) / "results.csv")
         LOGGER.info("Results saved to %s", save_dir)
-    return metrics
+    return metrics, result

@@ -125,6 +125,7 @@ class Trainer:
         self.step.counters = self.state.counters
         self.epochs, self.budget = config.epochs, None
         self._predictions: ValPredictions | None = None  # this epoch's --bbox_interval images, for the trackers
+        self._validation = None  # this epoch's validation result (utils.validation.ValResult), for the trackers
         self._start_budget()
         self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
         self.recorder = open_recorder(config, hyp, self.save_dir, self.state, resume is not None) if self.main else None
@@ -292,6 +293,10 @@ class Trainer:
             self.recorder.log(epoch, values)
             self.recorder.trackers.log_predictions(self._predictions)  # --bbox_interval, at this epoch's step
             self._predictions = None
+            if self._validation is not None:  # per-class results (and confusion matrix, if counted) for Comet
+                self.recorder.trackers.log_validation(epoch, self._validation.per_class,
+                                                      self._validation.confusion, self.data.names)
+                self._validation = None
             if epoch == 0 and not config.noplots:
                 self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
         if not config.nosave or final_epoch:  # decided alike on every process (the save gathers from all)
@@ -340,6 +345,7 @@ class Trainer:
                                      self.val_loss, self.save_dir, plots=plots and not self.config.noplots,
                                      precision=self.step.precision, distributed=self.info.distributed,
                                      first_batch=keep)
+            self._validation = metrics if self.main else None
         stats.validation_time = time.perf_counter() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
         fitness = fitness_of(values) if metrics is not None else 0.0
@@ -400,9 +406,14 @@ class Trainer:
         LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
         weights = self.save_dir / "weights"
         if not self.config.evolve:  # a generation of --evolve is judged by its final epoch's row
-            result.final_metrics = final_validation(self.config, weights, self.data.val_loader, self.data.names,
-                                                    self.device, self.val_loss, self.save_dir, self.info.distributed,
-                                                    self.step.precision)
+            result.final_metrics, final = final_validation(self.config, weights, self.data.val_loader,
+                                                           self.data.names, self.device, self.val_loss, self.save_dir,
+                                                           self.info.distributed, self.step.precision)
+            if self.recorder is not None and final is not None and final.confusion is not None:
+                # best.pt's confusion matrix (the epochs' validations count none), at the last epoch's step; its
+                # per-class rows are not sent again (each epoch's are)
+                self.recorder.trackers.log_validation(max(self.state.epoch - 1, 0), [], final.confusion,
+                                                      self.data.names)
         if self.budget is not None:
             spent = self.budget.spent()
             LOGGER.info("--time %g h: %d epoch%s and the end of the run took %.3f h (%.1f s) of training time",
