@@ -163,7 +163,21 @@ def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_fil
     assert (dataset.name, dataset.type, list(dataset.aliases)) == ("val", "dataset", ["latest"])
     expected = [f"{kind}/val/im{index}.{suffix}" for index in range(4)
                 for kind, suffix in (("images", "jpg"), ("labels", "txt"))]
-    assert sorted(entry.path for entry in dataset.manifest.contents) == sorted(expected)
+    entries = {entry.path: entry for entry in dataset.manifest.contents}
+    assert sorted(path for path in entries if not path.startswith("media/")) == sorted(expected + ["val.table.json"])
+    table = json.loads(Path(entries["val.table.json"].local_path).read_text())  # YOLOv5's dataset table
+    assert table["columns"] == ["id", "train_image", "Classes", "name"]
+    assert [(row[0], row[1]["path"], row[3]) for row in table["data"]] == [
+        (index, f"images/val/im{index}.jpg", f"im{index}.jpg") for index in range(4)]
+    data_root = plain.folder.parent.parent / "data"
+    for _, image, classes, name in table["data"]:
+        labels = [line.split() for line in (data_root / "labels" / "val" / name).with_suffix(".txt").read_text()
+                  .splitlines() if line.strip()]
+        boxes = image["boxes"]["ground_truth"]
+        assert [(box["class_id"], box["position"]["middle"], box["position"]["width"], box["position"]["height"])
+                for box in boxes] == [(int(c), [pytest.approx(float(x)), pytest.approx(float(y))],
+                                       pytest.approx(float(w)), pytest.approx(float(h))) for c, x, y, w, h in labels]
+        assert sorted(classes) == sorted({f"class{c}" for c, *_ in labels})
     models = [(artifact.name, sorted(artifact.aliases), [entry.path for entry in artifact.manifest.contents])
               for artifact in artifacts]
     assert models == [(f"run_{run.run_id}_model", ["epoch 1", "last", "latest"], ["epoch1.pt"]),

@@ -15,6 +15,8 @@ import struct
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from utils.trackers.core import IMAGE_SUFFIXES, METRIC_NAMES, RunStart, Tracker, ValPredictions, image_key
 
 PREDICTIONS_KEY = "Bounding Box Debugger/Images"  # YOLOv5's W&B panel of val images with their predicted boxes
@@ -93,21 +95,25 @@ class WandbTracker(Tracker):
 
     def _log_dataset(self, data: str, upload) -> None:
         """--upload_dataset ('val': the val split alone): each split's images and labels as a ``dataset`` artifact
-        named after the split, as YOLOv5 names them (files referenced in place; YOLOv5's table of images with boxes
-        is not made)."""
+        named after the split, as YOLOv5 names them (files referenced in place), with YOLOv5's table of the split
+        (``<split>.table.json``: id, the image with its labelled boxes, its classes, its file name). YOLOv5's
+        ``<data>_wandb.yaml`` beside the dataset YAML is not written (nothing is written outside the run folder, and
+        no run reads a ``wandb-artifact://`` dataset)."""
         import wandb
 
         from utils.data.dataset_yaml import load_data_config
         from utils.data.verify import img2label_paths, list_image_files
 
         config = load_data_config(data)
+        names = dict(enumerate(config.names))
         for split in ("val",) if upload == "val" else ("train", "val"):
             images = list_image_files(config.split(split))
-            labels = [label for label in img2label_paths(images) if os.path.isfile(label)]
+            label_files = img2label_paths(images)
             artifact = wandb.Artifact(split, type="dataset", metadata={"data": str(config.yaml_file), "images":
                                                                        len(images), "names": config.names})
-            for file in images + labels:
+            for file in images + [label for label in label_files if os.path.isfile(label)]:
                 artifact.add_file(file, name=_name_in(file, config.path), policy="immutable")
+            artifact.add(_dataset_table(wandb, images, label_files, names), split)
             self.run.log_artifact(artifact, aliases=["latest"])
 
     def log_epoch(self, epoch: int, values: dict[str, float]) -> None:
@@ -172,6 +178,30 @@ class WandbTracker(Tracker):
 
     def finish(self, finished: bool) -> None:
         self.run.finish(exit_code=0 if finished else 1)
+
+
+def _dataset_table(wandb, images: list[str], label_files: list[str], names: dict[int, str]):
+    """YOLOv5's W&B dataset table: one row per image (id, the image with its labels as W&B ground-truth boxes in
+    normalised coordinates, the names of its classes, its file name). A label file that cannot be read (training
+    said so when it scanned the split) gives an image without boxes."""
+    from utils.data.verify import Problem, parse_label_file
+
+    table = wandb.Table(columns=["id", "train_image", "Classes", "name"])
+    classes = wandb.Classes([{"id": index, "name": name} for index, name in names.items()])
+    for index, (image, label_file) in enumerate(zip(images, label_files)):
+        rows = np.zeros((0, 5))
+        if os.path.isfile(label_file):
+            try:
+                (rows, _), _, _ = parse_label_file(label_file, len(names))
+            except Problem:
+                pass
+        box_data = [{"position": {"middle": [round(x, 6), round(y, 6)], "width": round(w, 6), "height": round(h, 6)},
+                     "class_id": int(cls), "box_caption": names.get(int(cls), str(int(cls)))}
+                    for cls, x, y, w, h in rows.tolist()]  # rounded: the labels' float32 as the text gave them
+        shown = {int(cls): names.get(int(cls), str(int(cls))) for cls in rows[:, 0].tolist()}
+        table.add_data(index, wandb.Image(image, classes=classes, boxes={"ground_truth": {
+            "box_data": box_data, "class_labels": names}}), list(shown.values()), Path(image).name)
+    return table
 
 
 def _name_in(file: str, root: Path) -> str:
