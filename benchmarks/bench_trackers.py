@@ -11,7 +11,9 @@ Without --data a generated dataset (benchmarks/generated_dataset.py: ``--images`
 a temporary folder. Each run trains yolov5n from scratch on the CPU in this process (train.run), no plots, no
 TensorBoard; epoch times are measured around each epoch (training, validation, results row, checkpoint), the
 "tracker start" around the Recorder's start (MLflow's import on the first run, its experiment and run created), and
-the import of each tracker's package alone in a fresh interpreter. A first untracked run warms the caches and is not
+the import of each tracker's package alone in a fresh interpreter. Where the CPU goes: each thread's and each child
+process's CPU seconds per epoch (psutil, at each epoch's end; the training thread is MainThread, the trackers' worker
+threads tracker-<name>, the packages' own threads by their names, the loopback server and wandb-core as processes). A first untracked run warms the caches and is not
 counted. ``--kill-at N`` adds one MLflow run whose server is killed (SIGKILL) as epoch N's row is about to be logged,
 with MLflow's default retries: its epoch times before and after, and the whole run (the end waits for the queue).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,19 +49,56 @@ def timed(owner, name: str, times: list):
     return original
 
 
+TRAINING_THREADS = ("MainThread", "other threads")  # the training thread, torch's intra-op threads (no Python name)
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of each thread of this process (by name: the training thread is
+    MainThread) and of each process below it (by name: the loopback mlflow server, wandb-core, ...)."""
+    import threading
+
+    import psutil
+
+    names = {thread.native_id: re.sub(r"-\d+|\(experiment=[^)]*\)", "", thread.name)  # Thread-118 -> Thread
+             for thread in threading.enumerate()}
+    me = psutil.Process()
+    seconds: dict[str, float] = {}
+    for thread in me.threads():
+        name = names.get(thread.id, "other threads")
+        seconds[name] = seconds.get(name, 0.0) + thread.user_time + thread.system_time
+    for child in me.children(recursive=True):
+        try:
+            times, name = child.cpu_times(), child.name()
+        except psutil.Error:
+            continue
+        seconds[f"process {name}"] = seconds.get(f"process {name}", 0.0) + times.user + times.system
+    return seconds
+
+
 def one_run(options: dict, tracked: bool) -> dict:
     import train
     from utils.trainer import recorder, trainer
 
-    epochs, starts = [], []
+    epochs, starts, snapshots = [], [], []
     run_epoch = timed(trainer.Trainer, "_run_epoch", epochs)
+
+    def counted(self, *args, **kwargs):  # CPU of every thread and child process at each epoch's end
+        try:
+            return timed_epoch(self, *args, **kwargs)
+        finally:
+            snapshots.append(cpu_seconds())
+    timed_epoch = trainer.Trainer._run_epoch
+    trainer.Trainer._run_epoch = counted
     restart = timed(recorder.Recorder, "restart_results", starts)
     begin = time.perf_counter()
     try:
         train.run(**options, no_trackers=not tracked)
     finally:
         trainer.Trainer._run_epoch, recorder.Recorder.restart_results = run_epoch, restart
-    return {"epochs": epochs, "start": starts[0], "wall": time.perf_counter() - begin}
+    # CPU seconds per epoch after the first, by thread or process (one that started later counts from 0)
+    first, last = snapshots[0], snapshots[-1]
+    per_epoch = {name: (last[name] - first.get(name, 0.0)) / max(len(snapshots) - 1, 1) for name in last}
+    return {"epochs": epochs, "start": starts[0], "wall": time.perf_counter() - begin, "cpu": per_epoch}
 
 
 SETTLE_SECONDS = 5  # let a new mlflow server's start-up work end before the run starts
@@ -143,6 +183,16 @@ def main() -> None:
         print(f"{'on  ' if tracked else 'none'}: epoch median {statistics.median(later):.3f} s "
               f"(mean {statistics.mean(later):.3f}, {len(later)} epochs after each run's first); "
               f"tracker start {starts} s; whole run {walls} s")
+        cpu: dict[str, list] = {}
+        for run in runs:
+            for name, seconds in run["cpu"].items():
+                cpu.setdefault(name, []).append(seconds)
+        shown = sorted(((statistics.median(values), name) for name, values in cpu.items()), reverse=True)
+        training = sum(seconds for seconds, name in shown if name in TRAINING_THREADS)
+        print(f"      CPU s per epoch after the first (median of runs): training {training:.3f} (MainThread and "
+              f"torch's threads), the rest {sum(s for s, name in shown if name not in TRAINING_THREADS):.3f}: "
+              + ", ".join(f"{name} {seconds:.3f}" for seconds, name in shown
+                          if seconds >= 0.005 and name not in TRAINING_THREADS))
     for name, module in IMPORTS.items() if args.all else [("mlflow", "mlflow.tracking")]:
         print(f"import {module} in a fresh interpreter: {import_seconds(module):.2f} s")
     if killed:
