@@ -136,6 +136,37 @@ def test_small_rendering_steps_give_the_same_images(split, monkeypatch):
     assert torch.equal(render_plans(batch), whole)
 
 
+@pytest.mark.parametrize("case", ["mosaic, mixup", "letterbox (mosaic 0)", "rect (letterbox resizes)"])
+def test_tiles_written_at_once_equal_one_copy_per_tile(split, segmented, monkeypatch, case):
+    """The form CUDA uses (every tile written in a few operations, in groups of PASTE_PIXELS) renders the same images
+    to the bit as the per-tile copies, with copy-paste too, in steps of any size; and it runs a fixed number of
+    operations, not ~7 per tile."""
+    hyp, rect = (SCRATCH.replace(copy_paste=0.5, mixup=0.5), False) if case == "mosaic, mixup" else CASES[case]
+    data = segmented if case == "mosaic, mixup" else split
+    _, planned = both_paths(data, hyp, rect, epoch=1)
+    batches = [collate_plans(planned[first:first + 3])[0] for first in range(0, len(planned), 3)]
+    expected = [render_plans(batch) for batch in batches]
+    tiles = sum(len(batch.tiles) for batch in batches)
+    monkeypatch.setattr(device_augment, "ONE_WRITE_DEVICES", ("cpu",))
+    calls = []
+    index_copy = torch.Tensor.index_copy_
+
+    def counted(self, *args):
+        calls.append(1)
+        return index_copy(self, *args)
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", counted)
+    for pixels, canvas_bytes in ((1 << 22, 256 << 20), (97, 1)):  # a few groups / many groups and one image a step
+        monkeypatch.setattr(device_augment, "PASTE_PIXELS", pixels)
+        monkeypatch.setattr(device_augment, "CANVAS_BYTES", canvas_bytes)
+        calls.clear()
+        for batch, want in zip(batches, expected):
+            assert torch.equal(render_plans(batch), want)
+        if pixels > 1000:  # one write per canvas step (a step per canvas size), however many tiles
+            steps = sum(len(list(device_augment.canvas_steps(batch.canvases, canvas_bytes))) for batch in batches)
+            assert len(calls) == steps < tiles
+
+
 @pytest.mark.parametrize("projective", [False, True])
 def test_warp_matches_opencv(projective):
     """The warp alone (no HSV): bilinear, grey border, affine and projective, against cv2 on a textured image."""
