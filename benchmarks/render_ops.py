@@ -1,0 +1,79 @@
+"""--augment-device's rendering (utils/data/device_augment.py, ``render_plans``) on the CPU, in both ways of writing
+the tiles onto the canvases (``paste_tiles``: one copy per tile, the CPU's; all at once, CUDA's): torch operations per
+batch (every operation through the dispatcher, counted with a TorchDispatchMode: on CUDA each costs host time, and
+most launch a kernel), wall time per batch, and a digest of the rendered images (equal digests: equal images). A
+timing: run it on an otherwise idle machine.
+
+    python benchmarks/render_ops.py --data ../shared/datasets/bccd/data.yaml [--imgsz 320] [--batch-size 32]
+        [--batches 4] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_device_augment import loader  # noqa: E402
+from benchmarks.bench_memory import cpu_name  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", required=True, help="a data.yaml (its train split is read)")
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="timed passes over the batches per form")
+    parser.add_argument("--hyp", default="hyp.scratch-low.yaml")
+    args = parser.parse_args()
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from utils.data import device_augment
+    from utils.data.dataset_yaml import load_data_config
+    from utils.data.plans import collate_plans
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.operations = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.operations += 1
+            return func(*args, **(kwargs or {}))
+
+    config = load_data_config(args.data)
+    cell = {"images": config.split("train")[0], "nc": len(config.names), "imgsz": args.imgsz,
+            "batch_size": args.batch_size, "hyp": args.hyp, "cache": "ram", "workers": 0}
+    planned = loader(cell, True).dataset
+    size = args.batch_size
+    batches = [collate_plans([planned[(i % len(planned), 0)] for i in range(b * size, (b + 1) * size)])[0]
+               for b in range(args.batches)]
+    device_augment.hsv_tables(torch.device("cpu"))  # made once per run, not part of a batch
+    print(f"# {cpu_name()}; {args.data} train, {args.imgsz} px, batches of {size}, {args.hyp}; tiles per batch: "
+          f"{[len(batch.tiles) for batch in batches]}")
+    for name, devices in (("one copy per tile (the CPU's)", ()), ("all at once (CUDA's)", ("cpu",))):
+        device_augment.ONE_WRITE_DEVICES = devices
+        digest, operations, seconds = hashlib.sha256(), [], []
+        for batch in batches:
+            with Count() as count:
+                rendered = device_augment.render_plans(batch, "cpu")
+            operations.append(count.operations)
+            digest.update(rendered.contiguous().numpy().tobytes())
+        for _ in range(args.rounds):
+            for batch in batches:
+                start = time.perf_counter()
+                device_augment.render_plans(batch, "cpu")
+                seconds.append(time.perf_counter() - start)
+        print(f"{name}: operations per batch {operations}; {statistics.median(seconds) * 1e3:.1f} ms a batch (median "
+              f"of {len(seconds)}); images digest {digest.hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
