@@ -455,6 +455,25 @@ def step_loader(context: Context) -> dict:
     return figures
 
 
+def step_render_ops(context: Context) -> dict:
+    """--augment-device's rendering on the GPU, the tiles written one copy each against all at once (CUDA's default):
+    operations and ms per batch of 64 mosaics at 640 (benchmarks/render_ops.py), and whether the images are equal."""
+    command = python_command("benchmarks/render_ops.py", "--data", context.data, "--imgsz", IMGSZ_RENDER,
+                             "--batch-size", 64, "--batches", 4, "--rounds", 5, "--device", "cuda:0")
+    completed = checked(run_command(context, "render_ops", command, 300), "render_ops.py")
+    rows = re.findall(r"^(.+?): operations per batch \[([\d, ]+)\]; ([\d.]+) ms a batch .*digest (\w+)$",
+                      "\n".join(text for _, text in completed.fragments), re.MULTILINE)
+    if len(rows) != 2:
+        raise StepFailed("render_ops.py printed no two rows")
+    figures = {f"render b64 640, {name}": f"{ms} ms a batch, {operations.split(',')[0]} operations"
+               for name, operations, ms, _ in rows}
+    figures["render b64 640, images equal"] = "yes" if rows[0][3] == rows[1][3] else "NO"
+    return figures
+
+
+IMGSZ_RENDER = 640
+
+
 # (label, model, batch, environment, extra flags, profiled): the defaults (deferred checks on CUDA, channels_last,
 # cudnn.benchmark off) with batches from the loader, then with held batches (the GPU's step alone) and one change at
 # a time: the step as it was before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate),
@@ -601,6 +620,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
+    "render_ops": step_render_ops,  # the rendering's tiles one copy each against all at once, on the GPU
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there
     "throughput_generated": step_generated,  # 10,000 distinct generated images, --cache off (generated here first)
     "tests": step_tests,

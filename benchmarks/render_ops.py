@@ -1,11 +1,12 @@
-"""--augment-device's rendering (utils/data/device_augment.py, ``render_plans``) on the CPU, in both ways of writing
-the tiles onto the canvases (``paste_tiles``: one copy per tile, the CPU's; all at once, CUDA's): torch operations per
+"""--augment-device's rendering (utils/data/device_augment.py, ``render_plans``) on ``--device`` (the CPU by default),
+in both ways of writing the tiles onto the canvases (``paste_tiles``: one copy per tile, the CPU's; all at once, CUDA's): torch operations per
 batch (every operation through the dispatcher, counted with a TorchDispatchMode: on CUDA each costs host time, and
 most launch a kernel), wall time per batch, and a digest of the rendered images (equal digests: equal images). A
-timing: run it on an otherwise idle machine.
+timing: run it on an otherwise idle machine. On CUDA each timed render ends with a synchronisation, and the plans
+are copied to the device inside the timing, as in training.
 
     python benchmarks/render_ops.py --data ../shared/datasets/bccd/data.yaml [--imgsz 320] [--batch-size 32]
-        [--batches 4] [--rounds 3]
+        [--batches 4] [--rounds 3] [--device cuda:0]
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the batches per form")
     parser.add_argument("--hyp", default="hyp.scratch-low.yaml")
+    parser.add_argument("--device", default="cpu", help="where the plans are rendered: cpu, cuda:0")
     args = parser.parse_args()
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -55,21 +57,25 @@ def main() -> None:
     size = args.batch_size
     batches = [collate_plans([planned[(i % len(planned), 0)] for i in range(b * size, (b + 1) * size)])[0]
                for b in range(args.batches)]
-    device_augment.hsv_tables(torch.device("cpu"))  # made once per run, not part of a batch
-    print(f"# {cpu_name()}; {args.data} train, {args.imgsz} px, batches of {size}, {args.hyp}; tiles per batch: "
+    device = torch.device(args.device)
+    device_augment.hsv_tables(device)  # made once per run, not part of a batch
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    print(f"# {where}; {args.data} train, {args.imgsz} px, batches of {size}, {args.hyp}; tiles per batch: "
           f"{[len(batch.tiles) for batch in batches]}")
-    for name, devices in (("one copy per tile (the CPU's)", ()), ("all at once (CUDA's)", ("cpu",))):
+    for name, devices in (("one copy per tile (the CPU's)", ()), ("all at once (CUDA's)", (device.type,))):
         device_augment.ONE_WRITE_DEVICES = devices
         digest, operations, seconds = hashlib.sha256(), [], []
         for batch in batches:
             with Count() as count:
-                rendered = device_augment.render_plans(batch, "cpu")
+                rendered = device_augment.render_plans(batch, device)
             operations.append(count.operations)
-            digest.update(rendered.contiguous().numpy().tobytes())
+            digest.update(rendered.contiguous().cpu().numpy().tobytes())
         for _ in range(args.rounds):
             for batch in batches:
                 start = time.perf_counter()
-                device_augment.render_plans(batch, "cpu")
+                device_augment.render_plans(batch, device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 seconds.append(time.perf_counter() - start)
         print(f"{name}: operations per batch {operations}; {statistics.median(seconds) * 1e3:.1f} ms a batch (median "
               f"of {len(seconds)}); images digest {digest.hexdigest()[:16]}")
