@@ -517,12 +517,8 @@ def test_a_continued_mlflow_run_gets_the_rows_it_lacks_once_and_a_missing_one_is
     assert [m.step for m in tracked.get_metric_history(third.run_id, "train/box_loss")] == [0, 1]
 
 
-@pytest.mark.parametrize("interval, epochs_drawn", [(2, [1]), (-1, [0, 1, 2])])
-def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epochs(tmp_path, monkeypatch, interval,
-                                                                                   epochs_drawn):
-    """--bbox_interval N: the first val batch's predictions given to the trackers every N epochs (YOLOv5's W&B
-    default for -1: every epoch up to 10 epochs); a tracker that takes a picture (the default) gets them drawn into
-    <run>/val_predictions, in its worker thread; no tracker on, nothing drawn."""
+def recording_trackers(monkeypatch) -> list:
+    """Training runs get one FakeTracker that is on (its calls recorded); returns the list of those made."""
     from utils.trainer import recorder
 
     made = []
@@ -534,8 +530,19 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
             super().__init__()
             made.append(self)
 
+    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
+    return made
+
+
+@pytest.mark.parametrize("interval, epochs_drawn", [(2, [1]), (-1, [0, 1, 2])])
+def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epochs(tmp_path, monkeypatch, interval,
+                                                                                   epochs_drawn):
+    """--bbox_interval N: the first val batch's predictions given to the trackers every N epochs (YOLOv5's W&B
+    default for -1: every epoch up to 10 epochs); a tracker that takes a picture (the default) gets them drawn into
+    <run>/val_predictions, in its worker thread; no tracker on, nothing drawn."""
     from utils import drawing
 
+    made = recording_trackers(monkeypatch)
     drawn_in = []  # (file name, thread name) of each picture drawn
     plot_images = drawing.plot_images
 
@@ -544,7 +551,6 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
         return plot_images(images, targets, paths, fname, *args, **kwargs)
 
     monkeypatch.setattr(drawing, "plot_images", recorded)
-    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
     data, cfg = make_tiny_run(tmp_path)
     args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs",
             "3", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noautoanchor", "--noplots", "--workers",
@@ -567,18 +573,7 @@ def test_val_images_with_predictions_go_to_the_trackers_every_bbox_interval_epoc
 def test_each_epochs_validation_per_class_and_best_pts_confusion_matrix_go_to_the_trackers(tmp_path, monkeypatch):
     """Each epoch's validation per class after its row; at the end, best.pt's confusion matrix (its validation counts
     one; an epoch's does not) at the last epoch's step."""
-    from utils.trainer import recorder
-
-    made = []
-
-    class Recording(FakeTracker):
-        switch = classmethod(lambda cls: (True, "test"))
-
-        def __init__(self):
-            super().__init__()
-            made.append(self)
-
-    monkeypatch.setattr(recorder, "open_trackers", lambda *args: open_trackers(*args, classes=(Recording,)))
+    made = recording_trackers(monkeypatch)
     data, cfg = make_tiny_run(tmp_path)
     assert train_script.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size",
                               "4", "--epochs", "2", "--device", "cpu", "--project", str(tmp_path / "runs"),
