@@ -426,11 +426,13 @@ def config_from_args(args: argparse.Namespace) -> DetectConfig:
 
 
 class _TqdmHandler(logging.StreamHandler):
-    """Log lines printed above an active progress bar instead of through it."""
+    """Log lines printed above an active progress bar instead of through it. A line and its newline go out in one
+    write (tqdm.write writes its ``end`` separately): a Ctrl-C raised between the two left the line open, and
+    "detect.py: interrupted" was printed at its end."""
 
     def emit(self, record):
         try:
-            tqdm.write(self.format(record), file=sys.stderr)
+            tqdm.write(self.format(record) + "\n", file=sys.stderr, end="")
         except Exception:
             self.handleError(record)
 

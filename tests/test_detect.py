@@ -299,3 +299,22 @@ def test_detect_corrupt_export_is_one_line(weights, tmp_path, capsys):
             continue  # onnxruntime absent: that one-line message is the answer
         assert code == 1 and err[-1].startswith(f"detect.py: error: {bad}: not a readable"), err
         assert not any("Traceback" in line for line in err)
+
+
+def test_a_log_line_and_its_newline_go_out_in_one_write(monkeypatch):
+    """A Ctrl-C lands between two writes as easily as anywhere: a line written apart from its newline was left open
+    when detect.py was interrupted, and "detect.py: interrupted" was printed at its end."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(detect.sys, "stderr", Recorder())
+    handler = detect._TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.emit(logging.LogRecord("detect", logging.INFO, __file__, 1, "stream 1/1 (frame 6) screen: 64x64", None, None))
+    assert [text for text in writes if text] == ["stream 1/1 (frame 6) screen: 64x64\n"]
