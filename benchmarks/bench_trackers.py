@@ -36,7 +36,8 @@ from benchmarks.bench_memory import cpu_name  # noqa: E402
 from benchmarks.generated_dataset import make_dataset  # noqa: E402
 
 
-def timed(owner, name: str, times: list):
+def timed(owner, name: str, times: list, after=None):
+    """``owner.name`` timed into ``times`` (and ``after()`` called after each call); returns the original."""
     original = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -45,6 +46,8 @@ def timed(owner, name: str, times: list):
             return original(*args, **kwargs)
         finally:
             times.append(time.perf_counter() - start)
+            if after is not None:
+                after()
     setattr(owner, name, wrapper)
     return original
 
@@ -79,16 +82,8 @@ def one_run(options: dict, tracked: bool) -> dict:
     import train
     from utils.trainer import recorder, trainer
 
-    epochs, starts, snapshots = [], [], []
-    run_epoch = timed(trainer.Trainer, "_run_epoch", epochs)
-
-    def counted(self, *args, **kwargs):  # CPU of every thread and child process at each epoch's end
-        try:
-            return timed_epoch(self, *args, **kwargs)
-        finally:
-            snapshots.append(cpu_seconds())
-    timed_epoch = trainer.Trainer._run_epoch
-    trainer.Trainer._run_epoch = counted
+    epochs, starts, snapshots = [], [], []  # snapshots: CPU of every thread and child process at each epoch's end
+    run_epoch = timed(trainer.Trainer, "_run_epoch", epochs, after=lambda: snapshots.append(cpu_seconds()))
     restart = timed(recorder.Recorder, "restart_results", starts)
     begin = time.perf_counter()
     try:

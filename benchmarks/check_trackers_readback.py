@@ -28,8 +28,10 @@ from benchmarks.bench_trackers import tracker_environment  # noqa: E402
 
 
 def printed(value: float) -> str:
-    """A value as results.csv prints it (utils.loggers: %.5g)."""
-    return f"{value:.5g}"
+    """A value as results.csv prints it."""
+    from utils.loggers import RESULTS_FORMAT
+
+    return format(value, RESULTS_FORMAT)
 
 
 def compare(rows: dict[int, dict], table: dict, names: dict[str, str]) -> list[str]:

@@ -18,6 +18,7 @@ RESULTS_KEYS = (
     "val/box_loss", "val/obj_loss", "val/cls_loss",
     "x/lr0", "x/lr1", "x/lr2",
 )
+RESULTS_FORMAT = ".5g"  # how results.csv prints each value (the digits a tracker's copy is compared at)
 
 
 def setup_logging(verbose: bool = True) -> None:
@@ -84,7 +85,7 @@ class CSVLogger:
 
     @staticmethod
     def _line(epoch: int, values: dict) -> str:
-        return f"{epoch:>20d}," + ",".join(f"{float(values[k]):>20.5g}" for k in RESULTS_KEYS) + "\n"
+        return f"{epoch:>20d}," + ",".join(f"{float(values[k]):>20{RESULTS_FORMAT}}" for k in RESULTS_KEYS) + "\n"
 
 
 class TensorBoardLogger:

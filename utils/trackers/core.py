@@ -122,13 +122,11 @@ class ValPredictions:
         with self._lock:
             if self._drawn is None:
                 try:
-                    from utils.drawing import plot_images
+                    from utils.drawing import output_to_target, plot_images
 
-                    rows = [np.concatenate((np.full((len(b), 1), i, np.float32), b[:, 5:6], b[:, :5]), 1)
-                            for i, b in enumerate(self.boxes)]
-                    table = np.concatenate(rows, 0) if rows else np.zeros((0, 7), np.float32)
                     self.file.parent.mkdir(parents=True, exist_ok=True)
-                    plot_images(self.images.transpose(0, 3, 1, 2), table, self.paths, self.file, self.names)
+                    plot_images(self.images.transpose(0, 3, 1, 2), output_to_target(self.boxes), self.paths,
+                                self.file, self.names)
                     self._drawn = self.file.is_file()
                 except Exception as error:  # drawing (cv2, the disk) failed: a picture the trackers miss, never fatal
                     LOGGER.warning("WARNING: --bbox_interval's image %s not drawn (%s)", self.file, error)
