@@ -474,6 +474,28 @@ def step_render_ops(context: Context) -> dict:
 IMGSZ_RENDER = 640
 
 
+# loss_ops.py's row: (form, forward operations, backward operations, ms a call, the loss)
+LOSS_OPS_ROW = re.compile(r"^(.+?): operations forward (\d+), backward (\d+); ([\d.]+) ms a call .*; loss ([\d.e+-]+),",
+                          re.MULTILINE)
+
+
+def step_loss_ops(context: Context) -> dict:
+    """The loss on the GPU in both forms (compact; fixed shapes, CUDA's with deferred checks, all levels at once):
+    operations and ms per forward and backward, yolov5s's head at b64/640 with 8 boxes an image
+    (benchmarks/loss_ops.py), and whether the two losses agree."""
+    command = python_command("benchmarks/loss_ops.py", "--imgsz", 640, "--batch-size", 64, "--rounds", 20,
+                             "--device", "cuda:0")
+    completed = checked(run_command(context, "loss_ops", command, 300), "loss_ops.py")
+    rows = LOSS_OPS_ROW.findall("\n".join(text for _, text in completed.fragments))
+    if len(rows) != 2:
+        raise StepFailed("loss_ops.py printed no two rows")
+    figures = {f"loss b64 640, {name}": f"{ms} ms a call, {forward} + {backward} operations"
+               for name, forward, backward, ms, _ in rows}
+    compact, fixed = (float(row[4]) for row in rows)
+    figures["loss b64 640, the two forms agree"] = "yes" if abs(compact - fixed) <= 1e-5 * abs(compact) else "NO"
+    return figures
+
+
 # (label, model, batch, environment, extra flags, profiled): the defaults (deferred checks on CUDA, channels_last,
 # cudnn.benchmark off) with batches from the loader, then with held batches (the GPU's step alone) and one change at
 # a time: the step as it was before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate),
@@ -621,6 +643,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
     "render_ops": step_render_ops,  # the rendering's tiles one copy each against all at once, on the GPU
+    "loss_ops": step_loss_ops,  # the loss's two forms, operations and time per call, on the GPU
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there
     "throughput_generated": step_generated,  # 10,000 distinct generated images, --cache off (generated here first)
     "tests": step_tests,

@@ -6,9 +6,11 @@ Only the detection head's attributes are used (``model.model[-1]``: ``.nc``, ``.
 Two forms of the same loss (``ComputeLoss(fixed_shapes=...)``):
 - compact (the default; the CPU): the matches are selected with boolean masks, so their number is read by the host;
 - fixed shapes (CUDA with deferred step checks, utils/trainer/step_checks.py): every (cell offset, anchor, target)
-  candidate of a level stays in place with a mask, so no shape depends on the data and nothing waits for the
-  device. Objectness targets and the objectness loss are the same to the bit; the box and class means sum the same
-  terms in another order (float rounding differs, ~1e-7 relative).
+  candidate stays in place with a mask, so no shape depends on the data and nothing waits for the device; and all
+  levels are computed together (a level dimension on each operation, the objectness terms of all levels in one
+  weighted sum), so a call is ~400 operations (forward and backward) whatever the number of levels, against ~1,000
+  for the compact form of a 3-level head (benchmarks/loss_ops.py): on a GPU each is host time. Objectness targets
+  are the same to the bit; the means sum the same terms in another order (float rounding differs, ~1e-7 relative).
 
 Matching (``ComputeLoss.build_targets``), per level, fully vectorised over targets and images:
 targets (n, 6) ``[image, class, cx, cy, w, h]`` (normalised) are scaled to the level's grid and
@@ -21,6 +23,7 @@ is > 0.5 and x < grid_w - 1 (likewise up/down in y). Predictions decode as
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -31,6 +34,7 @@ from utils.config import Hyp
 # Per-level objectness weights: YOLOv5's values for P3-P5 and for P3-P7 heads.
 BALANCE_THREE_LEVELS = (4.0, 1.0, 0.4)
 BALANCE_MANY_LEVELS = (4.0, 1.0, 0.25, 0.06, 0.02)
+MAX_LEVEL_CONSTANTS = 64  # grid sizes kept (--multi-scale makes ~20); more start the cache anew
 NEIGHBOUR_OFFSET = 0.5  # a centre within 0.5 of a cell edge also claims the neighbouring cell
 # Centre cell, then the cells left, up, right and down of it; multiplied by NEIGHBOUR_OFFSET.
 CELL_OFFSETS = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))
@@ -116,20 +120,34 @@ def objectness_target(shape, indices, iou: torch.Tensor) -> torch.Tensor:
     return target
 
 
-def objectness_target_fixed(shape, indices, iou: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def objectness_target_fixed(num_cells: int, cell: torch.Tensor, iou: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``objectness_target`` for candidates with a ``valid`` mask, with no data-dependent shape: the same target
-    (the last valid candidate of a cell wins). Invalid candidates go to one spare slot past the end, dropped."""
-    b, a, gj, gi = indices
-    _, num_anchors, ny, nx = shape
-    cells = math.prod(shape)
-    cell = torch.where(valid, ((b * num_anchors + a) * ny + gj) * nx + gi, cells)
+    (the last valid candidate of a cell wins), flattened to ``num_cells``. ``cell``: each candidate's flat cell index;
+    invalid candidates go to one spare slot past the end, dropped."""
+    cell = torch.where(valid, cell, num_cells)
     position = torch.arange(cell.numel(), device=cell.device)
-    last = torch.full((cells + 1,), -1, dtype=position.dtype, device=cell.device)
+    last = torch.full((num_cells + 1,), -1, dtype=position.dtype, device=cell.device)
     last.scatter_reduce_(0, cell, position, reduce="amax", include_self=True)
-    winner = torch.where(last[cell] == position, cell, cells)  # each cell's last candidate writes once
-    target = torch.zeros(cells + 1, dtype=iou.dtype, device=iou.device)
+    winner = torch.where(last[cell] == position, cell, num_cells)  # each cell's last candidate writes once
+    target = torch.zeros(num_cells + 1, dtype=iou.dtype, device=iou.device)
     target.scatter_(0, winner, iou)
-    return target[:cells].view(shape)
+    return target[:num_cells]
+
+
+class LevelConstants(NamedTuple):
+    """What the fixed-shape form needs of the levels' grid sizes, made once per (device, grids, batch size): a
+    tensor made from host values is a copy that waits for the device on CUDA."""
+    scale: torch.Tensor  # (nl, 1, 1, 7): a target row [image, class, cx, cy, w, h, anchor] to grid units
+    grid: torch.Tensor  # (nl, 1, 1, 2): the grid's width and height
+    last_cell: torch.Tensor  # (nl, 1, 2) long: the largest gi and gj
+    grid_long: torch.Tensor  # (nl, 1, 2) long: nx, ny
+    first_cell: torch.Tensor  # (nl, 1) long: where each level's cells start in the levels' cells one after another
+    level: torch.Tensor  # (nl, 1) long: 0 .. nl - 1
+    anchor_index: torch.Tensor  # (na, 1, 1) float: 0 .. na - 1
+    offsets: torch.Tensor  # (5, 2): CELL_OFFSETS * NEIGHBOUR_OFFSET
+    placeholder: torch.Tensor  # (4,): an invalid candidate's box
+    obj_weight: torch.Tensor  # (cells,): each cell's objectness weight, its level's balance / its level's cells
+    num_cells: int
 
 
 class ComputeLoss:
@@ -169,7 +187,7 @@ class ComputeLoss:
         self.obj_loss = obj_loss.to(self.device)
         self.world_size, self.reduce_counts = world_size, reduce_counts
         self.fixed_shapes = fixed_shapes
-        self._made: dict = {}  # _constants
+        self._made: dict = {}  # _level_constants
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor):
         device = preds[0].device
@@ -198,10 +216,10 @@ class ComputeLoss:
 
     def _matched(self, rows: torch.Tensor, anchors: torch.Tensor, boxes: torch.Tensor):
         """(CIoU of each matched prediction row with its target box, the rows' class logits)."""
-        xy, wh, _, cls_logits = rows.split((2, 2, 1, self.num_classes), 1)
+        xy, wh, _, cls_logits = rows.split((2, 2, 1, self.num_classes), -1)
         xy = xy.sigmoid() * 2 - 0.5
         wh = (wh.sigmoid() * 2) ** 2 * anchors
-        return bbox_iou(torch.cat((xy, wh), 1), boxes, CIoU=True).squeeze(-1), cls_logits
+        return bbox_iou(torch.cat((xy, wh), -1), boxes, CIoU=True).squeeze(-1), cls_logits
 
     def _total(self, box_loss, obj_loss, cls_loss, global_batch):
         """(the loss to backpropagate, the detached [box, obj, cls] items) from the three sums, with their gains."""
@@ -212,34 +230,46 @@ class ComputeLoss:
         return total, torch.cat((box_loss, obj_loss, cls_loss)).detach() * self.world_size
 
     def _compute_fixed(self, preds: list[torch.Tensor], targets: torch.Tensor):
-        """``_compute`` over every candidate with its mask (see the module docstring)."""
-        candidates = self.build_candidates(preds, targets)
-        match_share, batch_share, global_batch = self._fixed_shares([valid for *_, valid in candidates],
-                                                                    preds[0].shape[0])
-        box_loss = obj_loss = cls_loss = preds[0].new_zeros(1)
-        for level, pred in enumerate(preds):
-            classes, boxes, indices, anchors, valid = candidates[level]
-            matches = valid.sum().clamp(min=1)
-            iou, cls_logits = self._matched(pred[indices], anchors, boxes)
-            box_loss = box_loss + torch.where(valid, 1.0 - iou, 0.0).sum() / matches * match_share[level]
-            if self.num_classes > 1:
-                cls_targets = self.class_targets(cls_logits, classes)
-                terms = elementwise_loss(self.cls_loss, cls_logits, cls_targets)
-                cls_loss = cls_loss + (torch.where(valid[:, None], terms, 0.0).sum() / (matches * self.num_classes)
-                                       * match_share[level])
-            tobj = objectness_target_fixed(pred.shape[:4], indices, iou.detach().clamp(0), valid)
-            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
-        return self._total(box_loss, obj_loss, cls_loss, global_batch)
+        """``_compute`` over every candidate of every level at once, with masks (see the module docstring): the
+        levels are one more dimension of each operation, so a step runs the same ~150 operations whatever the number
+        of levels, instead of that many per level (each one host time on a GPU)."""
+        const = self._level_constants(preds)
+        classes, boxes, indices, anchors, valid = self.build_candidates(preds, targets, const)
+        match_share, batch_share, global_batch = self._fixed_shares(valid, preds[0].shape[0])
+        b, a, gj, gi = indices
+        grid_x, grid_y = const.grid_long.unbind(-1)
+        cell = ((b * self.num_anchors + a) * grid_y + gj) * grid_x + gi  # (nl, K): in each level's prediction rows
+        rows = torch.stack([pred.reshape(-1, pred.shape[-1]).index_select(0, level_cell)
+                            for pred, level_cell in zip(preds, cell)])
+        iou, cls_logits = self._matched(rows, anchors, boxes)
+        matches = valid.sum(-1).clamp(min=1)  # (nl,)
+        box_loss = torch.where(valid, 1.0 - iou, 0.0).sum(-1) / matches
+        cls_loss = None
+        if self.num_classes > 1:
+            terms = elementwise_loss(self.cls_loss, cls_logits, self.class_targets(cls_logits, classes))
+            cls_loss = torch.where(valid[..., None], terms, 0.0).sum((1, 2)) / (matches * self.num_classes)
+        if match_share is not None:
+            box_loss = box_loss * match_share
+            cls_loss = cls_loss * match_share if cls_loss is not None else None
+        tobj = objectness_target_fixed(const.num_cells, (cell + const.first_cell).view(-1),
+                                       iou.detach().clamp(0).view(-1), valid.view(-1))
+        obj_logits = torch.cat([pred[..., 4].reshape(-1) for pred in preds])
+        obj_loss = (elementwise_loss(self.obj_loss, obj_logits, tobj) * const.obj_weight).sum()
+        if batch_share is not None:
+            obj_loss = obj_loss * batch_share
+        cls_loss = cls_loss.sum().view(1) if cls_loss is not None else preds[0].new_zeros(1)
+        return self._total(box_loss.sum().view(1), obj_loss.view(1), cls_loss, global_batch)
 
-    def _fixed_shares(self, valid: list[torch.Tensor], batch_size: int):
-        """``_shares`` as tensors on the device (summed over the processes in place there): nothing is read."""
+    def _fixed_shares(self, valid: torch.Tensor, batch_size: int):
+        """``_shares`` as tensors on the device (summed over the processes in place there): nothing is read. Single
+        process: (None, None, batch_size), the shares being 1."""
         if self.reduce_counts is None:
-            return [1.0] * len(valid), 1.0, batch_size
-        batch = torch.full((), batch_size, dtype=torch.long, device=valid[0].device)  # a fill, not a copy
-        local = torch.stack([mask.sum() for mask in valid] + [batch]).to(torch.float64)
+            return None, None, batch_size
+        batch = torch.full((1,), batch_size, dtype=torch.long, device=valid.device)  # a fill, not a copy
+        local = torch.cat((valid.sum(-1), batch)).to(torch.float64)
         total = self.reduce_counts(local.clone())
         shares = torch.where(total[:-1] > 0, local[:-1] / total[:-1].clamp(min=1), 0.0).float()
-        return list(shares), (local[-1] / total[-1]).float(), total[-1].float()
+        return shares, (local[-1] / total[-1]).float(), total[-1].float()
 
     def _shares(self, indices, batch_size: int) -> tuple[list[float], float, int]:
         """Per level: this process's matches / all processes' matches; its images / the global batch; the
@@ -256,8 +286,8 @@ class ComputeLoss:
         comparison: an indexed write of a Python number (``target[rows, classes] = value``) copies the number to the
         device first, and on CUDA that copy waits for every queued kernel (3 waits a step, one per level, seen on an
         H100 with ``set_sync_debug_mode``)."""
-        column = torch.arange(logits.shape[1], device=logits.device)
-        return torch.where(column == classes[:, None], self.cls_positive, self.cls_negative).to(logits.dtype)
+        column = torch.arange(logits.shape[-1], device=logits.device)
+        return torch.where(column == classes[..., None], self.cls_positive, self.cls_negative).to(logits.dtype)
 
     def build_targets(self, preds: list[torch.Tensor], targets: torch.Tensor):
         """Per level: classes (m,), boxes (m, 4) [x, y offset in cell, w, h in grid units],
@@ -285,49 +315,62 @@ class ComputeLoss:
             classes.append(cls)
         return classes, boxes, indices, anchors
 
-    def build_candidates(self, preds: list[torch.Tensor], targets: torch.Tensor):
-        """``build_targets`` with fixed shapes: per level every (cell offset, anchor, target) candidate in
-        build_targets' order (offset, anchor, target), flattened, with ``valid`` (the ones build_targets keeps):
-        (classes, boxes, indices (b, a, gj, gi), anchors, valid). Invalid candidates hold harmless values (a box of
-        one cell, in-grid indices), so their losses are finite before the mask drops them."""
-        device, num_targets = targets.device, targets.shape[0]
-        anchor_index = torch.arange(self.num_anchors, device=device, dtype=torch.float32)
-        anchor_index = anchor_index.view(-1, 1, 1).expand(self.num_anchors, num_targets, 1)
+    def build_candidates(self, preds: list[torch.Tensor], targets: torch.Tensor, const: LevelConstants | None = None):
+        """``build_targets`` with fixed shapes, all levels at once: every (cell offset, anchor, target) candidate in
+        build_targets' order (offset, anchor, target), flattened to K = 5 * na * n per level, with ``valid`` (the ones
+        build_targets keeps): (classes (nl, K), boxes (nl, K, 4), indices (b, a, gj, gi) each (nl, K), anchors
+        (nl, K, 2), valid (nl, K)). Invalid candidates hold harmless values (a box of one cell, in-grid indices), so
+        their losses are finite before the mask drops them."""
+        const = const or self._level_constants(preds)
+        num_levels, num_targets = len(preds), targets.shape[0]
+        shape = (num_levels, len(CELL_OFFSETS), self.num_anchors, num_targets)
+        anchor_index = const.anchor_index.expand(self.num_anchors, num_targets, 1)
         paired = torch.cat((targets.expand(self.num_anchors, num_targets, 6), anchor_index), 2)  # (na, n, 7)
-        shape = (len(CELL_OFFSETS), self.num_anchors, num_targets)
-        candidates = []
-        for level, pred in enumerate(preds):
-            ny, nx = pred.shape[2], pred.shape[3]
-            level_anchors = self.detect.anchors[level].to(device=device, dtype=torch.float32)
-            scale, offsets, placeholder = self._constants(device, ny, nx)
-            scaled = paired * scale
-            ratio = scaled[..., 4:6] / level_anchors[:, None]
-            within = torch.max(ratio, 1 / ratio).max(2).values < self.anchor_t  # (na, n)
-            centre = scaled[..., 2:4]
-            from_far_edge = scale[2:4] - centre
-            left, up = ((centre % 1 < NEIGHBOUR_OFFSET) & (centre > 1)).unbind(-1)
-            right, down = ((from_far_edge % 1 < NEIGHBOUR_OFFSET) & (from_far_edge > 1)).unbind(-1)
-            valid = (torch.stack((torch.ones_like(left), left, up, right, down)) & within).reshape(-1)
-            rows = scaled.expand(*shape, 7).reshape(-1, 7)
-            cell_offsets = offsets[:, None, None].expand(*shape, 2).reshape(-1, 2)
-            image_class, centre, size, anchor = rows.split((2, 2, 2, 1), 1)
-            anchor = anchor.long().view(-1)
-            image, cls = image_class.long().T
-            cell = (centre - cell_offsets).long()
-            gi, gj = cell.T
-            box = torch.where(valid[:, None], torch.cat((centre - cell, size), 1), placeholder)
-            indices = (image, anchor, gj.clamp(0, ny - 1), gi.clamp(0, nx - 1))
-            candidates.append((cls, box, indices, level_anchors[anchor], valid))
-        return candidates
+        scaled = paired * const.scale  # (nl, na, n, 7)
+        anchors = self.detect.anchors[:num_levels].to(device=targets.device, dtype=torch.float32)  # (nl, na, 2)
+        ratio = scaled[..., 4:6] / anchors[:, :, None]
+        within = torch.max(ratio, 1 / ratio).max(-1).values < self.anchor_t  # (nl, na, n)
+        centre = scaled[..., 2:4]
+        from_far_edge = const.grid - centre
+        left, up = ((centre % 1 < NEIGHBOUR_OFFSET) & (centre > 1)).unbind(-1)
+        right, down = ((from_far_edge % 1 < NEIGHBOUR_OFFSET) & (from_far_edge > 1)).unbind(-1)
+        valid = (torch.stack((torch.ones_like(left), left, up, right, down), 1) & within[:, None])
+        valid = valid.reshape(num_levels, -1)
+        rows = scaled[:, None].expand(*shape, 7).reshape(num_levels, -1, 7)
+        cell_offsets = const.offsets[:, None, None].expand(*shape, 2).reshape(num_levels, -1, 2)
+        image_class, centre, size, anchor = rows.split((2, 2, 2, 1), -1)
+        anchor = anchor.long().squeeze(-1)
+        image, cls = image_class.long().unbind(-1)
+        cell = (centre - cell_offsets).long()
+        box = torch.where(valid[..., None], torch.cat((centre - cell, size), -1), const.placeholder)
+        gi, gj = cell.clamp(min=0).minimum(const.last_cell).unbind(-1)
+        return cls, box, (image, anchor, gj, gi), anchors[const.level, anchor], valid
 
-    def _constants(self, device: torch.device, ny: int, nx: int) -> tuple[torch.Tensor, ...]:
-        """(grid scale of a target row, cell offsets, an invalid candidate's box) on ``device``, made once per grid
-        size: a tensor made from host values is a copy that waits for the device on CUDA."""
-        key = (device, ny, nx)
+    def _level_constants(self, preds: list[torch.Tensor]) -> LevelConstants:
+        """The LevelConstants of these predictions' grids, made on their first use (a few per run: the training
+        size, the last batch's size, --multi-scale's sizes)."""
+        batch_size, device = preds[0].shape[0], preds[0].device
+        grids = tuple((int(p.shape[2]), int(p.shape[3])) for p in preds)
+        key = (device, grids, batch_size)
         if key not in self._made:
-            self._made[key] = (torch.tensor([1, 1, nx, ny, nx, ny, 1], dtype=torch.float32).to(device),
-                               (torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET).to(device),
-                               torch.tensor([0.5, 0.5, 1.0, 1.0]).to(device))
+            if len(self._made) >= MAX_LEVEL_CONSTANTS:
+                self._made.clear()
+            sizes = [batch_size * self.num_anchors * ny * nx for ny, nx in grids]
+            first = [sum(sizes[:level]) for level in range(len(sizes))]
+            weight = torch.cat([torch.full((n,), balance / n) for n, balance in zip(sizes, self.balance)])
+            made = LevelConstants(
+                scale=torch.tensor([[1, 1, nx, ny, nx, ny, 1] for ny, nx in grids],
+                                   dtype=torch.float32).view(-1, 1, 1, 7),
+                grid=torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32).view(-1, 1, 1, 2),
+                last_cell=torch.tensor([[nx - 1, ny - 1] for ny, nx in grids]).view(-1, 1, 2),
+                grid_long=torch.tensor([[nx, ny] for ny, nx in grids]).view(-1, 1, 2),
+                first_cell=torch.tensor(first).view(-1, 1),
+                level=torch.arange(len(grids)).view(-1, 1),
+                anchor_index=torch.arange(self.num_anchors, dtype=torch.float32).view(-1, 1, 1),
+                offsets=torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET,
+                placeholder=torch.tensor([0.5, 0.5, 1.0, 1.0]),
+                obj_weight=weight, num_cells=sum(sizes))
+            self._made[key] = LevelConstants(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in made))
         return self._made[key]
 
     def _match_level(self, paired: torch.Tensor, anchors: torch.Tensor, grid_size: torch.Tensor,
