@@ -161,7 +161,8 @@ def test_ema_update_formula():
 @pytest.mark.parametrize("deferred", [False, True])
 def test_ema_follows_replaced_tensors_and_other_dtypes(deferred):
     """ModelEMA keeps its (EMA, model) tensor pairs between updates: a model whose data is swapped by ``.to()``, a
-    buffer replaced by a new tensor and a model in another dtype are still what each update averages."""
+    buffer replaced by a new tensor, a submodule replaced by a new one and a model in another dtype are still what
+    each update averages."""
     model = ema_model()
     ema = ModelEMA(model, decay=0.9, tau=2.0)
     keep = torch.ones((), dtype=torch.bool) if deferred else None
@@ -188,6 +189,12 @@ def test_ema_follows_replaced_tensors_and_other_dtypes(deferred):
     model[1].running_mean = torch.full((2,), 6.0, dtype=torch.float64)  # a new buffer object
     one_update(expected)
     assert ema.ema[1].running_mean.dtype == torch.float32
+    replacement = type(model[1])(2).to(torch.float64)
+    with torch.no_grad():
+        replacement.running_mean.fill_(-1.0)
+        replacement.weight.fill_(0.5)
+    model[1] = replacement  # a submodule swapped: the old one still holds its own tensors, the model holds new ones
+    one_update(expected)
 
 
 def test_ema_state_round_trip_and_update_attr():
