@@ -208,6 +208,19 @@ def test_device_augment_is_a_batch_transform(split):
     assert same_targets is targets and same_paths == paths and images.dtype == torch.uint8
 
 
+def test_a_worker_builds_the_plans_pixels_in_shared_memory(split, monkeypatch):
+    """In a loader worker the batch's pixels are written straight into shared memory (sending a batch from ordinary
+    memory copies it there first); in the training process they stay in ordinary memory. The same bytes either way."""
+    import utils.data.plans as plans
+
+    _, planned = both_paths(split, SCRATCH, False, epoch=0)
+    here = collate_plans(planned[:3])[0]
+    monkeypatch.setattr(plans, "get_worker_info", lambda: object())
+    in_worker = collate_plans(planned[:3])[0]
+    assert in_worker.pixels.is_shared() and not here.pixels.is_shared()
+    assert torch.equal(in_worker.pixels, here.pixels) and here.pixels.numel() > 0
+
+
 @pytest.mark.parametrize("workers, partners", [(0, "dataset"), (2, "dataset"), (0, "batch")])
 def test_loader_hands_over_plans_and_keeps_the_opencv_loader_as_it_was(split, workers, partners):
     common = {"hyp": SCRATCH.replace(mixup=0.5), "augment": True, "workers": workers, "shuffle": True, "seed": 3,

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
+from utils.data.batch_slots import fresh_shared_bytes
 from utils.data.dataset import YoloDataset, normalised_targets, pixel_boxes
 from utils.data.transforms import (copy_paste_labels, flip_draws, flip_labels, hsv_gains, hsv_lut, intersect,
                                    letterbox_geometry, mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
@@ -224,7 +226,8 @@ def collate_plans(batch):
             tiles.append((layer, x, y, img.shape[1], img.shape[0], offset))
             chunks.append(img)
             offset += img.shape[0] * img.shape[1] * 3
-    pixels = torch.empty(offset, dtype=torch.uint8)
+    in_worker = get_worker_info() is not None  # sent to the training process: built in shared memory
+    pixels = fresh_shared_bytes(offset) if in_worker else torch.empty(offset, dtype=torch.uint8)
     flat = pixels.numpy()
     for (*_, w, h, start), img in zip(tiles, chunks):
         flat[start:start + w * h * 3].reshape(h, w, 3)[:] = img
