@@ -248,10 +248,14 @@ def test_a_process_group_of_one_process(device, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", DEVICES)
-def test_torchrun_with_one_process_trains_in_a_process_group(device, tmp_path):
+@pytest.mark.parametrize("device, extra", [("cpu", ()), pytest.param("cuda", (), marks=CUDA_ONLY),
+                                           pytest.param("cuda", ("--augment-device", "--workers", "2"),
+                                                        marks=CUDA_ONLY)])
+def test_torchrun_with_one_process_trains_in_a_process_group(device, extra, tmp_path):
     """torchrun --nproc_per_node 1 train.py --sync-bn: the process group (NCCL on a GPU, gloo on the CPU), DDP and
-    SyncBatchNorm are used as with more processes (YOLOv5 does the same), and the run finishes."""
+    SyncBatchNorm are used as with more processes (YOLOv5 does the same), and the run finishes; on a GPU also with
+    --augment-device, the plans from 2 workers rendered on the process's own GPU (tests/test_ddp.py runs it under
+    gloo with 2 processes)."""
     import subprocess
     import sys
 
@@ -261,12 +265,14 @@ def test_torchrun_with_one_process_trains_in_a_process_group(device, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
                str(free_port()), str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",
                "--batch-size", "4", "--epochs", "1", "--workers", "0", "--noautoanchor", "--noplots", "--sync-bn",
-               "--device", "0" if device == "cuda" else "cpu", "--project", str(tmp_path / "runs")]
+               "--device", "0" if device == "cuda" else "cpu", "--project", str(tmp_path / "runs"), *extra]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
     assert f"backend {'nccl' if device == 'cuda' else 'gloo'}" in output
     assert "Using SyncBatchNorm" in output and "identical on all 1 processes" in output
+    opt = yaml.safe_load((tmp_path / "runs" / "exp" / "opt.yaml").read_text())
+    assert opt["augment_device"] is ("--augment-device" in extra)
 
 
 # ---------------------------------------------------------------------- SyncBatchNorm
