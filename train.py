@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="augment on the training device: the loader workers draw and place (the same draws), "
                              "the pixel work (mosaic canvas, warp, HSV, flips) runs batched with torch on --device "
                              "(docs/device-augmentation.md)")
+    parser.add_argument("--decode-device", action="store_true",
+                        help="with --augment-device: the training device also decodes the JPEG images that are not "
+                             "cached (torchvision's nvJPEG on CUDA, one batched call a batch), the workers only read "
+                             "the files (docs/device-augmentation.md)")
     add_device_flag(parser)
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="CUDA: replay the model's forward and backward as CUDA graphs, captured for the first "
@@ -160,7 +164,8 @@ def _main(argv) -> int:
 
 
 def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
-    """Flags that need torchrun, or that torchrun cannot take: the one-line reason, else None."""
+    """Flags that need torchrun, or that torchrun cannot take, or that need another flag: the one-line reason, else
+    None."""
     from utils import dist
 
     distributed = dist.dist_info().distributed
@@ -171,6 +176,8 @@ def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
                 f"torchrun --nproc_per_node {len(gpus)} train.py {given}")
     if args.evolve and distributed:
         return "--evolve trains one model at a time per process: run one 'python train.py --evolve --device i' per GPU"
+    if args.decode_device and not args.augment_device and not args.resume:
+        return "--decode-device decodes the images for --augment-device's rendering on the device: add --augment-device"
     return None
 
 

@@ -15,6 +15,11 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` 
                 images/s over epochs 2-4, wall, time to the first step, reserved memory (benchmarks/gpu_throughput.py;
                 yolov5s b64/b16 and yolov5n b64 with --cache ram, yolov5s b64 with 4 workers, --cache off)
   augment_device  yolov5s b64 with 4 workers, --cache ram and off: the OpenCV workers, then --augment-device
+  decode_device yolov5s b64 with 4 workers, --cache off, --augment-device: the workers decode, then the GPU
+                (--decode-device)
+  render_ops    --augment-device's rendering of 64 mosaics at 640 on the GPU, tiles one copy each and all at once
+  loss_ops      the loss's two forms (compact; fixed shapes, all levels at once) at b64/640 on the GPU:
+                operations and ms per forward and backward
   channels_last yolov5n and yolov5s b64 runs of this tree with --channels-last off, then with its default
   throughput_generated  yolov5s b64 --cache off on 10,000 generated 640x480 JPEGs (made there first), 3 epochs,
                 the baseline then this tree
@@ -81,7 +86,7 @@ from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResul
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures, validation_seconds)
 from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last, step_cuda_graphs,  # noqa: E402
-                            step_generated, step_throughput)
+                            step_decode_device, step_generated, step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -642,6 +647,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
+    "decode_device": step_decode_device,  # --cache off, 4 workers: JPEGs decoded by the workers, then on the GPU
     "render_ops": step_render_ops,  # the rendering's tiles one copy each against all at once, on the GPU
     "loss_ops": step_loss_ops,  # the loss's two forms, operations and time per call, on the GPU
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there

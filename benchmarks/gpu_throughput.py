@@ -140,6 +140,14 @@ def step_augment_device(context: Context) -> dict:
     return figures
 
 
+def step_decode_device(context: Context) -> dict:
+    """--augment-device with the workers decoding the JPEGs, then with the GPU decoding them (--decode-device),
+    yolov5s b64, --cache off, 4 workers held to 4 CPU cores (where decoding in the workers sets the speed)."""
+    runs = (("--cache off, --augment-device", ROOT, ("--augment-device",)),
+            ("--cache off, --augment-device --decode-device", ROOT, ("--augment-device", "--decode-device")))
+    return _compare(context, "decode_device", runs, "yolov5s", 64, "off", 4, cpus=FEW_CORES)
+
+
 def _compare(context: Context, name: str, runs, cfg: str, batch: int, cache: str, workers: int, data=None,
              epochs: int = EPOCHS, cpus: str = "") -> dict:
     """Train once per (label, tree, extra flags) of ``runs``, one after the other, on ``data`` ((data.yaml, train

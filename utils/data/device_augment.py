@@ -15,7 +15,10 @@ What the CPU path does with OpenCV per image, done here for a whole batch (docs/
 - mixup: the second mosaic warped the same way, blended in float32 and rounded as cv2.addWeighted (exact);
 - flips: folded into the sampling (exact);
 - letterbox: a plan's tile inside its grey canvas (a resize, when the letterbox needs one, is done by cv2 in the
-  worker, so that it is exact).
+  worker, so that it is exact);
+- ``--decode-device``: the JPEG sources a batch carries (``PlanBatch.sources``, images at their training size)
+  decoded here first, in one batched call (torchvision's ``decode_jpeg``: nvJPEG on CUDA; libjpeg-turbo on the CPU,
+  which decodes as OpenCV does, to the bit), then read by the tiles in place.
 
 The result is ``collate``'s layout: (B, 3, H, W) uint8 RGB, channels_last.
 """
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from utils.data.images import ImageError
 from utils.data.transforms import FILL
 
 CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at most (more images: several steps)
@@ -78,7 +82,7 @@ def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
     """The images of a ``PlanBatch`` on ``device``: (B, 3, H, W) uint8 RGB, channels_last."""
     device = torch.device(device)
     count, (height, width) = len(batch), batch.size
-    pixels = to_device(batch.pixels, device)
+    pixels = device_pixels(batch, device)
     bgr = torch.empty((len(batch.canvases), height, width, 3), dtype=torch.uint8, device=device)  # every layer
     for members in canvas_steps(batch.canvases, CANVAS_BYTES):
         bgr[to_device(members, device)] = warp_step(batch, pixels, members, device)
@@ -92,6 +96,54 @@ def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
             out[image, h:] = FILL
             out[image, :, w:] = FILL
     return out.permute(0, 3, 1, 2)
+
+
+def device_pixels(batch, device: torch.device) -> torch.Tensor:
+    """The pixel buffer the tiles read on ``device``: the worker's pixels, then the batch's decoded sources."""
+    pixels = to_device(batch.pixels, device)
+    if not len(batch.source_table):
+        return pixels
+    return torch.cat((pixels, decoded_sources(batch, device)))
+
+
+def decoded_sources(batch, device: torch.device) -> torch.Tensor:
+    """The batch's JPEG sources decoded on ``device`` in one call, one after another as uint8 BGR rows (the worker's
+    layout) in table order. A file that does not decode, or decodes to another size than its scan read, raises
+    ImageError naming it."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    table = batch.source_table.tolist()
+    data = [batch.sources[start:start + count] for start, count, *_ in table]
+    try:
+        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        images = [_decode_one(one, path, device) for one, path in zip(data, batch.source_paths)]  # which file
+    flat, run = [], []  # runs of equal sizes (consecutive in the table), each turned into rows in one copy
+    for image, (*_, w, h), path in zip(images, table, batch.source_paths):
+        if tuple(image.shape) != (3, h, w):
+            raise ImageError(f"{path}: decodes to {image.shape[2]}x{image.shape[1]} on {device}, not the {w}x{h} "
+                             "its scan read (was it replaced during training?)")
+        if run and run[-1].shape != image.shape:
+            flat.append(_bgr_rows(run))
+            run = []
+        run.append(image)
+    if run:
+        flat.append(_bgr_rows(run))
+    return torch.cat(flat)
+
+
+def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as error:
+        raise ImageError(f"{path}: cannot be decoded on {device} ({str(error).splitlines()[0][:200]})") from None
+
+
+def _bgr_rows(images: list[torch.Tensor]) -> torch.Tensor:
+    """Decoded (3, h, w) RGB images of one size -> their pixels as uint8 BGR rows, one image after another, flat."""
+    return torch.stack([image.permute(1, 2, 0) for image in images]).flip(-1).reshape(-1)
 
 
 def canvas_steps(canvases: torch.Tensor, budget: int):
@@ -124,9 +176,10 @@ def build_canvases(batch, pixels: torch.Tensor, members: torch.Tensor, device) -
 
 def paste_tiles(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor, members: torch.Tensor,
                 device) -> None:
-    """Every tile of images ``members`` (rows of ``tiles``: image, x, y, w, h, byte offset in ``pixels``) minus the
-    grey into its place on ``canvas`` (n, H, W, 3) float32: on the devices of ONE_WRITE_DEVICES all at once
-    (``_paste_at_once``), elsewhere one copy per tile (``_paste_each``). The values are the same to the bit."""
+    """Every tile of images ``members`` (rows of ``tiles``: image, x, y, w, h, byte offset in ``pixels``, row stride
+    in pixels) minus the grey into its place on ``canvas`` (n, H, W, 3) float32: on the devices of ONE_WRITE_DEVICES
+    all at once (``_paste_at_once``), elsewhere one copy per tile (``_paste_each``). The values are the same to the
+    bit."""
     if torch.device(device).type in ONE_WRITE_DEVICES:
         _paste_at_once(canvas, tiles, pixels, members, device)
     else:
@@ -137,9 +190,9 @@ def _paste_each(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor,
     """One copy and one subtraction per tile: memory copies, the faster form on the CPU (a batch of 32 mosaics of
     BCCD at 320 rendered in 136 ms this way, 272 ms at once, on a 2-core EPYC), ~7 operations a tile."""
     place = {image: k for k, image in enumerate(members.tolist())}
-    for image, x, y, w, h, offset in tiles.tolist():
+    for image, x, y, w, h, offset, stride in tiles.tolist():
         if image in place:
-            tile = pixels[offset:offset + w * h * 3].view(h, w, 3)
+            tile = pixels.as_strided((h, w, 3), (stride * 3, 3, 1), pixels.storage_offset() + offset)
             canvas[place[image], y:y + h, x:x + w].copy_(tile).sub_(FILL)
 
 
@@ -154,7 +207,7 @@ def _paste_at_once(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tens
     place = torch.full((int(tiles[:, 0].max()) + 1 if len(tiles) else 1,), -1, dtype=torch.int64)
     place[members] = torch.arange(count)
     mine = tiles[place[tiles[:, 0]] >= 0] if len(tiles) else tiles
-    image, x, y, w, h, offset = mine.unbind(1)
+    image, x, y, w, h, offset, stride = mine.unbind(1)
     sizes = w * h  # pixels per tile
     # per tile: its first pixel's place on the canvas and in the source, its width, where its pixels begin in a group
     first = (place[image] * height + y) * width + x
@@ -166,15 +219,17 @@ def _paste_at_once(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tens
         if not total:
             continue
         starts = torch.cumsum(counts, 0) - counts
-        table = to_device(torch.stack((first[tiles_in], offset[tiles_in] // 3 - starts, w[tiles_in], starts)), device)
+        table = to_device(torch.stack((first[tiles_in], offset[tiles_in] // 3, w[tiles_in], starts, stride[tiles_in])),
+                          device)
         tile = torch.repeat_interleave(torch.arange(len(tiles_in), device=device), to_device(counts, device),
                                        output_size=total)  # the tile of each pixel written (nothing read back)
         written = torch.arange(total, device=device)
-        canvas_first, source_first, tile_w, start = table[:, tile]
+        canvas_first, source_first, tile_w, start, source_w = table[:, tile]
         local = written - start  # the pixel's index inside its tile, row by row
         row = torch.div(local, tile_w, rounding_mode="floor")
-        destination = canvas_first + row * width + (local - row * tile_w)
-        values = pixels.view(-1, 3)[source_first + written].to(torch.float32).sub_(FILL)
+        column = local - row * tile_w
+        destination = canvas_first + row * width + column
+        values = pixels.view(-1, 3)[source_first + row * source_w + column].to(torch.float32).sub_(FILL)
         canvas.view(-1, 3).index_copy_(0, destination, values)
 
 

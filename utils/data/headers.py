@@ -63,23 +63,35 @@ def pil_header(source) -> tuple[str, int, int, int] | None:
         return None
 
 
-def jpeg_header(buf) -> tuple[str, int, int, int] | None:
-    """("JPEG", width, height, orientation) from the markers before the first scan; None when unsure."""
-    buf = _bytes_view(buf)
-    end = len(buf)
-    pos, size, exif, xmp = 2, None, None, False
+def _jpeg_segments(buf):
+    """(marker, first byte, end) of each marker segment of a JPEG's bytes before its first scan; a last None when the
+    markers are not plain (truncated, or no marker where one must be)."""
+    end, pos = len(buf), 2
     while True:
         if pos + 4 > end or buf[pos] != 0xFF:
-            return None
+            yield None
+            return
         marker = buf[pos + 1]
         if marker == 0xDA:  # start of scan: the header is over
-            break
+            return
         length = (buf[pos + 2] << 8) | buf[pos + 3]
         segment, pos = pos + 4, pos + 2 + length
         if length < 2 or pos > end:
+            yield None
+            return
+        yield marker, segment, pos
+
+
+def jpeg_header(buf) -> tuple[str, int, int, int] | None:
+    """("JPEG", width, height, orientation) from the markers before the first scan; None when unsure."""
+    buf = _bytes_view(buf)
+    size, exif, xmp = None, None, False
+    for found in _jpeg_segments(buf):
+        if found is None:
             return None
+        marker, segment, pos = found
         if marker in _SOF_MARKERS:
-            if size is not None or length < 8 or buf[segment] != 8 or buf[segment + 5] not in (1, 3, 4):
+            if size is not None or pos - segment < 6 or buf[segment] != 8 or buf[segment + 5] not in (1, 3, 4):
                 return None  # a second frame, or what PIL refuses (precision, component count)
             size = ((buf[segment + 3] << 8) | buf[segment + 4], (buf[segment + 1] << 8) | buf[segment + 2])
         elif marker == 0xE1:
@@ -98,6 +110,24 @@ def jpeg_header(buf) -> tuple[str, int, int, int] | None:
     if orientation is None or (orientation == 0 and xmp):
         return None
     return "JPEG", size[0], size[1], orientation or 1
+
+
+def jpeg_frame(buf) -> tuple[int, int, int] | None:
+    """(frame marker, sample precision, component count) of a JPEG's bytes with one frame header before its first
+    scan; None for anything else (not a JPEG, markers not plain, no frame or several)."""
+    buf = _bytes_view(buf)
+    if bytes(buf[:3]) != _JPEG_START:
+        return None
+    frames = []
+    for found in _jpeg_segments(buf):
+        if found is None:
+            return None
+        marker, segment, pos = found
+        if marker in _SOF_MARKERS:
+            if pos - segment < 6:
+                return None
+            frames.append((marker, buf[segment], buf[segment + 5]))
+    return frames[0] if len(frames) == 1 else None
 
 
 def tiff_orientation(buf, start: int, end: int) -> int | None:

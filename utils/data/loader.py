@@ -155,7 +155,8 @@ def loader_shared_bytes(num_workers: int, batch_size: int, imgsz: int, stride: i
 def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=False, cache=None, rect=False, workers=8,
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
-                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset", augment_device=False):
+                      cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset", augment_device=False,
+                      decode_device=False):
     """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
     ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
@@ -168,7 +169,8 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     ``multiprocessing_context``: the workers' start method ("fork", "spawn", "forkserver"; None: Python's default).
     ``mosaic_partners``: "dataset" (YOLOv5's draw) or "batch" (this rank's batch), see ``YoloDataset.__getitems__``.
     ``augment_device`` (training only): batches hold a ``PlanBatch`` (``utils.data.plans``) instead of images, which
-    ``utils.data.device_augment.render_plans`` turns into the images on the training device.
+    ``utils.data.device_augment.render_plans`` turns into the images on the training device; with ``decode_device``
+    the uncached JPEGs of its mosaics travel as their bytes, decoded there too (``PlanDataset.encoded``).
 
     Batches are ``(images uint8 (B,3,H,W) RGB, targets (n,6), paths, shapes)`` (see ``collate``).
     """
@@ -179,11 +181,11 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
         raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     nc = len(names) if names is not None else None
     plans = augment_device and augment
-    dataset_class = PlanDataset if plans else YoloDataset
+    dataset_class, extra = (PlanDataset, {"decode_device": decode_device}) if plans else (YoloDataset, {})
     dataset = dataset_class(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
-                          augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
-                          single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
-                          mosaic_partners=mosaic_partners)
+                            augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
+                            single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
+                            mosaic_partners=mosaic_partners, **extra)
     batch_size = min(batch_size, len(dataset))
     processes_per_node = processes_per_node or world_size
     num_workers = worker_count(workers, batch_size, processes_per_node)
@@ -194,6 +196,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
             auto_cache(dataset, prefix, room)
         else:
             dataset.cache_images(cache, loader_bytes=room)
+    if plans and decode_device and dataset.store is not None:
+        LOGGER.warning("%sWARNING: --decode-device has nothing to decode: the images are cached decoded (--cache %s); "
+                       "it decodes uncached JPEGs (--cache off)", prefix, cache)
     if num_workers and cpus_busy and dataset.in_ram:
         num_workers = inline_loading(num_workers, prefix)
     if num_workers and start_method(multiprocessing_context) != "fork":

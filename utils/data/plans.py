@@ -20,7 +20,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from utils.data.batch_slots import fresh_shared_bytes
-from utils.data.dataset import YoloDataset, normalised_targets, pixel_boxes
+from utils.data.dataset import JPEG_SUFFIXES, YoloDataset, normalised_targets, pixel_boxes
+from utils.data.headers import jpeg_frame, jpeg_header
+from utils.data.images import file_orientation
 from utils.data.transforms import (copy_paste_labels, flip_draws, flip_labels, hsv_gains, hsv_lut, intersect,
                                    letterbox_geometry, mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
                                    warp_needed)
@@ -49,15 +51,37 @@ class ImagePlan:
     mixup: tuple | None = None
 
 
+DECODE_FRAMES = (0xC0, 0xC1)  # baseline and extended sequential JPEG frames: what every nvJPEG backend decodes
+
+
+@dataclass
+class EncodedImage:
+    """A training image left for the training device to decode (``--decode-device``): the file's JPEG bytes and its
+    size (w, h), which is its training size (images that ``load_image`` resizes are decoded by the worker).
+    ``index``: its dataset index, so that a batch decodes each image once."""
+    index: int
+    path: str
+    data: np.ndarray
+    size: tuple[int, int]
+
+
+@dataclass
+class SourceCrop:
+    """A tile read from an ``EncodedImage`` once decoded and resized: the (x, y, w, h) of its part of the image."""
+    image: EncodedImage
+    box: tuple[int, int, int, int]
+
+
 class PlanDataset(YoloDataset):
     """``YoloDataset`` for training whose items are ``(ImagePlan, targets, path, shapes)``: the targets, path and
     shapes equal ``YoloDataset``'s for the same (seed, epoch, index), the plan renders to its image (within
     interpolation tolerance: docs/device-augmentation.md)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, decode_device: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         if not self.augment:
             raise ValueError(f"{self.prefix}plans are for training items (augment=True)")
+        self.decode_device = decode_device  # mosaic tiles of uncached JPEGs as SourceCrops (``encoded``)
 
     def item(self, item, partners: np.ndarray | None = None):
         index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
@@ -95,12 +119,16 @@ class PlanDataset(YoloDataset):
             shown = intersect(a, window)
             if not shown:
                 continue
+            padw, padh = a[0] - b[0], a[1] - b[1]
+            x1, y1, x2, y2 = shown
+            encoded = self.encoded(k) if self.decode_device else None
+            if encoded is not None:
+                tiles.append((SourceCrop(encoded, (x1 - padw, y1 - padh, x2 - x1, y2 - y1)), (x1, y1)))
+                continue
             img = self.load_image(k)[0]
             if img.shape[:2] != sizes[position]:
                 raise ValueError(f"mosaic image {k} is {img.shape[1]}x{img.shape[0]}, expected "
                                  f"{sizes[position][1]}x{sizes[position][0]}")
-            padw, padh = a[0] - b[0], a[1] - b[1]
-            x1, y1, x2, y2 = shown
             tiles.append((img[y1 - padh:y2 - padh, x1 - padw:x2 - padw], (x1, y1)))
         labels, segments = mosaic_labels(sizes, [self.labels[k] for k in picks], [self.segments[k] for k in picks], s,
                                          centre)
@@ -110,6 +138,32 @@ class PlanDataset(YoloDataset):
         projective = self.hyp.perspective > 0
         labels, _ = warp_labels(labels, segments, matrix, zoom, (s, s), projective)
         return ImagePlan((s, s), (2 * s, 2 * s), tiles, matrix, projective, paste=mask_part(pasted)), labels
+
+    def encoded(self, k: int) -> EncodedImage | None:
+        """Image k as JPEG bytes for the training device to decode, or None where this worker decodes it as today: a
+        cached image, one that ``load_image`` resizes (cv2's fixed-point resize is not reproduced on the device, and an
+        image at least twice the training size decodes faster here at a reduced size), a file other than a baseline
+        8-bit 3-channel JPEG, one with an EXIF rotation, one whose header disagrees with the scan, or one that cannot be
+        read (the worker's decode then says why)."""
+        if self.store is not None or (self.decoded is not None and k in self.decoded):
+            return None
+        path = self.flat.file(k)
+        width0, height0 = (int(v) for v in self.shapes[k])
+        if not path.lower().endswith(JPEG_SUFFIXES) or self.resized_shape(k) != (height0, width0):
+            return None
+        try:
+            data = np.fromfile(path, dtype=np.uint8)
+        except OSError:
+            return None
+        frame, header = jpeg_frame(data), jpeg_header(data)
+        if (frame is None or frame[0] not in DECODE_FRAMES or frame[1:] != (8, 3) or header is None
+                or header[1:3] != (width0, height0)):
+            return None
+        if self.orientations[k] < 0:
+            self.orientations[k] = file_orientation(path, data)
+        if self.orientations[k] != 1:
+            return None
+        return EncodedImage(k, path, data, (width0, height0))
 
     def letterbox_plan(self, index: int, rng):
         """``load_letterboxed`` as a plan: the image (resized here when the letterbox resizes it, as cv2 does today)
@@ -147,9 +201,13 @@ class PlanBatch:
     """A batch of plans in a few tensors (what loader workers send to the training process).
 
     Layers are what gets warped: layer i < B is image i's own plan, layers B.. are the second mosaics of the images
-    with mixup. ``pixels``: every tile's bytes, one flat uint8 buffer. ``tiles`` (T, 6) int64: layer, x, y (its place
-    on that layer's canvas), width, height, offset in ``pixels``. ``canvases`` (L, 2) int64: each layer's canvas
-    (w, h). ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's
+    with mixup. ``pixels``: every tile's bytes, one flat uint8 buffer. ``tiles`` (T, 7) int64: layer, x, y (its place
+    on that layer's canvas), width, height, byte offset of its first pixel and its rows' stride in pixels, in the
+    device's pixel buffer: ``pixels`` (stride = width), then the decoded ``sources`` (``--decode-device``; the stride
+    is its image's width). ``sources``: the JPEG bytes of the images the device decodes, one flat uint8 buffer;
+    ``source_table`` (S, 4) int64: byte offset and count in it, the image's (w, h), in the order the decoded images
+    follow ``pixels``; ``source_paths``: their files. ``canvases`` (L, 2) int64: each layer's
+    canvas (w, h). ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's
     flips folded in; projective where ``projective`` (L,)). ``blends`` (M, 2) int64 (image, layer) and
     ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``pastes`` (P, 6) int64: layer,
     x, y, width, height, offset in ``paste_masks`` (flat bool): copy-paste's masks. ``out_sizes`` (B, 2) int64: each
@@ -168,6 +226,9 @@ class PlanBatch:
     hsv: torch.Tensor
     has_hsv: torch.Tensor
     size: tuple[int, int] = field(default=(0, 0))
+    sources: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+    source_table: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int64))
+    source_paths: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.out_sizes)
@@ -180,6 +241,34 @@ class PlanBatch:
     def pin_memory(self) -> "PlanBatch":
         """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device."""
         return dataclasses.replace(self, pixels=self.pixels.pin_memory())
+
+
+def encoded_sources(crops: list, tiles: list, first_pixel: int, in_worker: bool):
+    """The batch's ``EncodedImage`` sources, each once, ordered by size (the device reorders the channels of equal
+    sizes together): (the sources, their table (S, 4) int64: byte offset and count in the flat bytes, w, h; the flat
+    bytes). Each crop's tile row gets its byte offset and row stride in the device's pixel buffer, where the decoded
+    images follow the worker's pixels (from ``first_pixel``), one after another in table order."""
+    unique = {crop.image.index: crop.image for _, crop in crops}
+    sources = sorted(unique.values(), key=lambda image: (image.size[1], image.size[0], image.index))
+    place, pixel, starts = {}, first_pixel, []
+    byte = 0
+    for source in sources:
+        place[source.index] = pixel
+        pixel += source.size[0] * source.size[1]
+        starts.append(byte)
+        byte += source.data.size
+    for row, crop in crops:
+        x, y, _, _ = crop.box
+        width = crop.image.size[0]
+        tiles[row][5] = (place[crop.image.index] + y * width + x) * 3
+        tiles[row][6] = width
+    data = fresh_shared_bytes(byte) if in_worker else torch.empty(byte, dtype=torch.uint8)
+    flat = data.numpy()
+    for start, source in zip(starts, sources):
+        flat[start:start + source.data.size] = source.data
+    table = torch.tensor([(start, source.data.size, *source.size) for start, source in zip(starts, sources)],
+                         dtype=torch.int64).reshape(-1, 4)
+    return sources, table, data
 
 
 def sampling_matrix(plan: ImagePlan, flips: tuple[bool, bool]) -> np.ndarray:
@@ -220,17 +309,22 @@ def collate_plans(batch):
             blends.append((i, len(layers)))
             ratios.append(ratio)
             layers.append((second, plan.flips))
-    tiles, chunks, offset = [], [], 0
+    tiles, chunks, crops, offset = [], [], [], 0
     for layer, (plan, _) in enumerate(layers):
         for img, (x, y) in plan.tiles:
-            tiles.append((layer, x, y, img.shape[1], img.shape[0], offset))
-            chunks.append(img)
+            if isinstance(img, SourceCrop):  # its offset and stride once the sources are placed (below)
+                crops.append((len(tiles), img))
+                tiles.append([layer, x, y, img.box[2], img.box[3], 0, 0])
+                continue
+            tiles.append([layer, x, y, img.shape[1], img.shape[0], offset, img.shape[1]])
+            chunks.append((offset, img))
             offset += img.shape[0] * img.shape[1] * 3
     in_worker = get_worker_info() is not None  # sent to the training process: built in shared memory
     pixels = fresh_shared_bytes(offset) if in_worker else torch.empty(offset, dtype=torch.uint8)
     flat = pixels.numpy()
-    for (*_, w, h, start), img in zip(tiles, chunks):
-        flat[start:start + w * h * 3].reshape(h, w, 3)[:] = img
+    for start, img in chunks:
+        flat[start:start + img.size].reshape(img.shape)[:] = img
+    sources, source_table, source_bytes = encoded_sources(crops, tiles, offset // 3, in_worker)
     pastes = [(layer, x, y, mask.shape[1], mask.shape[0]) for layer, (plan, _) in enumerate(layers)
               if plan.paste is not None for mask, (x, y) in [plan.paste]]
     masks = [plan.paste[0].reshape(-1) for plan, _ in layers if plan.paste is not None]
@@ -239,7 +333,7 @@ def collate_plans(batch):
     for i, plan in enumerate(plans):
         if plan.hsv is not None:
             hsv[i] = plan.hsv
-    batch = PlanBatch(pixels=pixels, tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 6),
+    batch = PlanBatch(pixels=pixels, tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 7),
                       canvases=torch.tensor([plan.canvas_size for plan, _ in layers], dtype=torch.int64),
                       sampling=torch.from_numpy(np.stack([sampling_matrix(plan, flips) for plan, flips in layers])),
                       projective=torch.tensor([plan.projective for plan, _ in layers]),
@@ -250,5 +344,6 @@ def collate_plans(batch):
                       paste_masks=torch.from_numpy(np.concatenate(masks + [np.zeros(0, bool)])),
                       out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
                       hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
-                      size=(height, width))
+                      size=(height, width), sources=source_bytes, source_table=source_table,
+                      source_paths=[source.path for source in sources])
     return batch, torch.cat(labels, 0), list(paths), shapes

@@ -93,6 +93,7 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
         data_cfg.train, imgsz, batch_size, grid_stride, hyp=hyp, augment=True, rect=config.rect,
         workers=config.workers, image_weights=config.image_weights, prefix="train: ", shuffle=not config.rect,
         seed=config.seed, mosaic_partners=config.mosaic_partners, augment_device=config.augment_device,
+        decode_device=config.decode_device,
         labels=scan_labels(data_cfg.train, names, config.single_cls, "train: "), **common)
     labels = dataset.flat.boxes
     if len(labels) and labels[:, 0].max() >= len(names):
