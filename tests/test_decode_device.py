@@ -198,3 +198,21 @@ def test_training_with_the_device_decoding_equals_training_without(tmp_path, mon
     plain, decoded = (torch.load(run / "weights" / "last.pt", weights_only=True)["model"]["state_dict"]
                       for run in runs.values())
     assert plain.keys() == decoded.keys() and all(torch.equal(plain[key], decoded[key]) for key in plain)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs the cuda tests)")
+def test_the_gpu_decodes_close_to_the_workers(split):
+    """On CUDA (nvJPEG: another IDCT and chroma upsampling than OpenCV's libjpeg-turbo) the images rendered from
+    GPU-decoded sources stay close to those of the worker-decoded plans rendered on the same GPU: a tile read from
+    the wrong place, a channel order swapped or a stride off by one differs by tens on average."""
+    device = torch.device("cuda")
+    worker, decoded = plans(split, HYPS["mosaic, mixup"], False), plans(split, HYPS["mosaic, mixup"], True)
+    sources = 0
+    for first in range(0, len(worker), 4):
+        plain = collate_plans(worker[first:first + 4])[0].pin_memory()
+        batch = collate_plans(decoded[first:first + 4])[0].pin_memory()
+        sources += len(batch.source_table)
+        difference = (render_plans(batch, device).int() - render_plans(plain, device).int()).abs().float()
+        assert difference.mean() < 1.0, difference.mean()
+    assert sources > 0
