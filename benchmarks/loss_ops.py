@@ -30,22 +30,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--root", default=str(ROOT), help="the checkout whose code is measured")
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dispatch_count import OperationCount  # this checkout's counter, whichever checkout is measured
+
     sys.path.insert(0, str(Path(args.root).resolve()))
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from models.yolo import DetectionModel
     from utils.config import Hyp
     from utils.loss import ComputeLoss
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.operations = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.operations += 1
-            return func(*args, **(kwargs or {}))
 
     device = torch.device(args.device)
     model = DetectionModel(args.cfg, nc=args.nc).to(device)
@@ -73,9 +66,9 @@ def main() -> None:
     for name, fixed in (("compact", False), ("fixed shapes", True)):
         loss = ComputeLoss(model, Hyp(), imgsz=args.imgsz, fixed_shapes=fixed)
         call(loss)  # first call: constants made, kernels loaded
-        with Count() as forward:
+        with OperationCount() as forward:
             total, items = loss(preds, targets)
-        with Count() as backward:
+        with OperationCount() as backward:
             total.backward()
         seconds = []
         for _ in range(args.rounds):

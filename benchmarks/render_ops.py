@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_device_augment import loader  # noqa: E402
 from benchmarks.bench_memory import cpu_name  # noqa: E402
+from benchmarks.dispatch_count import OperationCount  # noqa: E402
 
 
 def main() -> None:
@@ -35,20 +36,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the plans are rendered: cpu, cuda:0")
     args = parser.parse_args()
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from utils.data import device_augment
     from utils.data.dataset_yaml import load_data_config
     from utils.data.plans import collate_plans
 
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.operations = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.operations += 1
-            return func(*args, **(kwargs or {}))
 
     config = load_data_config(args.data)
     cell = {"images": config.split("train")[0], "nc": len(config.names), "imgsz": args.imgsz,
@@ -66,7 +58,7 @@ def main() -> None:
         device_augment.ONE_WRITE_DEVICES = devices
         digest, operations, seconds = hashlib.sha256(), [], []
         for batch in batches:
-            with Count() as count:
+            with OperationCount() as count:
                 rendered = device_augment.render_plans(batch, device)
             operations.append(count.operations)
             digest.update(rendered.contiguous().cpu().numpy().tobytes())
