@@ -67,7 +67,7 @@ class EncodedImage:
 
 @dataclass
 class SourceCrop:
-    """A tile read from an ``EncodedImage`` once decoded and resized: the (x, y, w, h) of its part of the image."""
+    """A tile read from an ``EncodedImage`` once decoded: the (x, y, w, h) of its part of the image."""
     image: EncodedImage
     box: tuple[int, int, int, int]
 
@@ -206,9 +206,9 @@ class PlanBatch:
     device's pixel buffer: ``pixels`` (stride = width), then the decoded ``sources`` (``--decode-device``; the stride
     is its image's width). ``sources``: the JPEG bytes of the images the device decodes, one flat uint8 buffer;
     ``source_table`` (S, 4) int64: byte offset and count in it, the image's (w, h), in the order the decoded images
-    follow ``pixels``; ``source_paths``: their files. ``canvases`` (L, 2) int64: each layer's
-    canvas (w, h). ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's
-    flips folded in; projective where ``projective`` (L,)). ``blends`` (M, 2) int64 (image, layer) and
+    follow ``pixels``; ``source_paths``: their files. ``canvases`` (L, 2) int64: each layer's canvas (w, h).
+    ``sampling`` (L, 3, 3) float64: image pixel (x, y, 1) -> canvas point (the inverse warp with the image's flips
+    folded in; projective where ``projective`` (L,)). ``blends`` (M, 2) int64 (image, layer) and
     ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``pastes`` (P, 6) int64: layer,
     x, y, width, height, offset in ``paste_masks`` (flat bool): copy-paste's masks. ``out_sizes`` (B, 2) int64: each
     image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as ``collate``
@@ -250,8 +250,7 @@ def encoded_sources(crops: list, tiles: list, first_pixel: int, in_worker: bool)
     images follow the worker's pixels (from ``first_pixel``), one after another in table order."""
     unique = {crop.image.index: crop.image for _, crop in crops}
     sources = sorted(unique.values(), key=lambda image: (image.size[1], image.size[0], image.index))
-    place, pixel, starts = {}, first_pixel, []
-    byte = 0
+    place, starts, pixel, byte = {}, [], first_pixel, 0
     for source in sources:
         place[source.index] = pixel
         pixel += source.size[0] * source.size[1]
