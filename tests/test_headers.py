@@ -9,7 +9,8 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from tests.conftest import shared_path
-from utils.data.headers import fast_header, image_header, jpeg_header, pil_header, png_header, tiff_orientation
+from utils.data.headers import (fast_header, image_header, jpeg_frame, jpeg_header, pil_header, png_header,
+                                tiff_orientation)
 from utils.data.images import IMG_EXTENSIONS, exif_orientation, read_image
 
 
@@ -155,3 +156,16 @@ def test_header_equals_pil_on_real_images():
     for path in files:
         data = path.read_bytes()
         assert image_header(data) == pil_header(data), path
+
+
+def test_jpeg_frame_reads_the_frame_header_of_plain_jpegs_only():
+    import cv2
+
+    pixels = np.zeros((30, 50, 3), np.uint8)
+    baseline = cv2.imencode(".jpg", pixels)[1].tobytes()
+    progressive = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    grey = cv2.imencode(".jpg", pixels[..., 0])[1].tobytes()
+    assert jpeg_frame(baseline) == (0xC0, 8, 3, 50, 30)
+    assert jpeg_frame(progressive) == (0xC2, 8, 3, 50, 30) and jpeg_frame(grey) == (0xC0, 8, 1, 50, 30)
+    assert jpeg_frame(cv2.imencode(".png", pixels)[1].tobytes()) is None
+    assert jpeg_frame(baseline[:20]) is None  # cut before its frame header

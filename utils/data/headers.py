@@ -112,9 +112,9 @@ def jpeg_header(buf) -> tuple[str, int, int, int] | None:
     return "JPEG", size[0], size[1], orientation or 1
 
 
-def jpeg_frame(buf) -> tuple[int, int, int] | None:
-    """(frame marker, sample precision, component count) of a JPEG's bytes with one frame header before its first
-    scan; None for anything else (not a JPEG, markers not plain, no frame or several)."""
+def jpeg_frame(buf) -> tuple[int, int, int, int, int] | None:
+    """(frame marker, sample precision, component count, width, height) of a JPEG's bytes with one frame header
+    before its first scan; None for anything else (not a JPEG, markers not plain, no frame or several)."""
     buf = _bytes_view(buf)
     if bytes(buf[:3]) != _JPEG_START:
         return None
@@ -126,7 +126,8 @@ def jpeg_frame(buf) -> tuple[int, int, int] | None:
         if marker in _SOF_MARKERS:
             if pos - segment < 6:
                 return None
-            frames.append((marker, buf[segment], buf[segment + 5]))
+            frames.append((marker, buf[segment], buf[segment + 5], (buf[segment + 3] << 8) | buf[segment + 4],
+                           (buf[segment + 1] << 8) | buf[segment + 2]))
     return frames[0] if len(frames) == 1 else None
 
 

@@ -21,7 +21,7 @@ from torch.utils.data import get_worker_info
 
 from utils.data.batch_slots import fresh_shared_bytes
 from utils.data.dataset import JPEG_SUFFIXES, YoloDataset, normalised_targets, pixel_boxes
-from utils.data.headers import jpeg_frame, jpeg_header
+from utils.data.headers import jpeg_frame
 from utils.data.images import file_orientation
 from utils.data.transforms import (copy_paste_labels, flip_draws, flip_labels, hsv_gains, hsv_lut, intersect,
                                    letterbox_geometry, mixup_ratio, mosaic_labels, mosaic_placement, perspective_matrix, warp_labels,
@@ -155,9 +155,8 @@ class PlanDataset(YoloDataset):
             data = np.fromfile(path, dtype=np.uint8)
         except OSError:
             return None
-        frame, header = jpeg_frame(data), jpeg_header(data)
-        if (frame is None or frame[0] not in DECODE_FRAMES or frame[1:] != (8, 3) or header is None
-                or header[1:3] != (width0, height0)):
+        frame = jpeg_frame(data)
+        if frame is None or frame[0] not in DECODE_FRAMES or frame[1:] != (8, 3, width0, height0):
             return None
         if self.orientations[k] < 0:
             self.orientations[k] = file_orientation(path, data)
