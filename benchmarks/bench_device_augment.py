@@ -1,6 +1,7 @@
 """--augment-device against today's loader: images/s of the training loader with its images made by OpenCV in the
-workers (today) and of the plan loader plus the rendering on the training device (``render_plans``), and how far the
-two paths' images are apart, with the same draws (a timing: run it on an otherwise idle machine).
+workers (today), of the plan loader plus the rendering on the training device (``render_plans``) and of the plan
+loader alone (``--paths plans``), and how far the two paths' images are apart, with the same draws (a timing: run it
+on an otherwise idle machine).
 
     python benchmarks/bench_device_augment.py --data ../shared/datasets/bccd/data.yaml          # CPU, 640
     python benchmarks/bench_device_augment.py --data DATA --device 0 --workers 4 8 --cache off ram
@@ -28,7 +29,7 @@ from benchmarks.bench_loader import train_images, warm_page_cache  # noqa: E402
 from benchmarks.bench_memory import cpu_name  # noqa: E402
 from benchmarks.loader_timing import time_loader  # noqa: E402
 
-PATHS = ("opencv", "render")
+PATHS = ("opencv", "render", "plans")  # plans: the plan loader alone, what the workers must sustain on a GPU node
 
 
 def loader(cell: dict, augment_device: bool):
@@ -52,9 +53,9 @@ def run_cell(cell: dict) -> dict:
     from utils.data.loader import set_loader_epoch
 
     device = torch.device(cell["device"])
-    plans = cell["path"] == "render"
+    plans, render = cell["path"] != "opencv", cell["path"] == "render"
     made = loader(cell, plans)
-    if plans:
+    if render:
         hsv_tables(device)  # made once per run: not part of the steady state
 
     def batches():
@@ -62,11 +63,11 @@ def run_cell(cell: dict) -> dict:
         while True:
             set_loader_epoch(made, epoch)
             for images, *_ in made:
-                if plans:
+                if render:
                     images = render_plans(images, device)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                yield images.shape[0]
+                yield len(images)
             epoch += 1
 
     return time_loader(made, batches(), cell["seconds"])
@@ -121,7 +122,9 @@ def main() -> None:
     parser.add_argument("--cache", nargs="+", default=["ram"], choices=("off", "ram"))
     parser.add_argument("--device", default="cpu", help="where plans are rendered: cpu, 0, cuda:0")
     parser.add_argument("--seconds", type=float, default=20.0, help="timed window per row")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two paths per row")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the paths per row")
+    parser.add_argument("--paths", nargs="+", default=["opencv", "render"], choices=PATHS,
+                        help="opencv: today's loader; render: the plan loader + render_plans; plans: the plan loader")
     parser.add_argument("--tolerance", type=int, default=0, metavar="BATCHES",
                         help="only compare the two paths' images over this many batches")
     parser.add_argument("--cell", help=argparse.SUPPRESS)
@@ -145,13 +148,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for cache in args.cache:
         for workers in args.workers:
-            results = {path: [] for path in PATHS}
+            results = {path: [] for path in args.paths}
             for _ in range(args.rounds):
-                for path in PATHS:
+                for path in args.paths:
                     row = measure({**base, "cache": cache, "workers": workers, "path": path})
                     if row is not None:
                         results[path].append(row)
-            for path in PATHS:
+            for path in args.paths:
                 rows = results[path]
                 if rows:
                     rates = [r["images_per_s"] for r in rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.test_dataset import SIZES, make_split
@@ -24,7 +25,7 @@ def test_slot_is_released_only_when_the_last_view_dies(monkeypatch):
     assert (slot_of(first), slot_of(second)) == (2, 3)
 
     slots._storages.clear()  # in a real run the worker's own reference is in another process
-    slots.track(first.permute(0, 3, 1, 2))
+    batch_slots.track(first.permute(0, 3, 1, 2))
     view = first[1:]
     del first
     gc.collect()
@@ -38,8 +39,8 @@ def test_slot_is_released_only_when_the_last_view_dies(monkeypatch):
 def test_no_slots_outside_workers_and_plain_tensors_are_ignored():
     slots = BatchSlots(num_workers=1, per_worker=2)
     assert slots.images_buffer((1, 4, 4, 3)) is None  # the main process (workers=0) collates on the heap
-    slots.track(torch.zeros(2, 3, 4, 4, dtype=torch.uint8))
-    slots.track(torch.zeros(2, 3, 4, 4))
+    batch_slots.track(torch.zeros(2, 3, 4, 4, dtype=torch.uint8))
+    batch_slots.track(torch.zeros(2, 3, 4, 4))
     assert slots.flags.tolist() == [0, 0]
 
 
@@ -69,3 +70,90 @@ def test_reused_slots_give_the_same_batches_as_the_main_process(tmp_path):
     for (a_images, a_targets), (b_images, b_targets), (c_images, c_targets) in zip(reference, reused, kept):
         assert torch.equal(a_images, b_images) and torch.equal(a_targets, b_targets)
         assert torch.equal(a_images, c_images) and torch.equal(a_targets, c_targets)  # never overwritten
+
+
+def test_a_slot_grows_with_headroom_and_is_reused_when_large_enough(monkeypatch):
+    monkeypatch.setattr(batch_slots, "get_worker_info", lambda: SimpleNamespace(id=0))
+    slots = BatchSlots(num_workers=1, per_worker=1)
+    first = slots.buffer(100, headroom=1.25)
+    assert first.numel() == 100 and first.untyped_storage().nbytes() == 125 + batch_slots.TRAILER
+    assert slots.buffer(10) is None  # its only slot is taken
+    slots.flags.zero_()
+    smaller = slots.buffer(90, headroom=1.25)
+    assert smaller.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()  # fits: the same memory
+    slots.flags.zero_()
+    larger = slots.buffer(200, headroom=1.25)
+    assert larger.untyped_storage().nbytes() == 250 + batch_slots.TRAILER and slot_of(larger) == 0
+
+
+def plan_batches(split, workers: int, epochs: int = 3):
+    """Every batch of plans over ``epochs`` (decoded JPEG sources included) rendered on the CPU, with the slot each came
+    in and whether its JPEG bytes travelled in the same buffer."""
+    from utils.data.device_augment import render_plans
+
+    loader, _ = create_dataloader(None, 160, 2, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True, seed=5,
+                                  labels=split, augment_device=True, decode_device=True)
+    out = []
+    for epoch in range(epochs):
+        set_loader_epoch(loader, epoch)
+        for batch, targets, _, _ in loader:
+            together = batch.sources.untyped_storage().data_ptr() == batch.pixels.untyped_storage().data_ptr()
+            out.append((render_plans(batch), targets.clone(), slot_of(batch.pixels), batch.sources.numel(), together))
+            del batch
+    return out
+
+
+def test_plans_travel_in_reused_slots_and_render_as_in_the_main_process(tmp_path):
+    """--augment-device's batches (with --decode-device's JPEG bytes) come in reused buffers, and render to the bit as
+    the batches collated in the training process."""
+    split = make_split(tmp_path, SIZES * 2, suffix=".jpg")  # 12 images, 4 of them at 160 (decoded on the device)
+    reference = plan_batches(split, workers=0)
+    reused = plan_batches(split, workers=2)
+    slots = [slot for _, _, slot, _, _ in reused]
+    assert all(slot is not None for slot in slots) and len(set(slots)) < len(slots)  # 18 batches, 12 slots
+    assert any(count for _, _, _, count, _ in reused)  # some batches carried JPEG bytes ...
+    assert all(together for _, _, _, count, together in reused if count)  # ... in the pixels' slot
+    for (a_images, a_targets, *_), (b_images, b_targets, *_) in zip(reference, reused, strict=True):
+        assert torch.equal(a_images, b_images) and torch.equal(a_targets, b_targets)
+
+
+@pytest.mark.parametrize("plans", [False, True])
+def test_a_pinned_batch_gives_its_slot_back_once_copied(tmp_path, monkeypatch, plans):
+    """With pinned memory (CUDA) the DataLoader's pin thread copies each batch out of its slot before the loader sees
+    it: the worker hands over a SlotBatch, torch's pin_memory() calls its pin_memory(), and the slot comes back once
+    the unpinned batch is gone. Pinning needs a GPU: here a copy stands in for it."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from utils.data.dataset import YoloDataset, collate
+    from utils.data.plans import PlanBatch, PlanDataset, collate_plans
+
+    monkeypatch.setattr(batch_slots, "get_worker_info", lambda: SimpleNamespace(id=0))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args: self.clone())
+    split = make_split(tmp_path, SIZES)
+    dataset = (PlanDataset if plans else YoloDataset)(split, imgsz=64, batch_size=2, augment=True, hyp=Hyp())
+    items = [dataset[(i, 0)] for i in range(2)]
+    slots = BatchSlots(num_workers=1, per_worker=2, pinned=True)
+    handed = (collate_plans if plans else collate)(items, slots=slots)
+    assert isinstance(handed, batch_slots.SlotBatch) and slots.flags.tolist() == [1, 0]
+    slots._storages.clear()  # in a real run the worker's own reference is in another process
+    pinned = pin_memory(handed)
+    assert isinstance(pinned, tuple)
+    expected = (collate_plans if plans else collate)(items)  # the same batch collated in this process
+    if plans:
+        assert isinstance(pinned[0], PlanBatch) and torch.equal(pinned[0].pixels, expected[0].pixels)
+        assert slot_of(pinned[0].pixels) is None
+    else:
+        assert torch.equal(pinned[0], expected[0]) and slot_of(pinned[0]) is None
+    assert torch.equal(pinned[1], expected[1])
+    assert slots.flags.tolist() == [1, 0]  # the unpinned batch is still alive
+    del handed
+    gc.collect()
+    assert slots.flags.tolist() == [0, 0]
+
+
+def test_unpinned_batches_are_handed_over_as_they_are(monkeypatch):
+    monkeypatch.setattr(batch_slots, "get_worker_info", lambda: SimpleNamespace(id=0))
+    slots = BatchSlots(num_workers=1, per_worker=1)
+    batch = (slots.buffer(8), "targets")
+    assert slots.handed_over(batch, batch[0]) is batch
+    assert BatchSlots(num_workers=1, per_worker=1, pinned=True).handed_over(batch, None) is batch  # a fresh buffer

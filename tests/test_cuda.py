@@ -310,14 +310,25 @@ def test_the_loader_pins_memory_exactly_when_cuda_is_there(device, tmp_path, mon
         for available in (True, False):
             monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
             loader, _ = create_dataloader(sources, 64, 2, 32, workers=2, names=["class0", "class1"])
-            assert loader.pin_memory is available and (loader.slots is None) is available  # no buffer reuse
+            assert loader.pin_memory is available and loader.slots.pinned is available  # SlotBatch when pinned
         return
+    import gc
+
+    from utils.data.loader import set_loader_epoch
+
     loader, _ = create_dataloader(sources, 64, 2, 32, workers=2, names=["class0", "class1"])
-    images = next(iter(loader))[0]
-    assert loader.pin_memory and images.is_pinned()
-    on_gpu = images.to(device, non_blocking=True)
-    torch.cuda.synchronize()
-    assert torch.equal(on_gpu.cpu(), images)
+    reference, _ = create_dataloader(sources, 64, 2, 32, workers=0, names=["class0", "class1"])
+    for epoch in range(4):  # 8 batches through 2 workers' reused slots: each comes back once its batch is pinned
+        set_loader_epoch(loader, epoch)
+        set_loader_epoch(reference, epoch)
+        for (images, targets, _, _), (expected, expected_targets, _, _) in zip(loader, reference, strict=True):
+            assert loader.pin_memory and images.is_pinned()
+            on_gpu = images.to(device, non_blocking=True)
+            torch.cuda.synchronize()
+            assert torch.equal(on_gpu.cpu(), expected) and torch.equal(targets, expected_targets)
+    del images
+    gc.collect()
+    assert loader.slots.flags.sum() == 0  # no batch holds a slot any more
 
 
 # ---------------------------------------------------------------------- --half

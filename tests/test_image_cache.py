@@ -238,8 +238,8 @@ def test_shared_memory_keeps_room_for_the_loaders_batches(tmp_path, shm, user_ca
 def test_loader_room_is_the_workers_batch_buffers(split, shm, monkeypatch):
     """Each worker keeps PREFETCH + SPARE_SLOTS uint8 batches of 3 x side x side (a rect batch: its padded side),
     on every process of the machine; create_dataloader hands that to the cache, 0 when loading stays inline."""
-    assert loader_shared_bytes(2, 16, 640, 32, processes=2) == 2 * 2 * 6 * (16 * 3 * 640 * 640 + 16)
-    assert loader_shared_bytes(3, 32, 640, 32, pad=0.5) == 3 * 6 * (32 * 3 * 672 * 672 + 16)
+    assert loader_shared_bytes(2, 16, 640, 32, processes=2) == 2 * 2 * 6 * (16 * 3 * 640 * 640 + 24)
+    assert loader_shared_bytes(3, 32, 640, 32, pad=0.5) == 3 * 6 * (32 * 3 * 672 * 672 + 24)
     assert loader_shared_bytes(0, 16, 640, 32) == 0
     given = []
     real = dataset_module.shared_image_store

@@ -1,22 +1,29 @@
-"""Reusable shared-memory buffers for the image batches that loader workers send to the training process.
+"""Reusable shared-memory buffers for the batches that loader workers send to the training process.
 
 Why: a worker's collated batch lives in shared memory. Allocated fresh for every batch (as torch's
 ``default_collate`` does), each one costs the kernel a new tmpfs page per 4 KiB, zeroed, and the
 training process an unmap when it is freed: about 0.75 ms of CPU per 640x640 image on the 2-core
 benchmark machine (``benchmarks/bench_loader.py``), 6% of the loader's work, taken from the cores
-the model trains on.
+the model trains on. For ``--augment-device``'s plans, where a worker does little else, a fresh buffer was most of a
+worker's time (docs/benchmarks.md, 2026-11-28: 1.9 ms of 2.0 ms an image at 640 against 0.7 ms reused).
 
 How: each worker owns up to ``per_worker`` shared buffers ("slots"). A one-byte flag per slot in a
 small shared array says whether the training process may still be using it. The worker claims a
 free slot, writes the batch into it and sets the flag; the training process clears the flag when
-the last tensor viewing that buffer is garbage-collected (``track``, called by the loader on every
-batch it yields). The slot number travels inside the buffer, in a trailer after the image bytes, so
-the batch format is unchanged. A worker that finds no free slot allocates a fresh buffer as before,
+the last tensor viewing that buffer is garbage-collected (``track``). The slot number and its owner (the
+``BatchSlots``' token, looked up in the training process) travel inside the buffer, in a trailer after the bytes,
+so the batch format is unchanged. A worker that finds no free slot allocates a fresh buffer as before,
 so a consumer that keeps batches (or never calls ``track``) costs speed, never correctness.
+
+Who calls ``track``: without pinned memory, the loader, on every batch it yields. With it (CUDA), the DataLoader's
+pin-memory thread copies each batch out of its slot before the loader sees it, so a worker hands its batch over
+as a ``SlotBatch``, whose ``pin_memory()`` (which that thread calls) makes the copies and tracks the slot: the slot
+comes back as soon as the copies exist.
 """
 from __future__ import annotations
 
 import math
+import os
 import weakref
 
 import numpy as np
@@ -24,50 +31,82 @@ import torch
 from torch.utils.data import get_worker_info
 
 MAGIC = 0x3146_5542_4F4C_4F59  # b"YOLOBUF1" little-endian
-TRAILER = 16  # bytes after the images: int64 magic, int64 slot number
+TRAILER = 24  # bytes after the batch: int64 magic, int64 slot number, int64 owner token
+_OWNERS: "weakref.WeakValueDictionary[int, BatchSlots]" = weakref.WeakValueDictionary()  # token -> slots (trainer)
 
 
 class BatchSlots:
-    """Shared flags for ``num_workers * per_worker`` slots; buffers are created lazily in each worker."""
+    """Shared flags for ``num_workers * per_worker`` slots; buffers are created lazily in each worker. ``pinned``: the
+    training process copies each batch into pinned memory (then workers hand batches over as ``SlotBatch``)."""
 
-    def __init__(self, num_workers: int, per_worker: int):
-        self.per_worker = per_worker
+    def __init__(self, num_workers: int, per_worker: int, pinned: bool = False):
+        self.per_worker, self.pinned = per_worker, pinned
         self.flags = torch.zeros(num_workers * per_worker, dtype=torch.uint8).share_memory_()
+        self.token = int.from_bytes(os.urandom(7), "little")  # names these slots in a buffer's trailer
         self._storages = {}  # per process (worker side): slot -> UntypedStorage
+        _OWNERS[self.token] = self
 
-    def __getstate__(self):  # sent to spawned workers: the shared flags only
-        return {"per_worker": self.per_worker, "flags": self.flags}
+    def __getstate__(self):  # sent to spawned workers: the shared flags and the names
+        return {"per_worker": self.per_worker, "pinned": self.pinned, "flags": self.flags, "token": self.token}
 
     def __setstate__(self, state):
-        self.per_worker, self.flags = state["per_worker"], state["flags"]
+        self.__dict__.update(state)
         self._storages = {}
 
-    def images_buffer(self, shape) -> torch.Tensor | None:
-        """A uint8 tensor of ``shape`` in a free slot of this worker, or None (main process, none free)."""
+    def buffer(self, nbytes: int, headroom: float = 1.0) -> torch.Tensor | None:
+        """A flat uint8 tensor of ``nbytes`` in a free slot of this worker, or None (main process, none free). A slot
+        too small for it is replaced by one of ``headroom`` times the size (batches whose sizes vary: plans)."""
         info = get_worker_info()
         if info is None:
             return None
         flags = self.flags.numpy()
-        nbytes = math.prod(shape)
         first = info.id * self.per_worker
         for slot in range(first, first + self.per_worker):
             if flags[slot]:
                 continue
             storage = self._storages.get(slot)
             if storage is None or storage.nbytes() < nbytes + TRAILER:
-                storage = torch.empty(nbytes + TRAILER, dtype=torch.uint8).share_memory_().untyped_storage()
+                size = max(nbytes, math.ceil(nbytes * headroom)) + TRAILER
+                storage = torch.empty(size, dtype=torch.uint8).share_memory_().untyped_storage()
                 self._storages[slot] = storage
-            trailer = _trailer(storage)
-            trailer[0], trailer[1] = MAGIC, slot
+            _trailer(storage)[:] = MAGIC, slot, self.token
             flags[slot] = 1
-            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape))
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
         return None
 
-    def track(self, images: torch.Tensor) -> None:
-        """Training-process side: free the slot of ``images`` (if it has one) once nothing views it."""
-        slot = slot_of(images)
-        if slot is not None and slot < len(self.flags):
-            weakref.finalize(images.untyped_storage(), _release, self.flags.numpy(), slot)
+    def images_buffer(self, shape) -> torch.Tensor | None:
+        """A uint8 tensor of ``shape`` in a free slot of this worker, or None (main process, none free)."""
+        flat = self.buffer(math.prod(shape))
+        return None if flat is None else flat.view(shape)
+
+    def handed_over(self, batch: tuple, view: torch.Tensor | None):
+        """What a worker returns for ``batch``, whose tensor ``view`` (None: none) is in one of its slots: the batch,
+        or a ``SlotBatch`` when the training process pins (see the module docstring)."""
+        return SlotBatch(batch, view) if self.pinned and view is not None else batch
+
+
+class SlotBatch:
+    """A batch on its way to the DataLoader's pin-memory thread, with ``view``, a tensor in a slot. Not a sequence on
+    purpose: torch's pin_memory() recurses into sequences, and calls this ``pin_memory`` on other objects."""
+
+    def __init__(self, batch: tuple, view: torch.Tensor):
+        self.batch, self.view = batch, view
+
+    def pin_memory(self, device=None) -> tuple:
+        """The batch with its tensors (and objects with a ``pin_memory``) copied to pinned memory; the slot is tracked,
+        so it comes back once this object and the unpinned batch are gone."""
+        pinned = tuple(item.pin_memory() if hasattr(item, "pin_memory") else item for item in self.batch)
+        track(self.view)
+        return pinned
+
+
+def track(tensor) -> None:
+    """Training-process side: free the slot of ``tensor`` (if it views one of a live ``BatchSlots``) once nothing
+    views it."""
+    found = _slot_and_owner(tensor)
+    owner = _OWNERS.get(found[1]) if found is not None else None
+    if owner is not None and found[0] < len(owner.flags):
+        weakref.finalize(tensor.untyped_storage(), _release, owner.flags.numpy(), found[0])
 
 
 def fresh_shared_bytes(nbytes: int) -> torch.Tensor:
@@ -77,19 +116,24 @@ def fresh_shared_bytes(nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes), 0, (nbytes,))
 
 
-def slot_of(images) -> int | None:
-    """The slot a batch's images travelled in (read from the trailer), or None for any other tensor."""
-    if not isinstance(images, torch.Tensor) or images.device.type != "cpu" or images.dtype != torch.uint8:
+def slot_of(tensor) -> int | None:
+    """The slot a batch's tensor travelled in (read from the trailer), or None for any other tensor."""
+    found = _slot_and_owner(tensor)
+    return None if found is None else found[0]
+
+
+def _slot_and_owner(tensor) -> tuple[int, int] | None:
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or tensor.dtype != torch.uint8:
         return None
-    storage = images.untyped_storage()
-    if storage.nbytes() < images.numel() + TRAILER:
+    storage = tensor.untyped_storage()
+    if storage.nbytes() < tensor.numel() + TRAILER:
         return None
-    magic, slot = (int(v) for v in _trailer(storage))
-    return slot if magic == MAGIC and slot >= 0 else None
+    magic, slot, token = (int(v) for v in _trailer(storage))
+    return (slot, token) if magic == MAGIC and slot >= 0 else None
 
 
 def _trailer(storage: torch.UntypedStorage) -> np.ndarray:
-    """The 2 int64 values (magic, slot) at the end of ``storage``, as a writable numpy view."""
+    """The 3 int64 values (magic, slot, owner token) at the end of ``storage``, as a writable numpy view."""
     tail = torch.empty(0, dtype=torch.uint8).set_(storage, storage.nbytes() - TRAILER, (TRAILER,))
     return tail.numpy().view(np.int64)
 

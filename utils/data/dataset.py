@@ -204,7 +204,8 @@ def collate(batch, slots=None):
 
     Inside workers the stacked storage is shared memory, so the batch reaches the training process
     without another copy: a reused buffer from ``slots`` (``utils.data.batch_slots``) when one is free,
-    else a fresh one (``default_collate``). Images of different sizes (only possible when a distributed
+    else a fresh one (``default_collate``); handed over as a ``SlotBatch`` when the training process pins memory.
+    Images of different sizes (only possible when a distributed
     rank's share of a --rect split straddles two rect batches) are padded bottom/right to the largest,
     labels rescaled to match.
     """
@@ -220,7 +221,8 @@ def collate(batch, slots=None):
             item_labels[:, [3, 5]] *= h / height
     buffer = slots.images_buffer((len(hwc), height, width, 3)) if slots is not None else None
     stacked = torch.stack(hwc, out=buffer) if buffer is not None else default_collate(hwc)
-    return stacked.permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
+    batch = stacked.permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
+    return slots.handed_over(batch, buffer) if slots is not None else batch
 
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):

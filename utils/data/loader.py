@@ -20,9 +20,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils import dist
-from utils.data.batch_slots import TRAILER, BatchSlots
+from utils.data.batch_slots import TRAILER, BatchSlots, track
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
-from utils.data.plans import PlanDataset, collate_plans
+from utils.data.plans import PlanBatch, PlanDataset, collate_plans
 from utils.device import usable_cpus
 from utils.memory import keep_freed_memory
 
@@ -100,8 +100,9 @@ class BatchShardSampler(Sampler):
 
 
 class SlotDataLoader(DataLoader):
-    """A DataLoader whose workers reuse shared-memory image buffers (``utils.data.batch_slots``): each
-    batch it yields hands its buffer back to the workers once the batch's images are garbage-collected."""
+    """A DataLoader whose workers reuse shared-memory batch buffers (``utils.data.batch_slots``): each
+    batch it yields hands its buffer back to the workers once the batch's images (or plans) are garbage-collected;
+    pinned, once they are copied to pinned memory (``SlotBatch``)."""
 
     def __init__(self, *args, slots: BatchSlots | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -115,7 +116,8 @@ class SlotDataLoader(DataLoader):
 
     def _tracked(self, iterator):
         for batch in iterator:
-            self.slots.track(batch[0])
+            first = batch[0]
+            track(first.pixels if isinstance(first, PlanBatch) else first)  # no slot once pinned: nothing to do
             yield batch
 
 
@@ -145,9 +147,10 @@ def worker_count(workers: int, batch_size: int, processes: int = 1) -> int:
 def loader_shared_bytes(num_workers: int, batch_size: int, imgsz: int, stride: int, pad: float = 0.0,
                         processes: int = 1) -> int:
     """Shared memory that a split's loaders hold on a machine at most: ``processes`` loaders of ``num_workers``
-    workers, each worker PREFETCH + SPARE_SLOTS batch buffers (``utils.data.batch_slots``; fresh buffers from
-    ``default_collate`` when pinned are fewer), each a collated uint8 batch of ``batch_size`` images 3 x side x
-    side: side ``imgsz`` (a mosaic), or a rect batch's longest, padded side."""
+    workers, each worker PREFETCH + SPARE_SLOTS batch buffers (``utils.data.batch_slots``, made as they are needed),
+    each a collated uint8 batch of ``batch_size`` images 3 x side x side: side ``imgsz`` (a mosaic), or a rect batch's
+    longest, padded side. (A batch of plans, ``--augment-device``, holds about as many bytes on average: the parts
+    of its sources that its images read; a reused buffer grows to 1.25x a batch that outgrew it.)"""
     side = math.ceil(imgsz / stride + pad) * stride
     return processes * num_workers * (PREFETCH + SPARE_SLOTS) * (batch_size * 3 * side * side + TRAILER)
 
@@ -211,10 +214,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + max(rank, 0))
     prefetch = PREFETCH if num_workers > 0 else None
-    pin_memory = torch.cuda.is_available()  # pinning copies each batch anyway: no buffer reuse then
-    reuse = num_workers > 0 and not pin_memory and not plans  # plans travel in their own tensors
-    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS) if reuse else None
-    collate_fn = collate_plans if plans else functools.partial(collate, slots=slots)
+    pin_memory = torch.cuda.is_available()
+    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS, pinned=pin_memory) if num_workers > 0 else None
+    collate_fn = functools.partial(collate_plans if plans else collate, slots=slots)
     loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                             persistent_workers=num_workers > 0, worker_init_fn=seed_worker,
                             generator=generator, prefetch_factor=prefetch, slots=slots,

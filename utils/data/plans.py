@@ -51,6 +51,7 @@ class ImagePlan:
     mixup: tuple | None = None
 
 
+SLOT_HEADROOM = 1.25  # a reused batch buffer grows to 1.25x the batch that outgrew it (batches of plans vary in size)
 DECODE_FRAMES = (0xC0, 0xC1)  # baseline and extended sequential JPEG frames: what every nvJPEG backend decodes
 
 
@@ -238,15 +239,16 @@ class PlanBatch:
         return len(self), 3, *self.size
 
     def pin_memory(self) -> "PlanBatch":
-        """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device."""
-        return dataclasses.replace(self, pixels=self.pixels.pin_memory())
+        """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device, and the JPEG
+        bytes (so that nothing views a worker's reused buffer afterwards)."""
+        return dataclasses.replace(self, pixels=self.pixels.pin_memory(), sources=self.sources.pin_memory())
 
 
-def encoded_sources(crops: list, tiles: list, first_pixel: int, in_worker: bool):
+def encoded_sources(crops: list, tiles: list, first_pixel: int):
     """The batch's ``EncodedImage`` sources, each once, ordered by size (the device reorders the channels of equal
     sizes together): (the sources, their table (S, 4) int64: byte offset and count in the flat bytes, w, h; the flat
-    bytes). Each crop's tile row gets its byte offset and row stride in the device's pixel buffer, where the decoded
-    images follow the worker's pixels (from ``first_pixel``), one after another in table order."""
+    bytes' size). Each crop's tile row gets its byte offset and row stride in the device's pixel buffer, where the
+    decoded images follow the worker's pixels (from ``first_pixel``), one after another in table order."""
     unique = {crop.image.index: crop.image for _, crop in crops}
     sources = sorted(unique.values(), key=lambda image: (image.size[1], image.size[0], image.index))
     place, starts, pixel, byte = {}, [], first_pixel, 0
@@ -260,13 +262,9 @@ def encoded_sources(crops: list, tiles: list, first_pixel: int, in_worker: bool)
         width = crop.image.size[0]
         tiles[row][5] = (place[crop.image.index] + y * width + x) * 3
         tiles[row][6] = width
-    data = fresh_shared_bytes(byte) if in_worker else torch.empty(byte, dtype=torch.uint8)
-    flat = data.numpy()
-    for start, source in zip(starts, sources):
-        flat[start:start + source.data.size] = source.data
     table = torch.tensor([(start, source.data.size, *source.size) for start, source in zip(starts, sources)],
                          dtype=torch.int64).reshape(-1, 4)
-    return sources, table, data
+    return sources, table, byte
 
 
 def sampling_matrix(plan: ImagePlan, flips: tuple[bool, bool]) -> np.ndarray:
@@ -286,10 +284,12 @@ def sampling_matrix(plan: ImagePlan, flips: tuple[bool, bool]) -> np.ndarray:
     return inverse @ flipping
 
 
-def collate_plans(batch):
+def collate_plans(batch, slots=None):
     """``collate`` for plans: (PlanBatch, targets (n, 6) with each row's image index, paths, shapes). Images of
     different sizes (a distributed rank's share of a --rect split) are padded bottom/right to the largest and their
-    labels rescaled, as ``collate`` does."""
+    labels rescaled, as ``collate`` does. In a worker the pixels (and the JPEG bytes, ``--decode-device``) are
+    written once, into one shared buffer: a reused one from ``slots`` when one is free (utils.data.batch_slots),
+    else a fresh one."""
     plans, labels, paths, shapes = zip(*batch)
     height = max(plan.out_size[1] for plan in plans)
     width = max(plan.out_size[0] for plan in plans)
@@ -317,12 +317,20 @@ def collate_plans(batch):
             tiles.append([layer, x, y, img.shape[1], img.shape[0], offset, img.shape[1]])
             chunks.append((offset, img))
             offset += img.shape[0] * img.shape[1] * 3
-    in_worker = get_worker_info() is not None  # sent to the training process: built in shared memory
-    pixels = fresh_shared_bytes(offset) if in_worker else torch.empty(offset, dtype=torch.uint8)
-    flat = pixels.numpy()
+    sources, source_table, source_bytes = encoded_sources(crops, tiles, offset // 3)
+    total = offset + source_bytes
+    slot = slots.buffer(total, SLOT_HEADROOM) if slots is not None else None
+    if slot is not None:
+        data = slot
+    elif get_worker_info() is not None:  # sent to the training process: built in shared memory
+        data = fresh_shared_bytes(total)
+    else:
+        data = torch.empty(total, dtype=torch.uint8)
+    flat = data.numpy()
     for start, img in chunks:
         flat[start:start + img.size].reshape(img.shape)[:] = img
-    sources, source_table, source_bytes = encoded_sources(crops, tiles, offset // 3, in_worker)
+    for (start, count), source in zip(source_table[:, :2].tolist(), sources):
+        flat[offset + start:offset + start + count] = source.data
     pastes = [(layer, x, y, mask.shape[1], mask.shape[0]) for layer, (plan, _) in enumerate(layers)
               if plan.paste is not None for mask, (x, y) in [plan.paste]]
     masks = [plan.paste[0].reshape(-1) for plan, _ in layers if plan.paste is not None]
@@ -331,7 +339,7 @@ def collate_plans(batch):
     for i, plan in enumerate(plans):
         if plan.hsv is not None:
             hsv[i] = plan.hsv
-    batch = PlanBatch(pixels=pixels, tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 7),
+    batch = PlanBatch(pixels=data[:offset], tiles=torch.tensor(tiles, dtype=torch.int64).reshape(-1, 7),
                       canvases=torch.tensor([plan.canvas_size for plan, _ in layers], dtype=torch.int64),
                       sampling=torch.from_numpy(np.stack([sampling_matrix(plan, flips) for plan, flips in layers])),
                       projective=torch.tensor([plan.projective for plan, _ in layers]),
@@ -342,6 +350,7 @@ def collate_plans(batch):
                       paste_masks=torch.from_numpy(np.concatenate(masks + [np.zeros(0, bool)])),
                       out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
                       hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
-                      size=(height, width), sources=source_bytes, source_table=source_table,
-                      source_paths=[source.path for source in sources])
-    return batch, torch.cat(labels, 0), list(paths), shapes
+                      size=(height, width), source_table=source_table, source_paths=[source.path for source in sources],
+                      sources=data[offset:] if source_bytes else torch.empty(0, dtype=torch.uint8))
+    collated = batch, torch.cat(labels, 0), list(paths), shapes
+    return slots.handed_over(collated, slot) if slots is not None else collated
