@@ -2,8 +2,9 @@
 
 On the CPU the capture is a stand-in that does what torch.cuda.make_graphed_callables does to the model (warm-up
 iterations in training mode, which move BatchNorm's statistics, and gradients taken with autograd.grad, not
-accumulated) and returns the module itself; the ``cuda`` case captures real graphs and compares them with the
-eager step."""
+accumulated) and returns what the graphs do: the model's outputs, and from the backward the gradients written into
+static buffers that it hands to autograd detached (which a parameter without a gradient takes as it is). The ``cuda``
+case captures real graphs and compares them with the eager step."""
 from __future__ import annotations
 
 import copy
@@ -21,9 +22,39 @@ CPU = torch.device("cpu")
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
 
 
+class _Replay(torch.autograd.Function):
+    """One "replay": the forward computed by the module, the backward's gradients copied into the graph's static
+    buffers and returned detached, as torch.cuda.make_graphed_callables' backward returns them."""
+
+    @staticmethod
+    def forward(ctx, graph, images, *parameters):
+        ctx.graph = graph
+        with torch.enable_grad():
+            ctx.outputs = graph.module(images)
+        return tuple(output.detach() for output in ctx.outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        graph = ctx.graph
+        found = torch.autograd.grad(ctx.outputs, graph.parameters, grads, allow_unused=True)
+        for static, gradient in zip(graph.static, found):
+            static.copy_(gradient if gradient is not None else torch.zeros_like(static))
+        return (None, None, *(static.detach() for static in graph.static))
+
+
+class StandInGraph:
+    def __init__(self, module):
+        self.module = module
+        self.parameters = [p for p in module.parameters() if p.requires_grad]
+        self.static = [torch.zeros_like(p) for p in self.parameters]  # rewritten by every backward replay
+
+    def __call__(self, images):
+        return _Replay.apply(self, images, *self.parameters)
+
+
 class StandInCapture:
     """make_graphed_callables' effects on the model, without a GPU: ``num_warmup_iters`` forward and backward passes
-    of the sample (BatchNorm in training mode), autocast's cache state seen, the module returned as it is."""
+    of the sample (BatchNorm in training mode), autocast's cache state seen, a StandInGraph returned."""
 
     def __init__(self):
         self.calls, self.cache_enabled = 0, []
@@ -35,7 +66,7 @@ class StandInCapture:
         for _ in range(num_warmup_iters):
             outputs = module(*sample_args)
             torch.autograd.grad(sum(o.float().sum() for o in outputs), parameters, allow_unused=True)
-        return module
+        return StandInGraph(module)
 
 
 def buffers(model) -> dict:
@@ -64,9 +95,12 @@ def test_the_flag_is_used_on_one_cuda_process_only(caplog):
     assert len(warnings()) == 1 and "--multi-scale" in warnings()[0]
 
 
-def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly():
+@pytest.mark.parametrize("accumulate", [1, 2, 4])
+def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly(accumulate):
     """A run whose forward goes through GraphedModel (the stand-in capture) ends with the weights, BatchNorm statistics
-    and EMA of the same run without it, to the bit; full batches replay, a smaller one and eval mode do not."""
+    and EMA of the same run without it, to the bit, with optimizer steps of 1, 2 and 4 micro-steps (the replays'
+    gradient buffers must not be overwritten within a window); full batches replay, a smaller one and eval mode do
+    not."""
     plain, graphed = tiny_step(), tiny_step()
     capture = StandInCapture()
     graphed.graphs = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
@@ -74,7 +108,7 @@ def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly():
     smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
                in batches(1)]
     for step in (plain, graphed):
-        train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: 2)
+        train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: accumulate)
     assert capture.calls == 1 and capture.cache_enabled == [True]  # fp32 here: no autocast, so its default
     assert (graphed.graphs.replays, graphed.graphs.eager) == (9, 1)
     for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
@@ -106,11 +140,31 @@ def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
     assert all(torch.equal(expected[name], after[name]) for name in expected)
 
 
+def test_gradients_own_their_memory_only_after_a_replay():
+    step = tiny_step()
+    graphs = GraphedModel(step.model, step.precision, batch_size=2, capture=StandInCapture())
+    images = batches(1)[0][0].float() / 255
+    sum(o.sum() for o in graphs(images[:1])).backward()  # eager: autograd's own gradients
+    before = [p.grad for p in step.model.parameters()]
+    graphs.own_gradients()
+    assert all(p.grad is g for p, g in zip(step.model.parameters(), before))
+    step.optimizer.zero_grad(set_to_none=True)
+    sum(o.sum() for o in graphs(images)).backward()  # replayed: the graph's buffers, taken as they are
+    static = {s.data_ptr() for s in graphs.graphed.static}
+    assert all(p.grad.data_ptr() in static for p in step.model.parameters())
+    values = [p.grad.clone() for p in step.model.parameters()]
+    graphs.own_gradients()
+    assert not any(p.grad.data_ptr() in static for p in step.model.parameters())
+    assert all(torch.equal(p.grad, v) for p, v in zip(step.model.parameters(), values))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-def test_graphs_train_as_the_eager_step_on_cuda():
-    """Real CUDA graphs: 8 fp16 steps (GradScaler, deferred checks, the fixed-shape loss) against the eager step
-    from the same weights and batches: weights within fp16 training's rounding."""
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_graphs_train_as_the_eager_step_on_cuda(accumulate):
+    """Real CUDA graphs: 8 fp16 micro-steps (GradScaler, deferred checks, the fixed-shape loss), an optimizer step
+    every ``accumulate``, against the eager step from the same weights and batches: weights within fp16 training's
+    rounding."""
     from tests.test_cuda import tiny_batch, tiny_model
     from utils.config import Hyp
     from utils.loss import ComputeLoss
@@ -129,9 +183,11 @@ def test_graphs_train_as_the_eager_step_on_cuda():
                          precision, ModelEMA(model), checks=StepChecks())
         step.graphs = GraphedModel(model, precision, batch_size=2) if graphs else None
         images, targets = tiny_batch(device)
-        for _ in range(8):
-            step.forward_backward(images, targets)
-            step.optimizer_step()
+        for micro_step in range(8):
+            stepping = (micro_step + 1) % accumulate == 0
+            step.forward_backward(images, targets, sync=stepping)
+            if stepping:
+                step.optimizer_step()
             step.counters.global_step += 1
         steps.append(step)
     assert steps[1].graphs.replays == 8 and steps[1].graphs.eager == 0

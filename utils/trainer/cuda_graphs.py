@@ -11,6 +11,12 @@ the two graphs; any other shape (a smaller last batch, ``--multi-scale``, ``--re
 GradScaler, gradient clipping, the optimizer step and the EMA stay eager, and the graphed backward hands its
 gradients to autograd as the model's would, so accumulation and ``zero_grad(set_to_none=True)`` work as before.
 
+Gradient accumulation: the graphed backward hands autograd its own static gradient buffers (detached), and a
+parameter whose ``.grad`` is None takes such a buffer as its gradient without a copy; the next replay then overwrites
+it in place (pytorch/pytorch#181723: a window of micro-steps would step with twice its last micro-step's gradients).
+``own_gradients`` gives each gradient its own memory after a replayed micro-step that the optimizer does not step
+(TrainStep calls it), so the next micro-step adds to it as autograd always does; a step of one micro-step needs no copy.
+
 What the capture must not change:
 - its warm-up iterations run the model in training mode, which moves BatchNorm's running statistics and counts:
   every buffer is put back afterwards, so the run does not depend on the capture;
@@ -52,18 +58,30 @@ class GraphedModel:
         self.graphed = None
         self.key = None  # (shape, strides, dtype) of the captured input
         self.replays = self.eager = 0
+        self.replayed = False  # the last call replayed the graphs (its gradients may be the graph's buffers)
 
     def __call__(self, images: torch.Tensor):
         key = (tuple(images.shape), images.stride(), images.dtype)
         if self.graphed is None and images.shape[0] == self.batch_size and self.model.training:
             self._capture(images, key)
-        if key == self.key and self.model.training:
+        self.replayed = key == self.key and self.model.training
+        if self.replayed:
             self.replays += 1
             with self.precision.autocast(cache=False):
                 return list(self.graphed(images))
         self.eager += 1
         with self.precision.autocast():
             return self.model(images)
+
+    def own_gradients(self) -> None:
+        """After the backward of a replayed micro-step that is not stepped: every parameter's gradient in memory of its
+        own (copies in a few multi-tensor kernels), so that the next replay, which rewrites the graph's buffers, adds
+        to it instead (see the module docstring)."""
+        if not self.replayed:
+            return
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        for parameter, copy in zip(parameters, torch._foreach_mul([p.grad for p in parameters], 1.0)):
+            parameter.grad = copy
 
     def _capture(self, images: torch.Tensor, key) -> None:
         saved = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()}

@@ -96,7 +96,10 @@ class TrainStep:
         images = images.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         local = self.model.no_sync() if not sync and hasattr(self.model, "no_sync") else contextlib.nullcontext()
         with local:
-            return self._forward_backward(images, targets)
+            result = self._forward_backward(images, targets)
+        if self.graphs is not None and not sync:  # the next micro-step's replay must not overwrite these gradients
+            self.graphs.own_gradients()
+        return result
 
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
         if self.graphs is not None:  # replays or the model itself, autocast included (utils/trainer/cuda_graphs.py)
