@@ -169,3 +169,16 @@ def test_the_training_model_activates_out_of_place_and_the_ema_in_place(tmp_path
     inferring = [m.inplace for m in step.ema.ema.modules() if isinstance(m, torch.nn.SiLU)]
     assert trained and not any(trained)
     assert inferring and all(inferring)
+
+
+@pytest.mark.parametrize("quad, captured", [(False, 16), (True, 4)])
+def test_cuda_graphs_capture_the_batch_the_model_sees(tmp_path, monkeypatch, quad, captured):
+    """--cuda-graphs captures batches of the per-process batch size, a quarter of it with --quad (which trains each 4
+    images as one); other sizes would never be captured and the flag would do nothing."""
+    from utils.trainer import trainer
+
+    asked = []
+    monkeypatch.setattr(trainer, "graphed_model", lambda enabled, model, precision, batch_size, *args: asked.append(
+        (enabled, batch_size)))
+    tiny_step(tmp_path, cuda_graphs=True, quad=quad)
+    assert asked == [(True, captured)]

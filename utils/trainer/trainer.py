@@ -469,12 +469,13 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     if info.distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    graphs = graphed_model(config.cuda_graphs, model, precision, max(config.batch_size // info.world_size, 1),
+    per_process = max(config.batch_size // max(info.world_size, 1), 1)
+    quads = config.quad and per_process >= 4  # the model then sees batches of per_process // 4 (utils/data/quad.py)
+    graphs = graphed_model(config.cuda_graphs, model, precision, per_process // 4 if quads else per_process,
                            torch.device(device), info.distributed, config.multi_scale)
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, graphs=graphs)
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
-        per_process = config.batch_size // max(info.world_size, 1)
         LOGGER.info("--quad: each 4 images of a batch train as one of twice the side (2x2 tiles, or the first "
                     "upscaled), %d per batch of %d; loss x%g, as YOLOv5", per_process // 4, per_process,
                     QUAD_LOSS_SCALE)
