@@ -157,3 +157,17 @@ def test_unpinned_batches_are_handed_over_as_they_are(monkeypatch):
     batch = (slots.buffer(8), "targets")
     assert slots.handed_over(batch, batch[0]) is batch
     assert BatchSlots(num_workers=1, per_worker=1, pinned=True).handed_over(batch, None) is batch  # a fresh buffer
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")  # the case itself
+def test_batches_for_a_pin_thread_that_does_not_run_arrive_as_batches(tmp_path, monkeypatch):
+    """Workers hand over SlotBatches when the loader is built to pin; where the DataLoader then does not pin (here:
+    CUDA reported but no device to pin for), the loader unwraps them and the slots still come back."""
+    split = make_split(tmp_path, SIZES * 2)
+    reference, _ = epochs_of_batches(split, workers=0, keep=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # the DataLoader's own check: no pinning
+    reused, seen = epochs_of_batches(split, workers=2, keep=False)
+    assert all(slot is not None for slot in seen) and len(set(seen)) < len(seen)
+    for (a_images, a_targets), (b_images, b_targets) in zip(reference, reused, strict=True):
+        assert torch.equal(a_images, b_images) and torch.equal(a_targets, b_targets)

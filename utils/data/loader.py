@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils import dist
-from utils.data.batch_slots import TRAILER, BatchSlots, track
+from utils.data.batch_slots import TRAILER, BatchSlots, SlotBatch, track
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
 from utils.data.plans import PlanBatch, PlanDataset, collate_plans
 from utils.device import usable_cpus
@@ -116,6 +116,8 @@ class SlotDataLoader(DataLoader):
 
     def _tracked(self, iterator):
         for batch in iterator:
+            if isinstance(batch, SlotBatch):  # meant for a pin thread that did not run (no device to pin for)
+                batch = batch.batch
             first = batch[0]
             track(first.pixels if isinstance(first, PlanBatch) else first)  # no slot once pinned: nothing to do
             yield batch
