@@ -85,8 +85,8 @@ for folder in (ROOT, ROOT / "benchmarks"):
 from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResult, StepSkipped,  # noqa: E402
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures, validation_seconds)
-from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_channels_last, step_cuda_graphs,  # noqa: E402
-                            step_decode_device, step_generated, step_throughput)
+from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_augment_device_all_cores,  # noqa: E402
+                            step_channels_last, step_cuda_graphs, step_decode_device, step_generated, step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -648,6 +648,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first
     **{name: (lambda context, name=name: step_throughput(context, name)) for name in THROUGHPUT_CASES},
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
+    "augment_device_all_cores": step_augment_device_all_cores,  # the same with every core, 8 workers, --cache ram
     "decode_device": step_decode_device,  # --cache off, 4 workers: JPEGs decoded by the workers, then on the GPU
     "render_ops": step_render_ops,  # the rendering's tiles one copy each against all at once, on the GPU
     "loss_ops": step_loss_ops,  # the loss's two forms, operations and time per call, on the GPU

@@ -140,6 +140,14 @@ def step_augment_device(context: Context) -> dict:
     return figures
 
 
+def step_augment_device_all_cores(context: Context) -> dict:
+    """The same comparison with every core and 8 workers, --cache ram (where the OpenCV workers are not the bound):
+    whether --augment-device could be CUDA's default without costing the machines with many cores per GPU."""
+    runs = (("--cache ram, 8 workers, OpenCV workers", ROOT, ()),
+            ("--cache ram, 8 workers, --augment-device", ROOT, ("--augment-device",)))
+    return _compare(context, "augment_device_all_cores", runs, "yolov5s", 64, "ram", 8)
+
+
 def step_decode_device(context: Context) -> dict:
     """--augment-device with the workers decoding the JPEGs, then with the GPU decoding them (--decode-device),
     yolov5s b64, --cache off, 4 workers held to 4 CPU cores (where decoding in the workers sets the speed)."""
