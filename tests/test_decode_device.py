@@ -216,3 +216,33 @@ def test_the_gpu_decodes_close_to_the_workers(split):
         difference = (render_plans(batch, device).int() - render_plans(plain, device).int()).abs().float()
         assert difference.mean() < 1.0, difference.mean()
     assert sources > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs the cuda tests)")
+def test_the_gpu_decode_never_writes_memory_that_queued_kernels_still_read(split):
+    """Blocks freed on the training stream while kernels queued there still read them are what the allocator hands
+    out next on that stream; torchvision's CUDA decoder wrote its images into them before those kernels ran
+    (pytorch/vision#9606). decoded_sources runs the decode from a side stream (decoding_stream): sums queued behind a
+    long kernel over freed tensors of the decoded images' size come out as they went in."""
+    from utils.data.device_augment import decoded_sources
+
+    if not hasattr(torch.cuda, "_sleep"):
+        pytest.skip("torch.cuda._sleep is not in this torch")
+    device = torch.device("cuda")
+    decoded = plans(split, HYPS["mosaic, mixup"], True)
+    batch = next(b for b in (collate_plans(decoded[first:first + 4])[0] for first in range(0, len(decoded), 4))
+                 if len(b.source_table)).pin_memory()
+    _, _, width, height = batch.source_table[0].tolist()
+    size, value = 3 * width * height, 7
+    wrong = 0
+    for _ in range(50):
+        victims = [torch.full((size,), value, dtype=torch.uint8, device=device) for _ in range(4)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # the training stream stays busy ...
+        sums = [victim.sum(dtype=torch.int64) for victim in victims]  # ... with these reads queued behind it
+        del victims  # freed while their reads wait
+        decoded_sources(batch, device)
+        torch.cuda.synchronize()
+        wrong += sum(int(total) != size * value for total in sums)
+    assert wrong == 0, f"{wrong} of 200 sums read memory the decode wrote"

@@ -24,6 +24,7 @@ The result is ``collate``'s layout: (B, 3, H, W) uint8 RGB, channels_last.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import cv2
@@ -114,10 +115,12 @@ def decoded_sources(batch, device: torch.device) -> torch.Tensor:
 
     table = batch.source_table.tolist()
     data = [batch.sources[start:start + count] for start, count, *_ in table]
-    try:
-        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError:
-        images = [_decode_one(one, path, device) for one, path in zip(data, batch.source_paths)]  # which file
+    with decoding_stream(device) as handed_over:
+        try:
+            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            images = [_decode_one(one, path, device) for one, path in zip(data, batch.source_paths)]  # which file
+        handed_over(images)
     flat, run = [], []  # runs of equal sizes (consecutive in the table), each turned into rows in one copy
     for image, (*_, w, h), path in zip(images, table, batch.source_paths):
         if tuple(image.shape) != (3, h, w):
@@ -130,6 +133,37 @@ def decoded_sources(batch, device: torch.device) -> torch.Tensor:
     if run:
         flat.append(_bgr_rows(run))
     return torch.cat(flat)
+
+
+_DECODE_STREAMS: dict = {}  # CUDA device index -> the side stream that decode_jpeg runs with
+
+
+@contextlib.contextmanager
+def decoding_stream(device: torch.device):
+    """Where ``decode_jpeg`` runs on CUDA: with a side stream of its own current, so that its outputs come from that
+    stream's memory, never from blocks freed on the training stream that kernels queued there still read.
+    torchvision's CUDA decoder (0.29) decodes on a private stream that it never orders after the caller's, and the
+    caching allocator hands the caller's stream a freed block at once: with kernels in flight (the previous step),
+    the decode overwrote memory they had yet to read (pytorch/vision#9606: 199 of 200 iterations corrupted on an H100;
+    none with the decode called from another stream, as here). Yields ``handed_over(images)``: the training stream
+    waits for the decode, and the images' blocks are not reused until its kernels that read them have run. Elsewhere
+    a no-op."""
+    if device.type != "cuda":
+        yield lambda images: None
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    training = torch.cuda.current_stream(index)
+    side = _DECODE_STREAMS.get(index)
+    if side is None:
+        side = _DECODE_STREAMS[index] = torch.cuda.Stream(index)
+
+    def handed_over(images):
+        training.wait_stream(side)  # torchvision orders its outputs on the stream that was current (``side``)
+        for image in images:
+            image.record_stream(training)
+
+    with torch.cuda.stream(side):
+        yield handed_over
 
 
 def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Tensor:
