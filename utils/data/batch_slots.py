@@ -18,7 +18,8 @@ so a consumer that keeps batches (or never calls ``track``) costs speed, never c
 Who calls ``track``: without pinned memory, the loader, on every batch it yields. With it (CUDA), the DataLoader's
 pin-memory thread copies each batch out of its slot before the loader sees it, so a worker hands its batch over
 as a ``SlotBatch``, whose ``pin_memory()`` (which that thread calls) makes the copies and tracks the slot: the slot
-comes back as soon as the copies exist.
+comes back as soon as the copies exist (or, for what is not copied, ``--decode-device``'s JPEG bytes, once the batch
+is gone).
 """
 from __future__ import annotations
 

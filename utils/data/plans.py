@@ -239,9 +239,10 @@ class PlanBatch:
         return len(self), 3, *self.size
 
     def pin_memory(self) -> "PlanBatch":
-        """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device, and the JPEG
-        bytes (so that nothing views a worker's reused buffer afterwards)."""
-        return dataclasses.replace(self, pixels=self.pixels.pin_memory(), sources=self.sources.pin_memory())
+        """The DataLoader's pin_memory (CUDA): the pixels pinned, for an asynchronous copy to the device. The JPEG bytes
+        stay where they are (a worker's buffer, returned once the batch is gone): nvJPEG reads them itself, and
+        pinned memory freed while a copy that torch did not make still reads it could be handed out again."""
+        return dataclasses.replace(self, pixels=self.pixels.pin_memory())
 
 
 def encoded_sources(crops: list, tiles: list, first_pixel: int):
