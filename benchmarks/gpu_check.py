@@ -603,6 +603,9 @@ def step_graphs_step(context: Context) -> dict:
             f"{result.get('kernels_per_step', 0):.0f} kernels per step; {result.get('max_memory_reserved_gb', 0):.1f} GB")
         if "sync_sites_per_step" in result:
             figures[f"{label}: syncs per step by site"] = sites(result)
+        if result.get("gpu_ms_per_step_by_kernel_family"):
+            figures[f"{label}: GPU ms per step by kernel family"] = "; ".join(
+                f"{family} {ms:.1f}" for family, ms in result["gpu_ms_per_step_by_kernel_family"].items())
     return figures
 
 

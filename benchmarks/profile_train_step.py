@@ -12,7 +12,9 @@ data, the host-to-device copy, forward, loss, backward, gradient clipping (with 
 step, EMA and the progress bar's logging. Each phase ends at a mark the loop makes (TrainStep.phase); the host's
 time per phase comes from the clock, and on CUDA the GPU's from CUDA events recorded at the same marks (no
 synchronisation is added inside a step: the events are read after the timed steps). Then the profiled steps:
-on CUDA, kernels launched and host-device synchronisations per step; on the CPU, the host's reads of tensor values
+on CUDA, kernels launched and host-device synchronisations per step and the kernels' own time by family
+(convolution passes, BatchNorm, SiLU, layout conversions, copies...: what faster kernels would have to cut); on the
+CPU, the host's reads of tensor values
 per step by place (benchmarks/host_reads.py), the operators grouped into families (convolution forward/backward,
 BatchNorm, SiLU, loss, optimizer, EMA, copies and allocation, other) and the top operators by self time.
 
@@ -41,6 +43,44 @@ FAMILIES = (
     ("optimizer", ("sgd", "_foreach", "clip_grad", "Optimizer.step", "_single_tensor", "_multi_tensor")),
     ("copies / fill / allocation", ("copy_", "to", "empty", "zero_", "fill_", "clone", "contiguous", "zeros")),
 )
+
+# CUDA kernel name fragments (lower case) -> family, first match wins: cuDNN's convolution kernels name their pass
+# (fprop, dgrad, wgrad) or are implicit GEMMs; its BatchNorm kernels say bn_ or batchnorm; torch's SiLU is an
+# elementwise kernel whose template names silu
+KERNEL_FAMILIES = (
+    ("convolution, input gradient", ("dgrad",)),
+    ("convolution, weight gradient", ("wgrad",)),
+    ("convolution", ("fprop", "implicit_gemm", "implicit_convolve", "conv")),
+    ("BatchNorm", ("batch_norm", "batchnorm", "bn_fw", "bn_bw", "welford")),
+    ("SiLU", ("silu",)),
+    ("layout conversions", ("nchwtonhwc", "nhwctonchw", "transpose")),
+    ("upsample / concat / pooling", ("upsample", "catarray", "max_pool")),
+    ("foreach (optimizer, EMA, clipping)", ("multi_tensor_apply",)),
+    ("copies / fills", ("memcpy", "memset", "copy", "fill")),
+    ("reductions", ("reduce",)),
+    ("other elementwise", ("elementwise",)),
+    ("GEMM", ("gemm",)),
+)
+
+
+def kernel_family(name: str) -> str:
+    lower = name.lower()
+    for label, fragments in KERNEL_FAMILIES:
+        if any(fragment in lower for fragment in fragments):
+            return label
+    return "other"
+
+
+def kernel_time_by_family(events, steps: int) -> dict:
+    """{family: GPU ms per step} over the profiler's device-side events (kernels, copies, fills), largest first."""
+    from torch.autograd import DeviceType
+
+    spent = defaultdict(float)
+    for event in events:
+        if getattr(event, "device_type", None) == DeviceType.CUDA:
+            micros = getattr(event, "self_device_time_total", None)
+            spent[kernel_family(event.key)] += micros if micros is not None else event.self_cuda_time_total
+    return {label: us / 1e3 / steps for label, us in sorted(spent.items(), key=lambda item: -item[1])}
 
 
 def parse_args():
@@ -221,9 +261,13 @@ def profile_steps(step, accumulate, source, args, device) -> dict:
     if device.type == "cuda":
         kernels = sum(e.count for e in events if "LaunchKernel" in e.key)
         syncs = {e.key: e.count / args.steps for e in events if "Synchronize" in e.key}
-        figures.update(kernels_per_step=kernels / args.steps, syncs_per_step=syncs)
+        by_family = kernel_time_by_family(events, args.steps)
+        figures.update(kernels_per_step=kernels / args.steps, syncs_per_step=syncs,
+                       gpu_ms_per_step_by_kernel_family=by_family)
         print(f"\nper step: {kernels / args.steps:.0f} kernels launched; synchronisations: "
               + (", ".join(f"{name} {count:.1f}" for name, count in syncs.items()) or "none"))
+        print(f"GPU time by kernel family ({sum(by_family.values()):.1f} ms per step): "
+              + ", ".join(f"{label} {ms:.1f}" for label, ms in by_family.items()))
     print("host reads of tensor values per step: " + (", ".join(
         f"{place} {count:.1f}" for place, count in figures["host_reads_per_step"].items()) or "none"))
     total = sum(e.self_cpu_time_total for e in events)

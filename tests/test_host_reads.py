@@ -90,3 +90,46 @@ def test_the_profile_script_times_each_phase_of_the_real_loop(tmp_path):
     assert all(times["host_ms"] >= 0 and times["gpu_ms"] is None for times in result["phases"].values())
     assert result["host_reads_per_step"]["utils/trainer/loop.py:_forward_backward"] == 1.0
     assert "phase        host ms" in done.stdout
+
+
+def test_cuda_kernels_are_told_apart_by_family():
+    """profile_train_step's GPU time by kernel family, on kernel names as cuDNN 9 and torch's CUDA kernels carry them."""
+    from benchmarks.profile_train_step import kernel_family
+
+    named = {
+        "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64": "convolution",
+        "sm90_xmma_dgrad_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc": "convolution, input gradient",
+        "sm80_xmma_wgrad_implicit_gemm_indexed_f16f16_f16f32_f32_nhwckrsc_nhwc": "convolution, weight gradient",
+        "void cudnn::bn_fw_tr_1C11_kernel_NCHW<__half, float, 512, true, 1>(cudnnTensorStruct)": "BatchNorm",
+        "void cudnn::bn_bw_1C11_singleread<__half, 512, true, 1, 2, 0>(float, float)": "BatchNorm",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::silu_kernel(at::"
+        "TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda(c10::Half)#1}>": "SiLU",
+        "void cudnn::ops::nchwToNhwcKernel<__half, __half, float, false, true>(cudnn::ops::nchw2nhwc_params_t<float>)":
+            "layout conversions",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<c10::Half, unsigned int, 4, 64, 64>":
+            "upsample / concat / pooling",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "TensorListMetadata<3>>": "foreach (optimizer, EMA, clipping)",
+        "Memcpy HtoD (Pinned -> Device)": "copies / fills",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>":
+            "reductions",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": "other elementwise",
+        "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64": "GEMM",
+        "some_kernel_nobody_named": "other",
+    }
+    assert {name: kernel_family(name) for name in named} == named
+
+
+def test_kernel_time_is_summed_per_family_from_device_events_only():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.profile_train_step import kernel_time_by_family
+
+    events = [SimpleNamespace(device_type=DeviceType.CUDA, key="sm90_xmma_fprop_a", self_device_time_total=3000.0),
+              SimpleNamespace(device_type=DeviceType.CPU, key="aten::cudnn_convolution", self_device_time_total=9e9),
+              SimpleNamespace(device_type=DeviceType.CUDA, key="cudnn::bn_fw_tr", self_device_time_total=1000.0),
+              SimpleNamespace(device_type=DeviceType.CUDA, key="sm90_xmma_fprop_b", self_device_time_total=1000.0)]
+    figures = kernel_time_by_family(events, steps=2)  # the operators' CUDA time would count the kernels twice
+    assert figures == {"convolution": 2.0, "BatchNorm": 0.5} and list(figures) == ["convolution", "BatchNorm"]
