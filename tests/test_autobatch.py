@@ -4,6 +4,7 @@ The memory probe is a fake here; tests/test_cuda.py measures the real one on a G
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 import torch
@@ -204,3 +205,21 @@ def test_multi_scale_bounds_are_the_sizes_it_draws():
         rng = np.random.default_rng(0)
         drawn = {multi_scale_size(imgsz, stride, rng) for _ in range(5000)}
         assert (min(drawn), max(drawn)) == multi_scale_bounds(imgsz, stride)
+
+
+def test_cuda_graphs_halve_the_target_on_one_process(monkeypatch, caplog):
+    """--cuda-graphs keeps the graphs' own memory pool beside the eager allocator's (the capture's warm-up and a smaller
+    last batch run eagerly): AutoBatch aims at half its usual fraction; under DDP the graphs are not used."""
+    factory = lambda model, imgsz, device, dtype: linear_probe(0.25 * GIB, 1.5 * GIB)  # noqa: E731
+    with caplog.at_level(logging.INFO):
+        plain = autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 1000, factory,
+                                             lambda d: 11 * GIB)
+        graphed = autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 1000, factory,
+                                               lambda d: 11 * GIB, graphs=True)
+    assert (plain, graphed) == (29, 11)  # (0.8 * 11 - 1.5) / 0.25 = 29.2; (0.4 * 11 - 1.5) / 0.25 = 11.6
+    assert "target 40%" in caplog.text and "--cuda-graphs: half the usual target" in caplog.text
+    monkeypatch.setattr(autobatch.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(autobatch.dist, "gather_object", lambda value, phase: [value, value])
+    monkeypatch.setattr(autobatch.dist, "broadcast_object", lambda value, phase: value)
+    assert autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 1000, factory,
+                                        lambda d: 11 * GIB, graphs=True) == 2 * 29

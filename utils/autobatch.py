@@ -12,6 +12,11 @@ How the batch is chosen:
 5. clamped to [1, limit] (the training images per process, and ``MAX_BATCH_SIZE``); a batch that ran out of
    memory while measuring caps the choice at the largest measured batch below it.
 
+With ``--cuda-graphs`` (one process) the target is half that fraction (``GRAPHS_FRACTION``): the captured graphs
+keep a memory pool of their own, holding up to one step's activations, beside the ordinary allocator's, which runs
+the capture's warm-up passes and every batch of another shape (a smaller last batch) eagerly: up to two steps'
+activations at once.
+
 The decision is printed as one line. Under torchrun the main process measures on its own GPU and decides with
 the smallest free memory of all processes; every process receives that decision (total batch = per-process
 batch x processes), so the processes never disagree. On the CPU it is refused: memory is not what limits a
@@ -40,6 +45,7 @@ from utils.limits import MAX_BATCH_SIZE
 LOGGER = logging.getLogger(__name__)
 
 FREE_FRACTION = 0.8
+GRAPHS_FRACTION = FREE_FRACTION / 2  # --cuda-graphs: its pool and the eager allocator each hold a step's activations
 PROBE_BATCHES = (1, 2, 4, 8, 16)
 OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
 GIB = 1 << 30
@@ -144,12 +150,13 @@ def refuse_on(device: torch.device) -> None:
 
 def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, device: torch.device,
                        dtype: torch.dtype | None, train_images: Callable[[], int], probe_factory=None,
-                       free_memory=None, reserved: int = 0) -> int:
+                       free_memory=None, reserved: int = 0, graphs: bool = False) -> int:
     """``batch_size`` itself, or for -1 the total batch AutoBatch chooses (decided on the main process, the same
     on every process) for training steps at ``imgsz`` under ``dtype`` autocast (None: fp32). ``train_images()``
     counts the training images (called on the main process only); ``probe_factory(model, imgsz, device, dtype)``
     and ``free_memory(device)`` default to the CUDA ones; ``reserved`` bytes of the free memory are set aside
-    for what the run keeps on the device besides the step (--augment-device's tables)."""
+    for what the run keeps on the device besides the step (--augment-device's tables); ``graphs``: the step runs
+    as CUDA graphs (--cuda-graphs on one process), so the target is ``GRAPHS_FRACTION``."""
     if batch_size != AUTO:
         return batch_size
     refuse_on(device)
@@ -164,8 +171,12 @@ def resolve_batch_size(batch_size: int, model: torch.nn.Module, imgsz: int, devi
     if dist.is_main_process():
         try:
             limit = max(1, min(MAX_BATCH_SIZE, train_images() // processes))
-            choice = autobatch(probe_factory(model, imgsz, device, dtype), free, limit)
+            graphed = graphs and processes == 1  # the graphs are not used under DDP (utils/trainer/cuda_graphs.py)
+            choice = autobatch(probe_factory(model, imgsz, device, dtype), free, limit,
+                               GRAPHS_FRACTION if graphed else FREE_FRACTION)
             reserve = f" (after {reserved / GIB:.3g} GiB set aside for --augment-device)" if reserved else ""
+            if graphed:
+                reserve += " (--cuda-graphs: half the usual target, for the graphs' own memory)"
             LOGGER.info("%s%s", choice.summary(device, imgsz, processes), reserve)
             outcome = ("ok", choice.batch)
         except AutoBatchError as error:
@@ -226,4 +237,4 @@ def auto_batch_size(config, model: torch.nn.Module, device: torch.device, data_c
     if getattr(config, "augment_device", False):
         from utils.data.device_augment import RESIDENT_BYTES as reserved
     return resolve_batch_size(AUTO, model, imgsz, device, dtype, lambda: len(list_image_files(data_cfg.train)),
-                              reserved=reserved)
+                              reserved=reserved, graphs=getattr(config, "cuda_graphs", False))
