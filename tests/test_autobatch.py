@@ -208,8 +208,8 @@ def test_multi_scale_bounds_are_the_sizes_it_draws():
 
 
 def test_cuda_graphs_halve_the_target_on_one_process(monkeypatch, caplog):
-    """--cuda-graphs keeps the graphs' own memory pool beside the eager allocator's (the capture's warm-up and a smaller
-    last batch run eagerly): AutoBatch aims at half its usual fraction; under DDP the graphs are not used."""
+    """--cuda-graphs keeps the graphs' own memory pool beside the eager allocator's (where a smaller last batch runs):
+    AutoBatch aims at half its usual fraction; under DDP the graphs are not used."""
     factory = lambda model, imgsz, device, dtype: linear_probe(0.25 * GIB, 1.5 * GIB)  # noqa: E731
     with caplog.at_level(logging.INFO):
         plain = autobatch.resolve_batch_size(-1, None, 640, CUDA, torch.float16, lambda: 1000, factory,
