@@ -204,10 +204,9 @@ def collate(batch, slots=None):
 
     Inside workers the stacked storage is shared memory, so the batch reaches the training process
     without another copy: a reused buffer from ``slots`` (``utils.data.batch_slots``) when one is free,
-    else a fresh one (``default_collate``); handed over as a ``SlotBatch`` when the training process pins memory.
-    Images of different sizes (only possible when a distributed
-    rank's share of a --rect split straddles two rect batches) are padded bottom/right to the largest,
-    labels rescaled to match.
+    else a fresh one (``default_collate``); handed over as a ``SlotBatch`` when the training process pins
+    memory. Images of different sizes (only possible when a distributed rank's share of a --rect split
+    straddles two rect batches) are padded bottom/right to the largest, labels rescaled to match.
     """
     images, labels, paths, shapes = zip(*batch)
     hwc = [im.permute(1, 2, 0) for im in images]  # items are channels-last views: these are plain arrays
