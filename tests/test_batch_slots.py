@@ -119,9 +119,9 @@ def test_plans_travel_in_reused_slots_and_render_as_in_the_main_process(tmp_path
 
 @pytest.mark.parametrize("plans", [False, True])
 def test_a_pinned_batch_gives_its_slot_back_once_copied(tmp_path, monkeypatch, plans):
-    """With pinned memory (CUDA) the DataLoader's pin thread copies each batch out of its slot before the loader sees
-    it: the worker hands over a SlotBatch, torch's pin_memory() calls its pin_memory(), and the slot comes back once
-    the unpinned batch is gone. Pinning needs a GPU: here a copy stands in for it."""
+    """With pinned memory (CUDA) the DataLoader's pin thread takes each batch before the loader sees it: torch's
+    pin_memory() calls the SlotBatch's pin_memory(), which copies the batch out of its slot, and the slot comes back
+    once the unpinned batch is gone. Pinning needs a GPU: here a copy stands in for it."""
     from torch.utils.data._utils.pin_memory import pin_memory
 
     from utils.data.dataset import YoloDataset, collate
@@ -132,7 +132,7 @@ def test_a_pinned_batch_gives_its_slot_back_once_copied(tmp_path, monkeypatch, p
     split = make_split(tmp_path, SIZES)
     dataset = (PlanDataset if plans else YoloDataset)(split, imgsz=64, batch_size=2, augment=True, hyp=Hyp())
     items = [dataset[(i, 0)] for i in range(2)]
-    slots = BatchSlots(num_workers=1, per_worker=2, pinned=True)
+    slots = BatchSlots(num_workers=1, per_worker=2)
     handed = (collate_plans if plans else collate)(items, slots=slots)
     assert isinstance(handed, batch_slots.SlotBatch) and slots.flags.tolist() == [1, 0]
     slots._storages.clear()  # in a real run the worker's own reference is in another process
@@ -151,18 +151,25 @@ def test_a_pinned_batch_gives_its_slot_back_once_copied(tmp_path, monkeypatch, p
     assert slots.flags.tolist() == [0, 0]
 
 
-def test_unpinned_batches_are_handed_over_as_they_are(monkeypatch):
+def test_a_batch_is_handed_over_as_a_slot_batch_only_from_a_slot(monkeypatch):
     monkeypatch.setattr(batch_slots, "get_worker_info", lambda: SimpleNamespace(id=0))
     slots = BatchSlots(num_workers=1, per_worker=1)
-    batch = (slots.buffer(8), "targets")
-    assert slots.handed_over(batch, batch[0]) is batch
-    assert BatchSlots(num_workers=1, per_worker=1, pinned=True).handed_over(batch, None) is batch  # a fresh buffer
+    buffer = slots.buffer(8)
+    batch = (buffer, "targets")
+    handed = batch_slots.handed_over(batch, buffer)
+    assert isinstance(handed, batch_slots.SlotBatch) and handed.batch is batch and handed.view is buffer
+    assert batch_slots.handed_over(batch, None) is batch  # a fresh buffer: nothing to give back
+    slots._storages.clear()
+    assert batch_slots.unwrapped(handed) is batch and batch_slots.unwrapped(batch) is batch
+    del handed, batch, buffer
+    gc.collect()
+    assert slots.flags.tolist() == [0]  # unwrapped: tracked, and back once the batch is gone
 
 
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")  # the case itself
-def test_batches_for_a_pin_thread_that_does_not_run_arrive_as_batches(tmp_path, monkeypatch):
-    """Workers hand over SlotBatches when the loader is built to pin; where the DataLoader then does not pin (here:
-    CUDA reported but no device to pin for), the loader unwraps them and the slots still come back."""
+def test_slot_batches_arrive_as_batches_when_no_pin_thread_takes_them(tmp_path, monkeypatch):
+    """Where the loader is built to pin but the DataLoader then does not (here: CUDA reported, no device to pin for),
+    the loader unwraps the workers' SlotBatches itself and the slots still come back."""
     split = make_split(tmp_path, SIZES * 2)
     reference, _ = epochs_of_batches(split, workers=0, keep=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -15,11 +15,11 @@ the last tensor viewing that buffer is garbage-collected (``track``). The slot n
 so the batch format is unchanged. A worker that finds no free slot allocates a fresh buffer as before,
 so a consumer that keeps batches (or never calls ``track``) costs speed, never correctness.
 
-Who calls ``track``: without pinned memory, the loader, on every batch it yields. With it (CUDA), the DataLoader's
-pin-memory thread copies each batch out of its slot before the loader sees it, so a worker hands its batch over
-as a ``SlotBatch``, whose ``pin_memory()`` (which that thread calls) makes the copies and tracks the slot: the slot
-comes back as soon as the copies exist (or, for what is not copied, ``--decode-device``'s JPEG bytes, once the batch
-is gone).
+A worker hands a batch in a slot over as a ``SlotBatch`` (the batch and a tensor in the slot), and whoever takes it
+first calls ``track``: with pinned memory (CUDA) the DataLoader's pin-memory thread, through ``SlotBatch.pin_memory``,
+which copies the batch out of the slot, so the slot comes back as soon as the copies exist (or, for what is not
+copied, ``--decode-device``'s JPEG bytes, once the batch is gone); otherwise the loader, which unwraps the batch
+before yielding it.
 """
 from __future__ import annotations
 
@@ -37,18 +37,17 @@ _OWNERS: "weakref.WeakValueDictionary[int, BatchSlots]" = weakref.WeakValueDicti
 
 
 class BatchSlots:
-    """Shared flags for ``num_workers * per_worker`` slots; buffers are created lazily in each worker. ``pinned``: the
-    training process copies each batch into pinned memory (then workers hand batches over as ``SlotBatch``)."""
+    """Shared flags for ``num_workers * per_worker`` slots; buffers are created lazily in each worker."""
 
-    def __init__(self, num_workers: int, per_worker: int, pinned: bool = False):
-        self.per_worker, self.pinned = per_worker, pinned
+    def __init__(self, num_workers: int, per_worker: int):
+        self.per_worker = per_worker
         self.flags = torch.zeros(num_workers * per_worker, dtype=torch.uint8).share_memory_()
         self.token = int.from_bytes(os.urandom(7), "little")  # names these slots in a buffer's trailer
         self._storages = {}  # per process (worker side): slot -> UntypedStorage
         _OWNERS[self.token] = self
 
     def __getstate__(self):  # sent to spawned workers: the shared flags and the names
-        return {"per_worker": self.per_worker, "pinned": self.pinned, "flags": self.flags, "token": self.token}
+        return {"per_worker": self.per_worker, "flags": self.flags, "token": self.token}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -80,15 +79,10 @@ class BatchSlots:
         flat = self.buffer(math.prod(shape))
         return None if flat is None else flat.view(shape)
 
-    def handed_over(self, batch: tuple, view: torch.Tensor | None):
-        """What a worker returns for ``batch``, whose tensor ``view`` (None: none) is in one of its slots: the batch,
-        or a ``SlotBatch`` when the training process pins (see the module docstring)."""
-        return SlotBatch(batch, view) if self.pinned and view is not None else batch
-
-
 class SlotBatch:
-    """A batch on its way to the DataLoader's pin-memory thread, with ``view``, a tensor in a slot. Not a sequence on
-    purpose: torch's pin_memory() recurses into sequences, and calls this ``pin_memory`` on other objects."""
+    """A worker's batch whose tensor ``view`` is in one of its slots, on its way to the training process (see the
+    module docstring). Not a sequence on purpose: torch's pin_memory() recurses into sequences, and calls this
+    ``pin_memory`` on other objects."""
 
     def __init__(self, batch: tuple, view: torch.Tensor):
         self.batch, self.view = batch, view
@@ -99,6 +93,20 @@ class SlotBatch:
         pinned = tuple(item.pin_memory() if hasattr(item, "pin_memory") else item for item in self.batch)
         track(self.view)
         return pinned
+
+
+def handed_over(batch: tuple, slot: torch.Tensor | None):
+    """What a worker returns for ``batch``: a ``SlotBatch`` when ``slot`` (a tensor of it) is in a slot, else the
+    batch as it is (a fresh buffer: nothing to give back)."""
+    return batch if slot is None else SlotBatch(batch, slot)
+
+
+def unwrapped(batch):
+    """Training-process side, for a batch the pin thread did not take: the batch, its slot tracked."""
+    if isinstance(batch, SlotBatch):
+        track(batch.view)
+        return batch.batch
+    return batch
 
 
 def track(tensor) -> None:

@@ -38,6 +38,7 @@ from utils.boxes import xywhn2xyxy
 from utils.cli import MOSAIC_PARTNERS
 from utils.config import Hyp
 from utils.data import old_caches
+from utils.data.batch_slots import handed_over
 from utils.data.flat_labels import FlatLabels
 from utils.data.image_cache import StoreRequest, shared_image_store
 from utils.data.image_store import CacheError
@@ -204,8 +205,8 @@ def collate(batch, slots=None):
 
     Inside workers the stacked storage is shared memory, so the batch reaches the training process
     without another copy: a reused buffer from ``slots`` (``utils.data.batch_slots``) when one is free,
-    else a fresh one (``default_collate``); handed over as a ``SlotBatch`` when the training process pins
-    memory. Images of different sizes (only possible when a distributed rank's share of a --rect split
+    else a fresh one (``default_collate``); a batch in a slot is handed over as a ``SlotBatch``. Images of different
+    sizes (only possible when a distributed rank's share of a --rect split
     straddles two rect batches) are padded bottom/right to the largest, labels rescaled to match.
     """
     images, labels, paths, shapes = zip(*batch)
@@ -221,7 +222,7 @@ def collate(batch, slots=None):
     buffer = slots.images_buffer((len(hwc), height, width, 3)) if slots is not None else None
     stacked = torch.stack(hwc, out=buffer) if buffer is not None else default_collate(hwc)
     batch = stacked.permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
-    return slots.handed_over(batch, buffer) if slots is not None else batch
+    return handed_over(batch, buffer)
 
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):

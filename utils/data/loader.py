@@ -20,9 +20,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils import dist
-from utils.data.batch_slots import TRAILER, BatchSlots, SlotBatch, track
+from utils.data.batch_slots import TRAILER, BatchSlots, unwrapped
 from utils.data.dataset import YoloDataset, auto_cache_fits, collate
-from utils.data.plans import PlanBatch, PlanDataset, collate_plans
+from utils.data.plans import PlanDataset, collate_plans
 from utils.device import usable_cpus
 from utils.memory import keep_freed_memory
 
@@ -115,12 +115,8 @@ class SlotDataLoader(DataLoader):
         return self._tracked(iterator)
 
     def _tracked(self, iterator):
-        for batch in iterator:
-            if isinstance(batch, SlotBatch):  # meant for a pin thread that did not run (no device to pin for)
-                batch = batch.batch
-            first = batch[0]
-            track(first.pixels if isinstance(first, PlanBatch) else first)  # no slot once pinned: nothing to do
-            yield batch
+        for batch in iterator:  # a SlotBatch unless the pin thread took it (or the batch came in a fresh buffer)
+            yield unwrapped(batch)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -217,7 +213,7 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     generator.manual_seed(seed * 1000 + max(rank, 0))
     prefetch = PREFETCH if num_workers > 0 else None
     pin_memory = torch.cuda.is_available()
-    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS, pinned=pin_memory) if num_workers > 0 else None
+    slots = BatchSlots(num_workers, PREFETCH + SPARE_SLOTS) if num_workers > 0 else None
     collate_fn = functools.partial(collate_plans if plans else collate, slots=slots)
     loader = SlotDataLoader(dataset, **sampling, num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                             persistent_workers=num_workers > 0, worker_init_fn=seed_worker,

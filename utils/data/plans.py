@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from utils.data.batch_slots import fresh_shared_bytes
+from utils.data.batch_slots import fresh_shared_bytes, handed_over
 from utils.data.dataset import JPEG_SUFFIXES, YoloDataset, normalised_targets, pixel_boxes
 from utils.data.headers import jpeg_frame
 from utils.data.images import file_orientation
@@ -354,4 +354,4 @@ def collate_plans(batch, slots=None):
                       size=(height, width), source_table=source_table, source_paths=[source.path for source in sources],
                       sources=data[offset:] if source_bytes else torch.empty(0, dtype=torch.uint8))
     collated = batch, torch.cat(labels, 0), list(paths), shapes
-    return slots.handed_over(collated, slot) if slots is not None else collated
+    return handed_over(collated, slot)
