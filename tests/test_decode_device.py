@@ -223,7 +223,7 @@ def test_the_gpu_decodes_close_to_the_workers(split):
 def test_the_gpu_decode_never_writes_memory_that_queued_kernels_still_read(split):
     """Blocks freed on the training stream while kernels queued there still read them are what the allocator hands
     out next on that stream; torchvision's CUDA decoder wrote its images into them before those kernels ran
-    (pytorch/vision#9606). decoded_sources runs the decode from a side stream (decoding_stream): sums queued behind a
+    (pytorch/vision#9606). decoded_sources runs the decode from a side stream (decode_on): sums queued behind a
     long kernel over freed tensors of the decoded images' size come out as they went in."""
     from utils.data.device_augment import decoded_sources
 

@@ -24,7 +24,6 @@ The result is ``collate``'s layout: (B, 3, H, W) uint8 RGB, channels_last.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import cv2
@@ -111,16 +110,8 @@ def decoded_sources(batch, device: torch.device) -> torch.Tensor:
     """The batch's JPEG sources decoded on ``device`` in one call, one after another as uint8 BGR rows (the worker's
     layout) in table order. A file that does not decode, or decodes to another size than its scan read, raises
     ImageError naming it."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     table = batch.source_table.tolist()
-    data = [batch.sources[start:start + count] for start, count, *_ in table]
-    with decoding_stream(device) as handed_over:
-        try:
-            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:
-            images = [_decode_one(one, path, device) for one, path in zip(data, batch.source_paths)]  # which file
-        handed_over(images)
+    images = decode_on(device, [batch.sources[start:start + count] for start, count, *_ in table], batch.source_paths)
     flat, run = [], []  # runs of equal sizes (consecutive in the table), each turned into rows in one copy
     for image, (*_, w, h), path in zip(images, table, batch.source_paths):
         if tuple(image.shape) != (3, h, w):
@@ -135,35 +126,42 @@ def decoded_sources(batch, device: torch.device) -> torch.Tensor:
     return torch.cat(flat)
 
 
-_DECODE_STREAMS: dict = {}  # CUDA device index -> the side stream that decode_jpeg runs with
+_DECODE_STREAMS: dict = {}  # CUDA device index -> the side stream that decode_jpeg runs from
 
 
-@contextlib.contextmanager
-def decoding_stream(device: torch.device):
-    """Where ``decode_jpeg`` runs on CUDA: with a side stream of its own current, so that its outputs come from that
-    stream's memory, never from blocks freed on the training stream that kernels queued there still read.
-    torchvision's CUDA decoder (0.29) decodes on a private stream that it never orders after the caller's, and the
-    caching allocator hands the caller's stream a freed block at once: with kernels in flight (the previous step),
-    the decode overwrote memory they had yet to read (pytorch/vision#9606: 199 of 200 iterations corrupted on an H100;
-    none with the decode called from another stream, as here). Yields ``handed_over(images)``: the training stream
-    waits for the decode, and the images' blocks are not reused until its kernels that read them have run. Elsewhere
-    a no-op."""
+def decode_on(device: torch.device, data: list, paths: list) -> list:
+    """The JPEG bytes ``data`` decoded on ``device`` in one call, (3, h, w) RGB each; a file that does not decode
+    raises ImageError naming it (``paths``).
+
+    On CUDA the call runs with a side stream of its own current, so that its outputs come from that stream's memory,
+    never from blocks freed on the training stream that kernels queued there still read. torchvision's CUDA decoder
+    (0.29) decodes on a private stream that it never orders after the caller's, and the caching allocator hands the
+    caller's stream a freed block at once: with kernels in flight (the previous step), the decode overwrote memory
+    they had yet to read (pytorch/vision#9606: 199 of 200 iterations corrupted on an H100; none with the decode
+    called from another stream, as here). The training stream then waits for the decode, and the images' blocks are
+    not reused until its kernels that read them have run."""
     if device.type != "cuda":
-        yield lambda images: None
-        return
+        return _decode_all(device, data, paths)
     index = device.index if device.index is not None else torch.cuda.current_device()
     training = torch.cuda.current_stream(index)
     side = _DECODE_STREAMS.get(index)
     if side is None:
         side = _DECODE_STREAMS[index] = torch.cuda.Stream(index)
-
-    def handed_over(images):
-        training.wait_stream(side)  # torchvision orders its outputs on the stream that was current (``side``)
-        for image in images:
-            image.record_stream(training)
-
     with torch.cuda.stream(side):
-        yield handed_over
+        images = _decode_all(device, data, paths)
+    training.wait_stream(side)  # torchvision orders its outputs on the stream that was current (``side``)
+    for image in images:
+        image.record_stream(training)
+    return images
+
+
+def _decode_all(device: torch.device, data: list, paths: list) -> list:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:  # one at a time, to name the file
+        return [_decode_one(one, path, device) for one, path in zip(data, paths)]
 
 
 def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Tensor:
