@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--evolve search space: which hyperparameters evolve, with their bounds")
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
                         choices=cli.CACHE_MODES,
-                        help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM for small datasets")
+                        help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM when memory is to spare")
     parser.add_argument("--image-weights", action="store_true", help="use weighted image selection for training")
     parser.add_argument("--mosaic-partners", default="dataset", choices=cli.MOSAIC_PARTNERS,
                         help="where a mosaic's other 3 images come from: the whole dataset (default, YOLOv5's way: "

@@ -424,3 +424,27 @@ Path({out!r}, f"rank{{dist.get_rank()}}.json").write_text(json.dumps([filled, sa
 dist.barrier("compare")
 dist.cleanup()
 '''
+
+
+def test_auto_cache_past_its_limit_only_where_shared_memory_holds_it(split, shm, user_cache, monkeypatch):
+    """--cache auto caches more than AUTO_CACHE_LIMIT when /dev/shm has room for the store and the loaders' batches
+    (a GPU node's data), never as the user-cache file that a small /dev/shm falls back to; the share of the
+    available memory bounds both."""
+    need = dataset_module.ram_cache_bytes(split.shapes, 64)
+    monkeypatch.setattr(dataset_module, "AUTO_CACHE_LIMIT", need - 1)
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 10 * need)  # the share allows exactly need
+    room = image_cache.shared_memory_need(need, 0)
+    for free, cached in [(room, True), (room - 1, False)]:
+        monkeypatch.setattr(image_cache, "_free_bytes", lambda folder, free=free: free)
+        loader, data = create_dataloader(None, 64, 3, 32, cache="auto", workers=0, labels=split)
+        assert data.in_ram is cached and (not cached or Path(data.store.path).parent == shm)
+        del loader, data
+        gc.collect()
+    assert not (user_cache / "ram").exists() or not any((user_cache / "ram").iterdir())
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 10 * need - 10)  # the share is short
+    monkeypatch.setattr(image_cache, "_free_bytes", lambda folder: 100 * need)
+    assert dataset_module.auto_cache_refusal(split.shapes, 64)[0].startswith("over 10% of the available memory")
+    monkeypatch.setattr(dataset_module, "available_memory", lambda: 10 * need)
+    monkeypatch.setattr(dataset_module, "AUTO_CACHE_LIMIT", need)  # within the limit: /dev/shm is not asked
+    monkeypatch.setattr(image_cache, "_free_bytes", lambda folder: 0)
+    assert dataset_module.auto_cache_refusal(split.shapes, 64) == (None, need)

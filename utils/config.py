@@ -173,7 +173,7 @@ class TrainConfig:
     noautoanchor: bool = False
     noplots: bool = False
     evolve: int | None = None
-    cache: str | None = "auto"  # ram, disk, auto (RAM for small datasets), off / None
+    cache: str | None = "auto"  # ram, disk, auto (RAM when memory is to spare), off / None
     image_weights: bool = False
     mosaic_partners: str = "dataset"  # dataset (YOLOv5's) or batch: where a mosaic's other images come from
     augment_device: bool = False  # --augment-device: the augmentation's pixel work on the training device

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 
 import cv2
@@ -40,19 +39,20 @@ from utils.config import Hyp
 from utils.data import old_caches
 from utils.data.batch_slots import handed_over
 from utils.data.flat_labels import FlatLabels
-from utils.data.image_cache import StoreRequest, shared_image_store
-from utils.data.image_store import CacheError
+from utils.data.image_cache import StoreRequest, fits_shared_memory, shared_image_store
+from utils.data.image_store import CacheError, layout
 from utils.data.images import apply_orientation, file_orientation, read_image
 from utils.data.transforms import (FILL, apply_warp, augment_hsv, copy_paste, letterbox, mixup, mosaic4,
                                    perspective_matrix, random_flips, random_perspective, source_window)
 from utils.dist import is_main_process
+from utils.host_memory import available_memory
 
 LOGGER = logging.getLogger(__name__)
 
 _REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 RAM_SAFETY = 1.1  # need this many times the estimate to cache in RAM
-AUTO_CACHE_LIMIT = 1 << 30  # --cache auto: cache in RAM when the machine's one copy needs at most this many bytes
-AUTO_CACHE_SHARE = 0.1  # ... and at most this share of the available memory
+AUTO_CACHE_SHARE = 0.1  # --cache auto: cache in RAM when the machine's one copy needs at most this share of the
+AUTO_CACHE_LIMIT = 1 << 30  # available memory, and at most this many bytes unless /dev/shm holds it
 CACHE_MODES = ("ram", "disk")
 
 
@@ -110,21 +110,6 @@ def read_jpeg(path: str, factor: int = 1, orientation: int | None = None) -> np.
     return np.ascontiguousarray(apply_orientation(img, orientation))
 
 
-def available_memory() -> int:
-    """Bytes of memory available to new allocations (/proc/meminfo MemAvailable, else sysconf)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def resized_sizes(shapes: np.ndarray, imgsz: int) -> np.ndarray:
     """(N, 2) int64 (w, h) of (N, 2) (w, h) images after resizing each long side to ``imgsz`` (ceil, as YOLOv5)."""
     shapes = np.asarray(shapes, np.float64).reshape(-1, 2)
@@ -133,8 +118,9 @@ def resized_sizes(shapes: np.ndarray, imgsz: int) -> np.ndarray:
 
 
 def ram_cache_bytes(shapes: np.ndarray, imgsz: int) -> int:
-    """Exact bytes of all resized uint8 BGR images (sizes are known from the label scan)."""
-    return int(resized_sizes(shapes, imgsz).prod(1).sum() * 3)
+    """Exact bytes of the cache's store: all resized uint8 BGR images (sizes are known from the label scan), its
+    header and index."""
+    return layout(resized_sizes(shapes, imgsz))[2]
 
 
 def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
@@ -145,15 +131,22 @@ def check_ram_cache(shapes: np.ndarray, imgsz: int, prefix: str = "") -> None:
                          f"available {free / 1e9:.1f} GB; use --cache disk or no cache")
 
 
-def auto_cache_fits(shapes: np.ndarray, imgsz: int) -> tuple[bool, int]:
-    """--cache auto: (cache in RAM?, bytes of the cache). Small datasets only: the resized images within
-    AUTO_CACHE_LIMIT and AUTO_CACHE_SHARE of the available memory, counted once: the RAM cache is one store
-    per machine, shared by every training process and loader worker (utils.data.image_cache). Decoding is
-    most of a loader's work (about one decode per item with mosaic partners from the batch, ~3.6 from the
-    dataset), so a cache of a small dataset saves that work every epoch for a little memory."""
+def auto_cache_refusal(shapes: np.ndarray, imgsz: int, loader_bytes: int = 0) -> tuple[str | None, int]:
+    """--cache auto: (why not to cache in RAM, None to cache; bytes of the cache). The resized images must take at
+    most AUTO_CACHE_SHARE of the available memory (utils.host_memory: a container's limit counts), counted once:
+    the RAM cache is one store per machine, shared by every training process and loader worker
+    (utils.data.image_cache). Past AUTO_CACHE_LIMIT, only where ``/dev/shm`` holds it beside the loaders' batches
+    (``loader_bytes``): a larger store is never made the mapped file in the user's cache folder that a small
+    ``/dev/shm`` falls back to. Decoding is most of a loader's work (about one decode per item with mosaic
+    partners from the batch, ~3.6 from the dataset), so a cache saves that work every epoch for memory that the
+    machine has to spare."""
     need = ram_cache_bytes(shapes, imgsz)
-    budget = min(AUTO_CACHE_LIMIT, AUTO_CACHE_SHARE * available_memory())
-    return need <= budget, need
+    share = AUTO_CACHE_SHARE * available_memory()
+    if need > share:
+        return f"over {AUTO_CACHE_SHARE:.0%} of the available memory ({share / 1e9:.2f} GB)", need
+    if need > AUTO_CACHE_LIMIT and not fits_shared_memory(need, loader_bytes):
+        return f"over {AUTO_CACHE_LIMIT / 2 ** 30:.0f} GiB and more than /dev/shm has free", need
+    return None, need
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,6 +155,11 @@ def shared_memory_need(store_bytes: int, loader_bytes: int) -> float:
     return store_bytes * RAM_MARGIN + loader_bytes + sum(_LOADER_ROOM.values())
 
 
+def fits_shared_memory(store_bytes: int, loader_bytes: int) -> bool:
+    """Whether ``/dev/shm`` has room for a RAM store of ``store_bytes`` now (``shared_memory_need``)."""
+    return _free_bytes(RAM_FOLDER) >= shared_memory_need(store_bytes, loader_bytes)
+
+
 class Placement:
     """Where one mode keeps its store: ``clean()`` what killed runs left (before anything is measured), ``find()`` a
     usable one (disk only), ``create()`` a new one to fill (its creator holds its lock), ``publish(path, store)``
@@ -222,7 +227,7 @@ class RamPlacement(Placement):
     def folder(self) -> Path:
         if self._folder is None:
             need = shared_memory_need(self.request.nbytes, self.request.loader_bytes)
-            free = _free_bytes(RAM_FOLDER) if RAM_FOLDER.is_dir() else 0
+            free = _free_bytes(RAM_FOLDER)
             if free >= need:
                 self._folder = RAM_FOLDER
             else:
@@ -295,6 +300,7 @@ class DiskPlacement(Placement):
 
 
 def _free_bytes(folder: Path) -> int:
+    """Bytes free for us in ``folder``'s file system; 0 where there is no such folder."""
     try:
         info = os.statvfs(folder)
     except OSError:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from utils import dist
 from utils.data.batch_slots import TRAILER, BatchSlots, unwrapped
-from utils.data.dataset import YoloDataset, auto_cache_fits, collate
+from utils.data.dataset import YoloDataset, auto_cache_refusal, collate
 from utils.data.plans import PlanDataset, collate_plans
 from utils.device import usable_cpus
 from utils.memory import keep_freed_memory
@@ -243,19 +243,19 @@ def inline_loading(num_workers: int, prefix: str = "") -> int:
 
 
 def auto_cache(dataset: YoloDataset, prefix: str = "", loader_bytes: int = 0) -> None:
-    """--cache auto (train.py's default): cache a small dataset's resized images in RAM, one copy per machine
-    shared by every process and loader worker (``auto_cache_fits``). The main process decides for all: every
-    process must take the same path through the cache's collective steps. ``loader_bytes``: see
+    """--cache auto (train.py's default): cache the resized images in RAM when the machine has memory to spare, one
+    copy per machine shared by every process and loader worker (``auto_cache_refusal``). The main process decides
+    for all: every process must take the same path through the cache's collective steps. ``loader_bytes``: see
     ``YoloDataset.cache_images``."""
-    fits, need = auto_cache_fits(dataset.shapes, dataset.imgsz)
-    fits = dist.broadcast_object(fits, phase="decide whether --cache auto caches the images")
-    if fits:
-        LOGGER.info("%s--cache auto: small dataset, caching its images in RAM (%.2f GB, one copy per machine; "
-                    "--cache off to skip)", prefix, need / 1e9)
+    refusal, need = auto_cache_refusal(dataset.shapes, dataset.imgsz, loader_bytes)
+    refusal = dist.broadcast_object(refusal, phase="decide whether --cache auto caches the images")
+    if refusal is None:
+        LOGGER.info("%s--cache auto: caching the images in RAM (%.2f GB, one copy per machine; --cache off to skip)",
+                    prefix, need / 1e9)
         dataset.cache_images("ram", loader_bytes=loader_bytes)
     else:
-        LOGGER.info("%s--cache auto: not caching, %.2f GB is over the automatic limit (--cache ram or disk to "
-                    "cache anyway)", prefix, need / 1e9)
+        LOGGER.info("%s--cache auto: not caching, %.2f GB is %s (--cache ram or disk to cache anyway)", prefix,
+                    need / 1e9, refusal)
 
 
 def set_loader_epoch(loader, epoch: int, start_batch: int = 0) -> None:
