@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CUDA: replay the model's forward and backward as CUDA graphs, captured for the first "
                              "full batch's shape (other shapes run eagerly; not under DDP); for GPUs that wait for "
                              "the host's kernel launches (utils/trainer/cuda_graphs.py)")
+    parser.add_argument("--compile", action="store_true",
+                        help="CUDA: compile the model's forward and backward with torch.compile (fused kernels; the "
+                             "first step compiles, a minute or more; not under DDP; utils/trainer/compiled.py)")
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=cli.OPTIMIZER_NAMES, default="SGD", help="optimizer")
@@ -178,6 +181,8 @@ def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
         return "--evolve trains one model at a time per process: run one 'python train.py --evolve --device i' per GPU"
     if args.decode_device and not args.augment_device and not args.resume:
         return "--decode-device decodes the images for --augment-device's rendering on the device: add --augment-device"
+    if args.compile and args.cuda_graphs:
+        return "--compile and --cuda-graphs are not combined (each runs the model's forward its own way): choose one"
     return None
 
 

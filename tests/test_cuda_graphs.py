@@ -103,21 +103,21 @@ def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly(accum
     not."""
     plain, graphed = tiny_step(), tiny_step()
     capture = StandInCapture()
-    graphed.graphs = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
+    graphed.runner = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
     loader = batches(7)
     smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
                in batches(1)]
     for step in (plain, graphed):
         train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: accumulate)
     assert capture.calls == 1 and capture.cache_enabled == [True]  # fp32 here: no autocast, so its default
-    assert (graphed.graphs.replays, graphed.graphs.eager) == (9, 1)
+    assert (graphed.runner.replays, graphed.runner.eager) == (9, 1)
     for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
         for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(graphed).state_dict().items()):
             assert torch.equal(a, b), (name, key)
     graphed.model.eval()
     with torch.no_grad():
-        graphed.graphs(loader[0][0].float() / 255)
-    assert graphed.graphs.eager == 2
+        graphed.runner(loader[0][0].float() / 255)
+    assert graphed.runner.eager == 2
 
 
 def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
@@ -181,7 +181,7 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate):
         precision = choose_precision("auto", device, model)
         step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
                          precision, ModelEMA(model), checks=StepChecks())
-        step.graphs = GraphedModel(model, precision, batch_size=2) if graphs else None
+        step.runner = GraphedModel(model, precision, batch_size=2) if graphs else None
         images, targets = tiny_batch(device)
         for micro_step in range(8):
             stepping = (micro_step + 1) % accumulate == 0
@@ -190,7 +190,7 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate):
                 step.optimizer_step()
             step.counters.global_step += 1
         steps.append(step)
-    assert steps[1].graphs.replays == 8 and steps[1].graphs.eager == 0
+    assert steps[1].runner.replays == 8 and steps[1].runner.eager == 0
     for a, b in zip(steps[0].model.state_dict().values(), steps[1].model.state_dict().values()):
         if a.dtype.is_floating_point:
             assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)

@@ -172,13 +172,15 @@ def test_the_training_model_activates_out_of_place_and_the_ema_in_place(tmp_path
 
 
 @pytest.mark.parametrize("quad, captured", [(False, 16), (True, 4)])
-def test_cuda_graphs_capture_the_batch_the_model_sees(tmp_path, monkeypatch, quad, captured):
-    """--cuda-graphs captures batches of the per-process batch size, a quarter of it with --quad (which trains each 4
-    images as one); other sizes would never be captured and the flag would do nothing."""
+@pytest.mark.parametrize("flag, builder", [("cuda_graphs", "graphed_model"), ("compile", "compiled_model")])
+def test_cuda_graphs_and_compile_take_the_batch_the_model_sees(tmp_path, monkeypatch, quad, captured, flag, builder):
+    """--cuda-graphs captures, and --compile compiles, batches of the per-process batch size, a quarter of it with
+    --quad (which trains each 4 images as one); other sizes would never be captured and the flag would do nothing."""
     from utils.trainer import trainer
 
     asked = []
-    monkeypatch.setattr(trainer, "graphed_model", lambda enabled, model, precision, batch_size, *args: asked.append(
-        (enabled, batch_size)))
-    tiny_step(tmp_path, cuda_graphs=True, quad=quad)
-    assert asked == [(True, captured)]
+    for name in ("graphed_model", "compiled_model"):
+        monkeypatch.setattr(trainer, name, lambda enabled, model, precision, batch_size, *args, name=name: asked.append(
+            (name, enabled, batch_size)))
+    tiny_step(tmp_path, quad=quad, **{flag: True})
+    assert (builder, True, captured) in asked and all(enabled == (name == builder) for name, enabled, _ in asked)

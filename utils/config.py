@@ -179,6 +179,7 @@ class TrainConfig:
     augment_device: bool = False  # --augment-device: the augmentation's pixel work on the training device
     decode_device: bool = False  # --decode-device: with --augment-device, uncached JPEGs decoded on the device too
     cuda_graphs: bool = False  # --cuda-graphs: the model's forward and backward replayed as CUDA graphs
+    compile: bool = False  # --compile: the model's forward and backward compiled by torch.compile (CUDA)
     device: str = ""
     multi_scale: bool = False
     single_cls: bool = False
@@ -289,14 +290,15 @@ TIME_HOURS = cli.float_in_range(Range(0, 10 ** 6, low_open=True))  # train.py --
 
 # Options added (or whose default changed) after runs were first saved: the value a stored config without them ran
 # with. mosaic_partners: runs saved before the option existed drew from the whole split (whatever today's default).
-STORED_DEFAULTS = {"mosaic_partners": "dataset", "augment_device": False, "decode_device": False, "cuda_graphs": False}
+STORED_DEFAULTS = {"mosaic_partners": "dataset", "augment_device": False, "decode_device": False, "cuda_graphs": False,
+                   "compile": False}
 
 # The bound of every TrainConfig field: the flag's own validator (utils.cli), applied to stored values too.
 OPTION_RULES = {
     **dict.fromkeys(("weights", "cfg", "data", "hyp", "device", "project", "name", "save_dir"), _text),
     **dict.fromkeys(("rect", "nosave", "noval", "noautoanchor", "noplots", "image_weights", "multi_scale",
                      "single_cls", "sync_bn", "exist_ok", "quad", "cos_lr", "deterministic", "augment_device",
-                     "decode_device", "cuda_graphs"), _flag),
+                     "decode_device", "cuda_graphs", "compile"), _flag),
     "epochs": cli.positive_int.check,
     "batch_size": cli.train_batch_size.check,
     "nbs": cli.nominal_batch.check,

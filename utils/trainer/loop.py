@@ -76,7 +76,9 @@ class TrainStep:
     phase: object = None
     loss_scale: float = 1.0  # the loss is multiplied by this before backward (4 with --quad, as YOLOv5)
     checks: StepChecks | None = None  # decide on non-finite values on the device (module docstring); None: at once
-    graphs: object = None  # --cuda-graphs: a utils.trainer.cuda_graphs.GraphedModel that runs the model's forward
+    # the model's training forward for batches of one shape, autocast included: --cuda-graphs' GraphedModel
+    # (utils/trainer/cuda_graphs.py) or --compile's CompiledModel (utils/trainer/compiled.py); None: the model itself
+    runner: object = None
 
     def __post_init__(self):
         if self.checks is not None:  # a GradScaler passes its found_inf to SGD.step instead of reading it
@@ -97,13 +99,13 @@ class TrainStep:
         local = self.model.no_sync() if not sync and hasattr(self.model, "no_sync") else contextlib.nullcontext()
         with local:
             result = self._forward_backward(images, targets)
-        if self.graphs is not None and not sync:  # the next micro-step's replay must not overwrite these gradients
-            self.graphs.own_gradients()
+        if self.runner is not None and not sync:  # the next micro-step's replay must not overwrite these gradients
+            self.runner.own_gradients()
         return result
 
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        if self.graphs is not None:  # replays or the model itself, autocast included (utils/trainer/cuda_graphs.py)
-            predictions = self.graphs(images)
+        if self.runner is not None:
+            predictions = self.runner(images)
         else:
             with self.precision.autocast():
                 predictions = self.model(images)

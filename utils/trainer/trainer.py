@@ -31,6 +31,7 @@ from utils.loss import ComputeLoss
 from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
+from utils.trainer.compiled import compiled_model
 from utils.trainer.cuda_graphs import graphed_model
 from utils.trainer.ema import ModelEMA, unwrap_model
 from utils.trainer.interrupt import SaveControl
@@ -471,9 +472,11 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
             model, device_ids=[device.index] if device.type == "cuda" else None)
     per_process = max(config.batch_size // max(info.world_size, 1), 1)
     quads = config.quad and per_process >= 4  # the model then sees batches of per_process // 4 (utils/data/quad.py)
-    graphs = graphed_model(config.cuda_graphs, model, precision, per_process // 4 if quads else per_process,
-                           torch.device(device), info.distributed, config.multi_scale)
-    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, graphs=graphs)
+    seen = per_process // 4 if quads else per_process  # the batch the model sees
+    runner = (graphed_model(config.cuda_graphs, model, precision, seen, torch.device(device), info.distributed,
+                            config.multi_scale)
+              or compiled_model(config.compile, model, precision, seen, torch.device(device), info.distributed))
+    step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, runner=runner)
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
         LOGGER.info("--quad: each 4 images of a batch train as one of twice the side (2x2 tiles, or the first "

@@ -1,0 +1,167 @@
+"""--compile (utils/trainer/compiled.py): which runs use it, and that the compiled forward trains the run it would
+have trained eagerly. On the CPU the compiler is torch.compile with the ``aot_eager`` backend: the same tracing
+(TorchDynamo), functionalised BatchNorm statistics and compiled autograd graph as on a GPU, without generating
+kernels; inductor itself (``cuda`` case) runs on a GPU, from benchmarks/gpu_check.py."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.test_host_reads import batches, tiny_step
+from utils.trainer.compiled import CompiledModel, compiled_model
+from utils.trainer.loop import train_one_epoch
+from utils.trainer.state import RunState
+
+CPU = torch.device("cpu")
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
+
+
+def test_the_flag_is_used_on_one_cuda_process_only(caplog):
+    step = tiny_step()
+
+    def warnings() -> list[str]:
+        return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert compiled_model(False, step.model, step.precision, 2, torch.device("cuda", 0), False) is None
+        assert not warnings()
+        assert compiled_model(True, step.model, step.precision, 2, CPU, False) is None
+        assert compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), True) is None
+    said = warnings()
+    assert len(said) == 2 and "--compile is for CUDA devices (on cpu" in said[0] and "not used under DDP" in said[1]
+    runner = compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), False)
+    assert isinstance(runner, CompiledModel) and runner.batch_size == 2 and runner.compiled is None
+
+
+def test_the_cpu_path_never_imports_the_compiler():
+    """train.py --compile on the CPU warns and trains eagerly; torch._dynamo (over a second of start-up) is never
+    imported for it (build_step, then the runner the step gets)."""
+    code = ("import sys, torch\n"
+            "from tests.test_host_reads import tiny_step\n"
+            "from utils.trainer.compiled import compiled_model\n"
+            "step = tiny_step()\n"
+            "runner = compiled_model(True, step.model, step.precision, 2, torch.device('cpu'), False)\n"
+            "print(runner is None, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_compiled_forward_trains_the_eager_run_and_other_shapes_run_eagerly(accumulate):
+    """A run whose forward goes through CompiledModel ends with the weights, BatchNorm statistics and EMA of the same
+    run without it (``aot_eager`` runs the same operators: to the bit), with optimizer steps of 1 and 2 micro-steps;
+    full batches run compiled, a smaller one and eval mode eagerly, and the one shape compiles once."""
+    torch._dynamo.reset()
+    plain, compiled = tiny_step(), tiny_step()
+    compiled.runner = CompiledModel(compiled.model, compiled.precision, batch_size=2, backend="aot_eager")
+    loader = batches(5)
+    smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
+               in batches(1)]
+    for step in (plain, compiled):
+        train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: accumulate)
+    assert (compiled.runner.compiled_calls, compiled.runner.eager) == (7, 1)
+    for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
+        for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(compiled).state_dict().items()):
+            assert torch.equal(a, b), (name, key)
+    compiled.model.eval()
+    with torch.no_grad():
+        compiled.runner(loader[0][0].float() / 255)
+    assert compiled.runner.eager == 2
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] >= 1 and torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert not torch._dynamo.utils.counters["recompiles"]  # one shape, one compilation
+
+
+def test_the_checkpoint_holds_the_model_not_the_compiled_module(tmp_path):
+    """The compiled module shares the model's tensors: the model (what checkpoints save) trains, and its state_dict
+    keys are the model's own (no '_orig_mod.' prefix a saved compiled module would add)."""
+    torch._dynamo.reset()
+    step = tiny_step()
+    keys = list(step.model.state_dict())
+    before = {k: v.clone() for k, v in step.model.state_dict().items()}
+    step.runner = CompiledModel(step.model, step.precision, batch_size=2, backend="aot_eager")
+    train_one_epoch(step, batches(2), RunState(), 1, CPU, lambda *args: 1)
+    after = step.model.state_dict()
+    assert list(after) == keys
+    assert not torch.equal(before["model.0.conv.weight"], after["model.0.conv.weight"])  # the shared weights moved
+    assert not torch.equal(before["model.0.bn.running_mean"], after["model.0.bn.running_mean"])  # and BatchNorm's
+
+
+def test_a_gpus_forward_is_one_graph_without_breaks():
+    """On a GPU the whole training forward is one compiled graph: no graph break (each would return to Python between
+    two compiled pieces and split the fusion). Traced on the meta device, which takes the model's non-CPU path (the
+    CPU's own BatchNorm + SiLU kernels and grouped sums are never reached there), channels_last, under CUDA's
+    autocast."""
+    from models.yolo import Model
+
+    torch._dynamo.reset()
+    model = Model(str(ROOT / "models" / "yolov5n.yaml"), ch=3, nc=4).train().to("meta")
+    model = model.to(memory_format=torch.channels_last)
+    images = torch.empty(2, 3, 128, 128, device="meta").contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.float16):
+        explained = torch._dynamo.explain(model)(images)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_inductor_on_cuda_trains_as_eager_within_rounding():
+    """Inductor's fused kernels on a GPU: 6 steps of a tiny model under autocast end within rounding of the eager run
+    (weights and BatchNorm statistics), without a synchronisation inside a step."""
+    from models.yolo import DetectionModel
+    from tests.test_host_reads import TINY_MODEL_YAML
+    import yaml
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.amp import choose_precision
+    from utils.trainer.ema import ModelEMA
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.optim import build_optimizer
+    from utils.trainer.step_checks import StepChecks
+
+    device = torch.device("cuda", 0)
+    torch._dynamo.reset()
+    steps = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML)).to(device).train()
+        model = model.to(memory_format=torch.channels_last)
+        precision = choose_precision("auto", device, model)
+        step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+                         precision, ModelEMA(model), channels_last=True, checks=StepChecks())
+        step.runner = CompiledModel(model, precision, batch_size=2) if compiled else None
+        generator = torch.Generator().manual_seed(1)
+        images = torch.rand(2, 3, 64, 64, generator=generator).to(device)
+        targets = torch.tensor([[0, 0, 0.5, 0.5, 0.4, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.5]], device=device)
+        step.forward_backward(images, targets)  # the compilation and cuDNN's first calls, outside the checked steps
+        step.optimizer_step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                step.forward_backward(images, targets)
+                step.optimizer_step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        steps.append(step)
+    assert steps[1].runner.compiled_calls == 6
+    for (key, a), (_, b) in zip(steps[0].model.state_dict().items(), steps[1].model.state_dict().items()):
+        if a.dtype.is_floating_point:
+            assert torch.allclose(a, b, rtol=2e-2, atol=2e-3), key
+
+
+def test_compile_with_cuda_graphs_is_one_line_error(tmp_path, capsys):
+    import train
+
+    assert train.main(["--data", str(tmp_path / "data.yaml"), "--compile", "--cuda-graphs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["train.py: error: --compile and --cuda-graphs are not combined (each runs the model's forward its "
+                   "own way): choose one"]
+    assert not (tmp_path / "runs").exists()

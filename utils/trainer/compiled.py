@@ -1,0 +1,75 @@
+"""``--compile``: the model's training forward and backward compiled by ``torch.compile`` (off by default; CUDA).
+
+Why: on a GPU, a BatchNorm and the SiLU after it each read and write every activation on their own (in the forward
+and again in the backward), and each is a kernel the host must launch. Inductor (torch.compile's compiler) fuses
+such element-wise work into the kernels around it (the convolutions stay cuDNN's), so fewer passes over memory and
+fewer launches. Whether that pays for its compile time (a minute or more at the first step, every run) is measured
+by ``benchmarks/gpu_check.py --only compile_step,compile``; until a GPU has shown it, the flag stays opt-in.
+
+How: ``torch.compile(model, dynamic=False)`` for batches of the first full batch's shape, memory layout and dtype
+(the first step compiles: the progress bar's first line waits for it); any other shape (a smaller last batch,
+``--multi-scale``, ``--rect``) runs the model itself, so a run compiles once and never recompiles. Autocast is
+applied around the call, as for the model. The compiled module shares the model's parameters and buffers, so
+checkpoints, the EMA, validation and resume see the model as without the flag (nothing compiled is saved).
+Compiled numerics differ from eager ones in rounding only (fused arithmetic); a resumed run compiles the same
+kernels again.
+
+Not used (with a warning): on the CPU (measured on a 2-core Zen 4, yolov5n at 320, batch 8: 0.23 s a step
+compiled against 0.24 s eager with this project's own BatchNorm + SiLU kernels, after 40-70 s of compiling; and
+``torch._dynamo`` stays out of the CPU path's start-up), under DDP (not measured with DistributedDataParallel's
+hooks here), and with ``--cuda-graphs`` (refused by train.py: the two are not combined).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+LOGGER = logging.getLogger(__name__)
+
+
+class CompiledModel:
+    """``model``'s training forward for TrainStep: compiled for batches of one shape, the model itself for the others
+    (see the module docstring). ``batch_size``: the per-process batch whose shape is compiled; ``backend``:
+    torch.compile's (the tests use ``aot_eager`` on the CPU: the same tracing and autograd, no code generation)."""
+
+    def __init__(self, model: nn.Module, precision, batch_size: int, backend: str = "inductor"):
+        self.model, self.precision, self.batch_size, self.backend = model, precision, batch_size, backend
+        self.compiled = None
+        self.key = None  # (shape, strides, dtype) of the compiled input
+        self.compiled_calls = self.eager = 0
+
+    def __call__(self, images: torch.Tensor):
+        key = (tuple(images.shape), images.stride(), images.dtype)
+        if self.compiled is None and images.shape[0] == self.batch_size and self.model.training:
+            self.compiled, self.key = torch.compile(self.model, backend=self.backend, dynamic=False), key
+            LOGGER.info("--compile: compiling the forward and backward for batches of %s at this first step (a "
+                        "minute or more); other shapes run eagerly", "x".join(map(str, key[0])))
+        with self.precision.autocast():
+            if key == self.key and self.model.training:
+                self.compiled_calls += 1
+                return self.compiled(images)
+            self.eager += 1
+            return self.model(images)
+
+    def own_gradients(self) -> None:
+        """Nothing to do: the compiled backward returns new gradient tensors at every call (no buffers it reuses, as
+        CUDA graphs do), so accumulation adds to them as autograd always does."""
+
+
+def compiled_model(enabled: bool, model: nn.Module, precision, batch_size: int, device: torch.device,
+                   distributed: bool) -> CompiledModel | None:
+    """A CompiledModel when ``--compile`` asks for one and the run can use it; None (with a warning saying why)
+    otherwise."""
+    if not enabled:
+        return None
+    if device.type != "cuda":
+        LOGGER.warning("WARNING: --compile is for CUDA devices (on %s it measured no faster, after a minute of "
+                       "compiling); training without", device.type)
+        return None
+    if distributed:
+        LOGGER.warning("WARNING: --compile is not used under DDP (not measured with its gradient hooks); training "
+                       "without")
+        return None
+    return CompiledModel(model, precision, batch_size)
