@@ -86,7 +86,7 @@ from gpu_check_runner import (CHILDREN, PROGRESS, Context, StepFailed, StepResul
                               checked, child_result, commit_of, count_images, python_command, results_rows,
                               run_command, run_folder, training_figures, val_figures, validation_seconds)
 from gpu_throughput import (CASES as THROUGHPUT_CASES, step_augment_device, step_augment_device_all_cores,  # noqa: E402
-                            step_channels_last, step_cuda_graphs, step_decode_device, step_generated, step_throughput)
+                            step_channels_last, step_compile, step_cuda_graphs, step_decode_device, step_generated, step_throughput)
 
 EXIT_FAILED, EXIT_NO_CUDA = 1, 3
 AMP_TOLERANCE = 0.02  # mAP50-95, fp16 below fp32 at 10 epochs: one seed each; seed-to-seed spread at 100
@@ -593,9 +593,29 @@ def step_graphs_step(context: Context) -> dict:
     synchronisation by site (profile_train_step.py --cuda-graphs --sync-debug)."""
     figures = cuda_tests(context, "graphs_test", "graphs or steady_state_step or pins_memory or never_writes",
                          "tests/test_cuda_graphs.py", "tests/test_cuda.py", "tests/test_decode_device.py")
-    for label, name, extra in (("eager", "graphs_step_eager", ()),
-                               ("--cuda-graphs", "graphs_step_graphs", ("--cuda-graphs", "--sync-debug", 10))):
-        result = profile_case(context, name, "yolov5s", 64, *extra, limit=180)
+    figures.update(profiled_variants(context, (("eager", "graphs_step_eager", ()),
+                                               ("--cuda-graphs", "graphs_step_graphs", ("--cuda-graphs", "--sync-debug",
+                                                                                        10)))))
+    return figures
+
+
+def step_compile_step(context: Context) -> dict:
+    """--compile on the step: its cuda test (inductor's kernels train as eager within rounding, with no synchronisation
+    in a step), then yolov5s at batch 64 eager and compiled (the warm-up steps compile), each with its phases, kernels
+    per step and the kernels' GPU time by family: what fusing BatchNorm with SiLU saves, against what remains."""
+    figures = cuda_tests(context, "compile_test", "inductor", "tests/test_compiled.py")
+    figures.update(profiled_variants(context, (("eager", "compile_step_eager", ()),
+                                               ("--compile", "compile_step_compiled", ("--compile",))), limit=420))
+    return figures
+
+
+def profiled_variants(context: Context, variants, limit: float = 180) -> dict:
+    """profile_case for each (label, name, extra arguments) of yolov5s at batch 64: the rate, the phases' host and
+    GPU times, kernels per step, memory, and where present the synchronisations by site and the kernels' time by
+    family."""
+    figures = {}
+    for label, name, extra in variants:
+        result = profile_case(context, name, "yolov5s", 64, *extra, limit=limit)
         phases = ", ".join(f"{phase} {times['host_ms']:.1f}/{times['gpu_ms']:.1f}"
                            for phase, times in result["phases"].items())
         figures[f"yolov5s b64 held, {label}"] = (
@@ -645,7 +665,9 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
     "graphs_step": step_graphs_step,  # --cuda-graphs: its cuda tests, and the step eager against graphed
+    "compile_step": step_compile_step,  # --compile: its cuda test, and the step eager against compiled (kernel families)
     "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s and yolov5n b64, eager then graphed
+    "compile": step_compile,  # --compile in training: yolov5s b64, eager then compiled (the wall counts the compiling)
     "bf16": step_bf16,  # bf16 autocast against fp16: speed, validation time per epoch, accuracy
     "sync_sites": step_sync_sites,  # which calls in a CUDA step still wait for the device, and the host's operators
     "profile": step_profile,  # where a training step's time goes (issue: keep the GPU busy): measured first

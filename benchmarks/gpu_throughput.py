@@ -127,6 +127,13 @@ def step_cuda_graphs(context: Context) -> dict:
     return figures
 
 
+def step_compile(context: Context) -> dict:
+    """This tree without and with --compile (torch.compile's inductor: BatchNorm fused with SiLU), yolov5s at batch 64,
+    --cache ram, 8 workers: images/s over epochs 2-4 leaves the first epoch's compiling out, the wall counts it."""
+    runs = (("yolov5s eager", ROOT, ()), ("yolov5s --compile", ROOT, ("--compile",)))
+    return _compare(context, "compile", runs, "yolov5s", 64, "ram", 8)
+
+
 def step_augment_device(context: Context) -> dict:
     """This tree's OpenCV workers, then --augment-device (the pixel work on the GPU), yolov5s b64, --cache ram and off,
     with 4 workers (4 CPU cores per GPU: where the workers set the speed)."""

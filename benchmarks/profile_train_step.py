@@ -99,6 +99,9 @@ def parse_args():
                              "host-device synchronisation was asked for (the innermost frames of this project)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="the forward and backward replayed as CUDA graphs (train.py --cuda-graphs)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the forward and backward compiled by torch.compile (train.py --compile); the timed "
+                             "steps start after the warm-up steps, which compile")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms per shape)")
     parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
@@ -154,7 +157,11 @@ def build(args, device):
     if args.cuda_graphs:
         from utils.trainer.cuda_graphs import graphed_model
 
-        step.graphs = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False)
+        step.runner = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False)
+    if args.compile:
+        from utils.trainer.compiled import compiled_model
+
+        step.runner = compiled_model(True, model, step.precision, args.batch_size, device, distributed=False)
     model.train()
     return step, accumulate, loader
 
@@ -360,7 +367,8 @@ def main():
     result = {"device": where, "cfg": Path(args.cfg).stem, "imgsz": args.imgsz, "batch": args.batch_size,
               "amp": step.precision.name, "source": args.source, "steps": args.steps,
               "channels_last": step.channels_last, "cudnn_benchmark": args.cudnn_benchmark,
-              "cuda_graphs": step.graphs is not None,
+              "cuda_graphs": args.cuda_graphs and step.runner is not None,
+              "compile": args.compile and step.runner is not None,
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
     if device.type == "cuda":

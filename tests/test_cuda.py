@@ -712,3 +712,11 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
         [str(tmp_path / "logs" / "graphs_step_eager.json")],
         [str(tmp_path / "logs" / "graphs_step_graphs.json"), "--cuda-graphs", "--sync-debug", "10"]]
     assert all(command[command.index("--data") + 1] == str(tmp_path / "dataset_x8" / "data.yaml") for command in profiled)
+    commands.clear()
+    compiled = gpu_check.step_compile_step(context)
+    assert compiled["cuda tests (inductor)"] == "1 failed, 36 deselected in 3.1s"
+    assert compiled["yolov5s b64 held, --compile"].startswith("900 img/s, 71.1 ms/step")
+    assert compiled["--compile: GPU ms per step by kernel family"] == "convolution 12.2; BatchNorm 6.5"
+    assert [command[-1] for name, command in commands] == [
+        "inductor", str(tmp_path / "logs" / "compile_step_eager.json"), "--compile"]
+    assert "tests/test_compiled.py" in commands[0][1]

@@ -14,9 +14,10 @@ checkpoints, the EMA, validation and resume see the model as without the flag (n
 Compiled numerics differ from eager ones in rounding only (fused arithmetic); a resumed run compiles the same
 kernels again.
 
-Not used (with a warning): on the CPU (measured on a 2-core Zen 4, yolov5n at 320, batch 8: 0.23 s a step
-compiled against 0.24 s eager with this project's own BatchNorm + SiLU kernels, after 40-70 s of compiling; and
-``torch._dynamo`` stays out of the CPU path's start-up), under DDP (not measured with DistributedDataParallel's
+Not used (with a warning): on the CPU (benchmarks/bench_compile_cpu.py on a 2-core Zen 4, yolov5n at 320, batch 8,
+3 runs: 0.29-0.42 s a step compiled against 0.27-0.30 s eager with this project's own BatchNorm + SiLU kernels, after
+a first step of 42 s, 13-21 s with inductor's cache from an earlier run; and ``torch._dynamo`` stays out of the CPU
+path's start-up), under DDP (not measured with DistributedDataParallel's
 hooks here), and with ``--cuda-graphs`` (refused by train.py: the two are not combined).
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ def compiled_model(enabled: bool, model: nn.Module, precision, batch_size: int, 
     if not enabled:
         return None
     if device.type != "cuda":
-        LOGGER.warning("WARNING: --compile is for CUDA devices (on %s it measured no faster, after a minute of "
+        LOGGER.warning("WARNING: --compile is for CUDA devices (on %s it measured slower, after up to a minute of "
                        "compiling); training without", device.type)
         return None
     if distributed:
