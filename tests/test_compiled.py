@@ -5,6 +5,8 @@ kernels; inductor itself (``cuda`` case) runs on a GPU, from benchmarks/gpu_chec
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import subprocess
 import sys
 
@@ -13,12 +15,43 @@ import torch
 
 from tests.conftest import ROOT
 from tests.test_host_reads import batches, tiny_step
-from utils.trainer.compiled import CompiledModel, compiled_model
+from utils.data.cache_folders import CacheFolderError
+from utils.trainer.compiled import CACHE_VARIABLE, CompiledModel, compiled_model, private_compiler_cache
 from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
 
 CPU = torch.device("cpu")
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    """The user cache folder under tmp_path, and inductor's cache variable as the user left it: unset (restored after
+    the test, whatever the code set)."""
+    monkeypatch.setenv("YOLO_TRAINER_CACHE", str(tmp_path / "user-cache"))
+    monkeypatch.delenv(CACHE_VARIABLE, raising=False)
+    return tmp_path / "user-cache"
+
+
+def test_the_compiled_code_is_kept_in_a_private_folder_unless_the_user_chose_one(user_cache, tmp_path, monkeypatch):
+    """inductor's default cache, /tmp/torchinductor_<user>, is used by whoever created it (another user could, and put
+    code there): the first compile points it at this user's 0700 folder; a folder others can write is refused in one
+    line; a TORCHINDUCTOR_CACHE_DIR the user set stays theirs."""
+    folder = user_cache / "compile"
+    assert private_compiler_cache() == str(folder) == os.environ[CACHE_VARIABLE]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    monkeypatch.delenv(CACHE_VARIABLE)
+    folder.chmod(0o777)
+    with pytest.raises(CacheFolderError, match="YOLO_TRAINER_CACHE"):
+        private_compiler_cache()
+    folder.chmod(0o700)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(CACHE_VARIABLE, default_cache_dir())  # what importing torch._dynamo writes there
+    assert private_compiler_cache() == str(folder)
+    chosen = str(tmp_path / "mine")
+    monkeypatch.setenv(CACHE_VARIABLE, chosen)
+    assert private_compiler_cache() == chosen and not (tmp_path / "mine").exists()
 
 
 def test_the_flag_is_used_on_one_cuda_process_only(caplog):
@@ -37,6 +70,10 @@ def test_the_flag_is_used_on_one_cuda_process_only(caplog):
     assert len(said) == 2 and "--compile is for CUDA devices (on cpu" in said[0] and "not used under DDP" in said[1]
     runner = compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), False)
     assert isinstance(runner, CompiledModel) and runner.batch_size == 2 and runner.compiled is None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), False, multi_scale=True)
+    assert len(warnings()) == 1 and "--multi-scale" in warnings()[0]
 
 
 def test_the_cpu_path_never_imports_the_compiler():
@@ -67,6 +104,7 @@ def test_the_compiled_forward_trains_the_eager_run_and_other_shapes_run_eagerly(
     for step in (plain, compiled):
         train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: accumulate)
     assert (compiled.runner.compiled_calls, compiled.runner.eager) == (7, 1)
+    assert os.environ[CACHE_VARIABLE].endswith(os.path.join("user-cache", "compile"))  # set before compiling
     for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
         for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(compiled).state_dict().items()):
             assert torch.equal(a, b), (name, key)

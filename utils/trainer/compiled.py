@@ -14,6 +14,14 @@ checkpoints, the EMA, validation and resume see the model as without the flag (n
 Compiled numerics differ from eager ones in rounding only (fused arithmetic); a resumed run compiles the same
 kernels again.
 
+Where the compiled kernels live: inductor keeps the code it generates and then loads (Python modules, shared
+libraries, Triton kernels) in ``$TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_<user>``, which it creates
+if missing and uses whoever made it: in a folder every user can write, another user could make it first and put code
+there. Unless the user set ``TORCHINDUCTOR_CACHE_DIR`` to another folder, the cache is this user's private
+``~/.cache/yolo-trainer/compile`` (``$YOLO_TRAINER_CACHE/compile``; utils.private_folders' checks), set in the
+environment before the first compile. Importing ``torch._dynamo`` already writes the default into the environment
+(inductor records its choice there), so the default's value counts as unset.
+
 Not used (with a warning): on the CPU (benchmarks/bench_compile_cpu.py on a 2-core Zen 4, yolov5n at 320, batch 8,
 3 runs: 0.29-0.42 s a step compiled against 0.27-0.30 s eager with this project's own BatchNorm + SiLU kernels, after
 a first step of 42 s, 13-21 s with inductor's cache from an earlier run; and ``torch._dynamo`` stays out of the CPU
@@ -23,11 +31,15 @@ hooks here), and with ``--cuda-graphs`` (refused by train.py: the two are not co
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
 
+from utils.data.cache_folders import private_cache_folder
+
 LOGGER = logging.getLogger(__name__)
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # inductor's cache of the code it generates and loads
 
 
 class CompiledModel:
@@ -44,6 +56,7 @@ class CompiledModel:
     def __call__(self, images: torch.Tensor):
         key = (tuple(images.shape), images.stride(), images.dtype)
         if self.compiled is None and images.shape[0] == self.batch_size and self.model.training:
+            private_compiler_cache()
             self.compiled, self.key = torch.compile(self.model, backend=self.backend, dynamic=False), key
             LOGGER.info("--compile: compiling the forward and backward for batches of %s at this first step (a "
                         "minute or more); other shapes run eagerly", "x".join(map(str, key[0])))
@@ -59,8 +72,19 @@ class CompiledModel:
         CUDA graphs do), so accumulation adds to them as autograd always does."""
 
 
+def private_compiler_cache() -> str:
+    """inductor's cache folder: the user's ``TORCHINDUCTOR_CACHE_DIR``, else this user's private one (module
+    docstring), put in the environment where inductor reads it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get(CACHE_VARIABLE)
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ[CACHE_VARIABLE] = str(private_cache_folder("compile"))
+    return os.environ[CACHE_VARIABLE]
+
+
 def compiled_model(enabled: bool, model: nn.Module, precision, batch_size: int, device: torch.device,
-                   distributed: bool) -> CompiledModel | None:
+                   distributed: bool, multi_scale: bool = False) -> CompiledModel | None:
     """A CompiledModel when ``--compile`` asks for one and the run can use it; None (with a warning saying why)
     otherwise."""
     if not enabled:
@@ -73,4 +97,7 @@ def compiled_model(enabled: bool, model: nn.Module, precision, batch_size: int, 
         LOGGER.warning("WARNING: --compile is not used under DDP (not measured with its gradient hooks); training "
                        "without")
         return None
+    if multi_scale:
+        LOGGER.warning("WARNING: --compile with --multi-scale: only batches of the first full batch's size run "
+                       "compiled, the others eagerly")
     return CompiledModel(model, precision, batch_size)
