@@ -643,6 +643,41 @@ def test_gpu_check_throughput_steps_compare_a_baseline_tree_on_a_repeated_datase
     assert not set(CASES) & set(gpu_check.selected_steps("", "throughput"))
 
 
+def test_gpu_check_compile_step_projects_each_run_to_ten_epochs(tmp_path, monkeypatch):
+    """gpu_check's compile step, train.py faked: images/s over epochs 2-4 leaves the first epoch's compiling out, and
+    each run's wall is projected to the 10 epochs the decision on --compile asks for (its wall, then 6 more epochs at
+    its rate)."""
+    import sys
+    from types import SimpleNamespace
+
+    from benchmarks import gpu_check  # noqa: F401  (puts benchmarks/ on sys.path, as gpu_check runs)
+    from gpu_check_runner import Completed
+
+    gpu_throughput = sys.modules["gpu_throughput"]
+
+    def bar(epoch: int, done: int) -> str:
+        return (f"        {epoch}/4      11.9G      0.125    0.02681    0.05362         34        640: "
+                f"{done * 33}%|##| {done}/3 [00:01<00:00, 2.1it/s]")
+
+    def run_command(context, name, command, limit, extra_env=None):
+        compiled = "--compile" in [str(part) for part in command]
+        ends = [80, 88, 96, 104] if compiled else [20, 30, 40, 50]  # the compiled run's first epoch compiles (60 s)
+        fragments = [(1.0, "AMP: fp16 autocast on cuda (self-check passed)"), (10.0, bar(1, 0))]
+        for epoch, end in enumerate(ends, 1):
+            fragments += [(end, bar(epoch, 3))] + ([(end, bar(epoch + 1, 0))] if epoch < 4 else [])
+        return Completed(0, 110.0 if compiled else 60.0, fragments)
+
+    monkeypatch.setattr(gpu_throughput, "run_command", run_command)
+    monkeypatch.setattr(gpu_throughput, "repeated_dataset", lambda data, times, root: (root / "data.yaml", 1640))
+    context = SimpleNamespace(data="data.yaml", work=tmp_path, args=SimpleNamespace(limit_train=600))
+    figures = gpu_throughput.step_compile(context)
+    assert figures["yolov5s eager"].startswith("164 img/s, wall 60.0 s")
+    assert figures["yolov5s --compile"].startswith("205 img/s, wall 110.0 s")
+    assert figures["yolov5s eager: wall projected to 10 epochs"] == "120 s"  # 60 + 6 x 1640 / 164
+    assert figures["yolov5s --compile: wall projected to 10 epochs"] == "158 s"  # 110 + 6 x 1640 / 205
+    assert figures["yolov5s --compile / yolov5s eager (img/s)"] == "1.25"
+
+
 def test_gpu_check_times_each_validation_during_training_from_the_log():
     """gpu_check's bf16 step: seconds from the end of an epoch's training bar to the validation's 'all' row; the
     validation's own bar and an epoch cut short do not count."""
