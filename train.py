@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "the host's kernel launches (utils/trainer/cuda_graphs.py)")
     parser.add_argument("--compile", action="store_true",
                         help="CUDA: compile the model's forward and backward with torch.compile (fused kernels; the "
-                             "first step compiles, a minute or more; not under DDP; utils/trainer/compiled.py)")
+                             "first step compiles, a minute or more; not with --sync-bn; utils/trainer/compiled.py)")
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=cli.OPTIMIZER_NAMES, default="SGD", help="optimizer")

@@ -161,7 +161,7 @@ def build(args, device):
     if args.compile:
         from utils.trainer.compiled import compiled_model
 
-        step.runner = compiled_model(True, model, step.precision, args.batch_size, device, distributed=False)
+        step.runner = compiled_model(True, model, step.precision, args.batch_size, device)
     model.train()
     return step, accumulate, loader
 

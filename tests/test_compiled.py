@@ -67,7 +67,7 @@ def test_the_flag_is_used_on_one_cuda_process_only(caplog):
         assert compiled_model(True, step.model, step.precision, 2, CPU, False) is None
         assert compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), True) is None
     said = warnings()
-    assert len(said) == 2 and "--compile is for CUDA devices (on cpu" in said[0] and "not used under DDP" in said[1]
+    assert len(said) == 2 and "--compile is for CUDA devices (on cpu" in said[0] and "not used with --sync-bn" in said[1]
     runner = compiled_model(True, step.model, step.precision, 2, torch.device("cuda", 0), False)
     assert isinstance(runner, CompiledModel) and runner.batch_size == 2 and runner.compiled is None
     caplog.clear()
@@ -115,6 +115,56 @@ def test_the_compiled_forward_trains_the_eager_run_and_other_shapes_run_eagerly(
     frames = torch._dynamo.utils.counters["frames"]
     assert frames["ok"] >= 1 and torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert not torch._dynamo.utils.counters["recompiles"]  # one shape, one compilation
+
+
+DDP_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+import torch, torch.distributed as tdist
+from tests.test_host_reads import batches, tiny_step
+from utils.trainer.compiled import CompiledModel
+
+tdist.init_process_group("gloo")
+rank = tdist.get_rank()
+finals, calls = [], 0
+for compiled in (False, True):
+    step = tiny_step()
+    model = step.model
+    step.model = torch.nn.parallel.DistributedDataParallel(model)
+    if compiled:
+        step.runner = CompiledModel(step.model, step.precision, batch_size=1, backend="aot_eager")
+    for number, (images, targets, _, _) in enumerate(batches(6)):  # each rank its image of each batch
+        mine = targets[targets[:, 0] == rank].clone()
+        mine[:, 0] = 0
+        stepping = number % 2 == 1  # 2 micro-steps a step: the first keeps its gradients local (no_sync)
+        step.forward_backward(images[rank:rank + 1].float() / 255, mine, sync=stepping)
+        if stepping:
+            step.optimizer_step()
+        step.counters.global_step += 1
+    finals.append({{key: value.clone() for key, value in model.state_dict().items()}})
+    calls = step.runner.compiled_calls if compiled else calls
+torch.save({{"calls": calls, "differ": [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])],
+            "weights": {{name: p.detach().clone() for name, p in model.named_parameters()}}}},
+           os.path.join({out!r}, f"rank{{rank}}.pt"))
+"""
+
+
+@pytest.mark.slow
+def test_under_ddp_the_wrapper_is_compiled_and_trains_as_eager_ddp(tmp_path):
+    """2 gloo processes, each its own image of every batch, 2 micro-steps a step (the first under no_sync): the
+    compiled DistributedDataParallel wrapper ends to the bit as eager DDP on both ranks (its gradients are
+    all-reduced: compiling the module inside would skip that and the ranks would part), and the ranks' weights agree
+    (BatchNorm's running statistics are each rank's own between DDP's broadcasts, as eagerly)."""
+    from tests.test_ddp import free_port, run, torchrun
+
+    script = tmp_path / "ddp_compile.py"
+    script.write_text(DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path)))
+    done = run(torchrun(str(script), extra=["--master_port", str(free_port())]),
+               env={"YOLO_TRAINER_CACHE": str(tmp_path / "user-cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert [r["calls"] for r in ranks] == [6, 6] and [r["differ"] for r in ranks] == [[], []]
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["weights"].values(), ranks[1]["weights"].values()))
 
 
 def test_the_checkpoint_holds_the_model_not_the_compiled_module(tmp_path):

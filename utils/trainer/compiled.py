@@ -22,11 +22,16 @@ there. Unless the user set ``TORCHINDUCTOR_CACHE_DIR`` to another folder, the ca
 environment before the first compile. Importing ``torch._dynamo`` already writes the default into the environment
 (inductor records its choice there), so the default's value counts as unset.
 
+Under DDP the DistributedDataParallel wrapper is what is compiled (TorchDynamo's DDPOptimizer then splits the graph
+at DDP's gradient buckets, so the all-reduces still overlap the backward): compiling the module inside it would skip
+DDP's forward and with it the gradients' all-reduce. Micro-steps without a sync (``no_sync``) work as eagerly; tested
+with 2 gloo processes on the CPU (``aot_eager``), to the bit as eager DDP.
+
 Not used (with a warning): on the CPU (benchmarks/bench_compile_cpu.py on a 2-core Zen 4, yolov5n at 320, batch 8,
 3 runs: 0.29-0.42 s a step compiled against 0.27-0.30 s eager with this project's own BatchNorm + SiLU kernels, after
 a first step of 42 s, 13-21 s with inductor's cache from an earlier run; and ``torch._dynamo`` stays out of the CPU
-path's start-up), under DDP (not measured with DistributedDataParallel's
-hooks here), and with ``--cuda-graphs`` (refused by train.py: the two are not combined).
+path's start-up) and with ``--sync-bn`` (its all-reduce inside each BatchNorm: the CPU's version fails to compile,
+CUDA's is not tested); with ``--cuda-graphs`` train.py refuses it (the two are not combined).
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # inductor's cache of the code it ge
 
 class CompiledModel:
     """``model``'s training forward for TrainStep: compiled for batches of one shape, the model itself for the others
-    (see the module docstring). ``batch_size``: the per-process batch whose shape is compiled; ``backend``:
+    (see the module docstring). ``model``: what training calls (the DDP wrapper under DDP); ``batch_size``: the
+    per-process batch whose shape is compiled; ``backend``:
     torch.compile's (the tests use ``aot_eager`` on the CPU: the same tracing and autograd, no code generation)."""
 
     def __init__(self, model: nn.Module, precision, batch_size: int, backend: str = "inductor"):
@@ -84,18 +90,18 @@ def private_compiler_cache() -> str:
 
 
 def compiled_model(enabled: bool, model: nn.Module, precision, batch_size: int, device: torch.device,
-                   distributed: bool, multi_scale: bool = False) -> CompiledModel | None:
-    """A CompiledModel when ``--compile`` asks for one and the run can use it; None (with a warning saying why)
-    otherwise."""
+                   sync_bn: bool = False, multi_scale: bool = False) -> CompiledModel | None:
+    """A CompiledModel of ``model`` (what training calls: under DDP, the DDP wrapper) when ``--compile`` asks for one
+    and the run can use it; None (with a warning saying why) otherwise."""
     if not enabled:
         return None
     if device.type != "cuda":
         LOGGER.warning("WARNING: --compile is for CUDA devices (on %s it measured slower, after up to a minute of "
                        "compiling); training without", device.type)
         return None
-    if distributed:
-        LOGGER.warning("WARNING: --compile is not used under DDP (not measured with its gradient hooks); training "
-                       "without")
+    if sync_bn:
+        LOGGER.warning("WARNING: --compile is not used with --sync-bn (its all-reduce inside each BatchNorm is not "
+                       "compiled here); training without")
         return None
     if multi_scale:
         LOGGER.warning("WARNING: --compile with --multi-scale: only batches of the first full batch's size run "

@@ -475,8 +475,8 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     seen = per_process // 4 if quads else per_process  # the batch the model sees
     runner = (graphed_model(config.cuda_graphs, model, precision, seen, torch.device(device), info.distributed,
                             config.multi_scale)
-              or compiled_model(config.compile, model, precision, seen, torch.device(device), info.distributed,
-                                config.multi_scale))
+              or compiled_model(config.compile, train_model, precision, seen, torch.device(device),
+                                info.distributed and config.sync_bn, config.multi_scale))
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, runner=runner)
     if config.quad:
         step.loss_scale = QUAD_LOSS_SCALE
