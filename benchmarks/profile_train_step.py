@@ -97,9 +97,10 @@ def parse_args():
     parser.add_argument("--sync-debug", type=int, default=0, metavar="N",
                         help="CUDA: N more steps under torch.cuda.set_sync_debug_mode('warn'); prints where each "
                              "host-device synchronisation was asked for (the innermost frames of this project)")
-    parser.add_argument("--cuda-graphs", action="store_true",
+    runner = parser.add_mutually_exclusive_group()  # as train.py: the two are not combined
+    runner.add_argument("--cuda-graphs", action="store_true",
                         help="the forward and backward replayed as CUDA graphs (train.py --cuda-graphs)")
-    parser.add_argument("--compile", action="store_true",
+    runner.add_argument("--compile", action="store_true",
                         help="the forward and backward compiled by torch.compile (train.py --compile); the timed "
                              "steps start after the warm-up steps, which compile")
     parser.add_argument("--cudnn-benchmark", action="store_true",
@@ -158,7 +159,7 @@ def build(args, device):
         from utils.trainer.cuda_graphs import graphed_model
 
         step.runner = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False)
-    if args.compile:
+    elif args.compile:
         from utils.trainer.compiled import compiled_model
 
         step.runner = compiled_model(True, model, step.precision, args.batch_size, device)
