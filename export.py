@@ -21,6 +21,10 @@ opens the written package back instead of running it).
 requirements-executorch.txt) and ``--include litert`` (YOLOv5's ``tflite``) writes ``best.tflite``,
 ``best-fp16.tflite`` with ``--half`` or ``best-int8.tflite`` with ``--int8`` (requirements-litert.txt), both
 fixed-shape. ``--int8`` is calibrated on the train images of ``--data`` (models/formats/int8.py).
+``--include engine`` takes YOLOv5's ``--workspace`` (GB) and ``--verbose`` (TensorRT's log). Every other flag of
+YOLOv5 v7.0's export.py is accepted: ``--inplace`` changes nothing (the output is the same), ``--keras``, ``--nms``
+and ``--agnostic-nms`` (its TensorFlow formats only) are refused in one line, and its NMS settings do nothing
+without ``--nms``, as there (TENSORFLOW_FLAGS).
 
 Each file is checked before it is kept: the exported model is loaded back and run on the same random
 input as the PyTorch model (and, for ``--dynamic``, on a second batch and image size); the largest
@@ -53,7 +57,7 @@ if str(ROOT) not in sys.path:
 
 from models.backends import (BACKENDS, OPENVINO_FOLDER, TORCHSCRIPT_METADATA, ExportInfo, first_line,  # noqa: E402
                              import_openvino, openvino_reason, require)
-from utils.cli import add_device_flag  # noqa: E402
+from utils.cli import ArgumentParser, add_device_flag, positive_int  # noqa: E402
 from utils.errors import ArgumentError, UnavailableOption, UserError  # noqa: E402
 from utils.files import AtomicFile  # noqa: E402
 from utils.limits import MAX_BATCH_SIZE, MAX_IMAGE_SIZE  # noqa: E402
@@ -80,6 +84,10 @@ ALIASES = {"tflite": "litert"}  # YOLOv5's names for the same formats
 RUNS_ELSEWHERE = {"coreml": "runs on macOS/iOS (Core ML); val.py and detect.py run it there",
                   "engine": "runs where it was built (this GPU, this TensorRT): val.py/detect.py --device 0"}
 CPU_HALF = {"openvino", "ncnn", "coreml", "litert"}  # --half is fp16 weights (CoreML: fp16 compute), made on the CPU
+# YOLOv5's flags for its TensorFlow exports (saved_model, pb, tflite, edgetpu, tfjs), which this project does not
+# make: set, each is refused in one line (check_tensorflow_flags). Its NMS settings (--topk-per-class, --topk-all,
+# --iou-thres, --conf-thres) only apply with --nms, so alone they are accepted and change nothing, as in YOLOv5.
+TENSORFLOW_FLAGS = {"keras": "--keras", "nms": "--nms", "agnostic_nms": "--agnostic-nms"}
 OPSETS = range(11, 21)  # Range/Resize need 11; 20 is the TorchScript-based ONNX exporter's newest
 # Largest allowed |exported - PyTorch| as a fraction of the output's scale: the input's longest side for
 # the box columns (pixels), 1 for objectness and class scores. fp32 rounding differences between
@@ -110,6 +118,18 @@ class ExportConfig:
     optimize: bool = False
     int8: bool = False  # NCNN, ExecuTorch, LiteRT: int8 weights and activations, calibrated on images of --data
     data: str = "data/coco128.yaml"  # the dataset YAML whose train images calibrate --int8 (YOLOv5's default)
+    workspace: int = 4  # TensorRT (--include engine): the builder's workspace memory-pool limit, GB (YOLOv5's default)
+    verbose: bool = False  # TensorRT: the builder logs at VERBOSE instead of WARNING
+    inplace: bool = False  # YOLOv5's Detect(inplace=True): accepted; the exported output is the same either way
+    # YOLOv5's TensorFlow-only options (TENSORFLOW_FLAGS): keras, nms and agnostic_nms are refused when set; the NMS
+    # settings below are YOLOv5's defaults and do nothing without --nms, as there
+    keras: bool = False
+    nms: bool = False
+    agnostic_nms: bool = False
+    topk_per_class: int = 100
+    topk_all: int = 100
+    iou_thres: float = 0.45
+    conf_thres: float = 0.25
 
 
 @dataclass
@@ -156,6 +176,7 @@ def run(config: ExportConfig) -> list[ExportResult]:
     from utils.device import select_device
 
     formats = check_formats(config.include)
+    check_tensorflow_flags(config)
     from utils.downloads import weights_file
 
     weights = weights_file(config.weights)  # a URL or a YOLOv5 release name is downloaded first
@@ -193,6 +214,16 @@ def check_formats(include) -> list[str]:
         raise ArgumentError(f"--include {' '.join(unknown) or '(none)'}: not supported "
                           f"(supported: {', '.join(SUFFIXES)})")
     return list(dict.fromkeys(formats))
+
+
+def check_tensorflow_flags(config: ExportConfig) -> None:
+    """Refuse YOLOv5's TensorFlow-only flags (TENSORFLOW_FLAGS) in one line naming them, before any work."""
+    given = [flag for name, flag in TENSORFLOW_FLAGS.items() if getattr(config, name)]
+    if given:
+        raise ArgumentError(f"{' '.join(given)}: YOLOv5 uses {'it' if len(given) == 1 else 'them'} for its TensorFlow "
+                            "exports only (saved_model, pb, tflite, edgetpu, tfjs); there are none here (tflite/litert "
+                            "is converted from PyTorch): exports carry the model's output before NMS, which runs in "
+                            "detect.py / val.py")
 
 
 def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
@@ -502,8 +533,8 @@ def quiet_tracing():
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="export.py",
-                                     description="Export a checkpoint to TorchScript / ONNX / OpenVINO")
+    parser = ArgumentParser(prog="export.py", description="Export a checkpoint to TorchScript / ONNX / OpenVINO and "
+                                                          "the formats of models/formats/ (YOLOv5 export.py's flags)")
     add = parser.add_argument
     add("--weights", type=str, default="yolov5s.pt", help="checkpoint path (ours or YOLOv5's .pt)")
     add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640, 640], help="image size h w (or one)")
@@ -511,6 +542,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_device_flag(parser)
     parser.set_defaults(device="cpu")
     add("--half", action="store_true", help="FP16 half-precision export (CUDA; OpenVINO/LiteRT: fp16 weights, CPU)")
+    add("--inplace", action="store_true", help="YOLOv5's Detect() inplace=True: accepted for compatibility; changes "
+                                               "nothing here (the exported output is the same either way)")
     add("--optimize", action="store_true", help="TorchScript: optimize for mobile (CPU only)")
     add("--dynamic", action="store_true", help="dynamic batch and image size (TorchScript, ONNX, OpenVINO)")
     add("--simplify", action="store_true", help="ONNX: simplify the model (needs onnxsim)")
@@ -518,8 +551,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--int8", action="store_true", help="NCNN, ExecuTorch, LiteRT: int8 quantisation, calibrated on the train "
                                             "images of --data")
     add("--data", type=str, default="data/coco128.yaml", help="dataset YAML for --int8 calibration images")
+    add("--verbose", action="store_true", help="TensorRT (--include engine): verbose builder log")
+    add("--workspace", type=positive_int, default=4, help="TensorRT (--include engine): builder workspace size, GB")
+    add_tensorflow_flags(parser)
     add("--include", nargs="+", default=["torchscript"], help=f"formats: {', '.join(SUFFIXES)}")
     return parser.parse_args(argv)
+
+
+def add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
+    """YOLOv5's flags for its TensorFlow exports, with its defaults (TENSORFLOW_FLAGS says what happens to them)."""
+    add = parser.add_argument
+    refused = "YOLOv5's TensorFlow exports only: refused here (no TensorFlow formats; NMS runs in detect.py / val.py)"
+    add("--keras", action="store_true", help=f"Keras SavedModel; {refused}")
+    add("--nms", action="store_true", help=f"NMS inside the model; {refused}")
+    add("--agnostic-nms", action="store_true", help=f"class-agnostic NMS inside the model; {refused}")
+    no_effect = "accepted, no effect: YOLOv5 uses it with --nms only (NMS runs in detect.py / val.py here)"
+    add("--topk-per-class", type=int, default=100, help=f"YOLOv5's TensorFlow NMS: boxes kept per class; {no_effect}")
+    add("--topk-all", type=int, default=100, help=f"YOLOv5's TensorFlow NMS: boxes kept in all; {no_effect}")
+    add("--iou-thres", type=float, default=0.45, help=f"YOLOv5's TensorFlow NMS: IoU threshold; {no_effect}")
+    add("--conf-thres", type=float, default=0.25, help=f"YOLOv5's TensorFlow NMS: confidence threshold; {no_effect}")
 
 
 def config_from_args(args: argparse.Namespace) -> ExportConfig:

@@ -441,3 +441,65 @@ def test_fp16_model_traces_to_onnx_with_exact_grid(weights):
                           dynamo=False, opset_version=17, do_constant_folding=True)
     proto = onnx.load_from_string(buffer.getvalue())
     assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+
+# YOLOv5 v7.0's export.py command line, every flag given (values other than its defaults where the flag takes one)
+YOLOV5_COMMAND = ["--data", "data/coco128.yaml", "--weights", "yolov5s.pt", "--imgsz", "320", "256", "--batch-size",
+                  "2", "--device", "cpu", "--half", "--inplace", "--keras", "--optimize", "--int8", "--dynamic",
+                  "--simplify", "--opset", "12", "--verbose", "--workspace", "8", "--nms", "--agnostic-nms",
+                  "--topk-per-class", "50", "--topk-all", "60", "--iou-thres", "0.5", "--conf-thres", "0.3",
+                  "--include", "torchscript", "onnx"]
+
+
+def test_every_yolov5_export_flag_is_parsed_into_the_config():
+    config = export.config_from_args(export.parse_args(YOLOV5_COMMAND))
+    assert config == export.ExportConfig(
+        weights="yolov5s.pt", imgsz=(320, 256), batch_size=2, include=("torchscript", "onnx"), device="cpu", half=True,
+        dynamic=True, simplify=True, opset=12, optimize=True, int8=True, data="data/coco128.yaml", workspace=8,
+        verbose=True, inplace=True, keras=True, nms=True, agnostic_nms=True, topk_per_class=50, topk_all=60,
+        iou_thres=0.5, conf_thres=0.3)
+    # no flag given: the command line's defaults are ExportConfig's (YOLOv5's, --opset aside)
+    assert export.config_from_args(export.parse_args([])) == export.ExportConfig()
+    assert (export.ExportConfig().workspace, export.ExportConfig().topk_per_class, export.ExportConfig().topk_all,
+            export.ExportConfig().iou_thres, export.ExportConfig().conf_thres) == (4, 100, 100, 0.45, 0.25)
+
+
+@pytest.mark.parametrize("flags, named", [(["--keras"], "--keras: YOLOv5 uses it"),
+                                          (["--nms"], "--nms: YOLOv5 uses it"),
+                                          (["--agnostic-nms"], "--agnostic-nms: YOLOv5 uses it"),
+                                          (["--nms", "--agnostic-nms", "--keras"], "--keras --nms --agnostic-nms: "
+                                                                                  "YOLOv5 uses them")])
+def test_yolov5s_tensorflow_flags_are_refused_in_one_line(flags, named, weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, *flags, "--include", "torchscript") == 2
+    assert one_error_line(capsys) == (
+        f"export.py: error: {named} for its TensorFlow exports only (saved_model, pb, tflite, edgetpu, tfjs); there "
+        "are none here (tflite/litert is converted from PyTorch): exports carry the model's output before NMS, which "
+        "runs in detect.py / val.py")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+    options = {flag.lstrip("-").replace("-", "_"): True for flag in flags}
+    with pytest.raises(export.ArgumentError, match=f"^{named}"):  # export.run refuses them as well
+        export.run(export.ExportConfig(weights=str(source), **options))
+
+
+def test_yolov5s_tensorflow_flags_are_refused_without_a_traceback(weights, tmp_path):
+    source = copy_weights(weights, tmp_path)
+    done = subprocess.run([sys.executable, str(Path(export.__file__)), "--weights", str(source), "--nms"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("export.py: error: --nms: YOLOv5 uses it for its "
+                                                           "TensorFlow exports only"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_inplace_and_the_nms_settings_leave_the_export_unchanged(weights, tmp_path):
+    """--inplace (YOLOv5's Detect inplace) and --topk-*/--iou-thres/--conf-thres without --nms change nothing."""
+    plain = copy_weights(weights, tmp_path / "plain")
+    flagged = copy_weights(weights, tmp_path / "flagged")
+    assert run_export(plain) == 0
+    assert run_export(flagged, "--inplace", "--topk-per-class", "5", "--topk-all", "7", "--iou-thres", "0.6",
+                      "--conf-thres", "0.1") == 0
+    first, second = (load_backend(path.with_suffix(".torchscript")) for path in (plain, flagged))
+    assert first.info == second.info
+    images = torch.rand(1, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(first(images)[0], second(images)[0])

@@ -15,6 +15,7 @@ import export
 from models.backends import BackendError, MissingPackage, load_backend
 from models.formats import engine
 from tests.conftest import ROOT, save_random_checkpoint
+from tests.export_helpers import copy_weights
 from utils.errors import ArgumentError, Unavailable, UnavailableOption
 
 INFO = {"names": ["a", "b"], "stride": 32, "imgsz": [64, 64], "batch": 1, "dynamic": False, "half": False}
@@ -89,10 +90,17 @@ def test_a_gpu_without_tensorrt_is_one_line_with_the_install_command(monkeypatch
 
 class FakeTensorRT(types.SimpleNamespace):
     """The attributes build_engine touches, recording what it asks for: TensorRT 10's shape (BuilderFlag.FP16) or
-    11's (no precision flags; NetworkDefinitionCreationFlag.STRONGLY_TYPED)."""
+    11's (no precision flags; NetworkDefinitionCreationFlag.STRONGLY_TYPED), the loggers' severities and the
+    builder config's memory-pool limits."""
 
     def __init__(self, major: int):
-        calls = {"flags": [], "create_network": None, "parsed": None}
+        calls = {"flags": [], "create_network": None, "parsed": None, "loggers": [], "pool_limits": []}
+
+        class Logger:
+            WARNING, VERBOSE = "warning-severity", "verbose-severity"
+
+            def __init__(self, severity):
+                calls["loggers"].append(severity)
 
         class Builder:
             platform_has_fast_fp16 = True
@@ -105,7 +113,8 @@ class FakeTensorRT(types.SimpleNamespace):
                 return "network"
 
             def create_builder_config(self):
-                return types.SimpleNamespace(set_flag=calls["flags"].append)
+                return types.SimpleNamespace(set_flag=calls["flags"].append,
+                                             set_memory_pool_limit=lambda *pool: calls["pool_limits"].append(pool))
 
             def build_serialized_network(self, network, config):
                 return b"PLAN" if network == "network" else None
@@ -122,9 +131,9 @@ class FakeTensorRT(types.SimpleNamespace):
 
         flags = {"FP16": "fp16-flag"} if major == 10 else {}
         creation = types.SimpleNamespace(STRONGLY_TYPED=1) if major == 11 else types.SimpleNamespace()
-        logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
-        super().__init__(calls=calls, Logger=logger, Builder=Builder, OnnxParser=OnnxParser,
-                         BuilderFlag=types.SimpleNamespace(**flags), NetworkDefinitionCreationFlag=creation)
+        super().__init__(calls=calls, Logger=Logger, Builder=Builder, OnnxParser=OnnxParser,
+                         BuilderFlag=types.SimpleNamespace(**flags), NetworkDefinitionCreationFlag=creation,
+                         MemoryPoolType=types.SimpleNamespace(WORKSPACE="workspace-pool"))
 
 
 @pytest.mark.parametrize("major, half, network_flags, builder_flags", [
@@ -135,3 +144,69 @@ def test_the_build_takes_tensorrt_10_or_11s_way_to_precision(major, half, networ
     assert trt.calls["create_network"] == network_flags and trt.calls["flags"] == builder_flags
     with pytest.raises(engine.EngineError, match="TensorRT could not parse the ONNX graph"):
         engine.build_engine(FakeTensorRT(major), b"garbage", half)
+
+
+@pytest.mark.parametrize("major", [10, 11])
+def test_the_build_takes_the_workspace_limit_and_the_log_severity(major):
+    """YOLOv5's --workspace (GB, default 4) is the builder's workspace pool limit; --verbose is TensorRT's VERBOSE."""
+    trt = FakeTensorRT(major)
+    engine.build_engine(trt, b"onnx graph", False)
+    assert trt.calls["pool_limits"] == [("workspace-pool", 4 << 30)] and trt.calls["loggers"] == ["warning-severity"]
+    trt = FakeTensorRT(major)
+    engine.build_engine(trt, b"onnx graph", False, workspace=12, verbose=True)
+    assert trt.calls["pool_limits"] == [("workspace-pool", 12 << 30)] and trt.calls["loggers"] == ["verbose-severity"]
+
+
+@pytest.fixture
+def fake_gpu_build(monkeypatch):
+    """export.py --include engine on the CPU with a stand-in TensorRT 10: engine.check_options sees a CUDA device,
+    the ONNX trace is skipped, and the file is not run back (checked_backend None, as for a format that cannot run
+    here). Returns the stand-in, whose ``calls`` record the build."""
+    trt = FakeTensorRT(10)
+    check_options = engine.check_options
+    monkeypatch.setattr(engine, "check_options", lambda config, device: check_options(config, torch.device("cuda", 0)))
+    monkeypatch.setattr(engine, "import_tensorrt", lambda purpose: trt)
+    monkeypatch.setattr(engine, "onnx_bytes", lambda graph, example: b"onnx graph")
+    monkeypatch.setattr(engine, "checked_backend", lambda written, info, device: None)
+    return trt
+
+
+def test_workspace_and_verbose_reach_the_builder_from_the_command_line(weights, tmp_path, fake_gpu_build):
+    source = copy_weights(weights, tmp_path)
+    assert export.main(["--weights", str(source), "--img", "64", "--include", "engine", "--workspace", "6",
+                        "--verbose"]) == 0
+    assert fake_gpu_build.calls["pool_limits"] == [("workspace-pool", 6 << 30)]
+    assert fake_gpu_build.calls["loggers"] == ["verbose-severity"]
+    values, body = engine.split_engine_file(source.with_suffix(".engine"))
+    assert body == b"PLAN" and values["imgsz"] == [64, 64]
+
+
+def test_the_default_workspace_is_yolov5s_4_gb(weights, tmp_path, fake_gpu_build):
+    source = copy_weights(weights, tmp_path)
+    assert export.main(["--weights", str(source), "--img", "64", "--include", "engine"]) == 0
+    assert fake_gpu_build.calls["pool_limits"] == [("workspace-pool", 4 << 30)]
+    assert fake_gpu_build.calls["loggers"] == ["warning-severity"]
+
+
+def test_a_workspace_that_is_not_a_positive_integer_is_one_line(weights, tmp_path, capsys, fake_gpu_build):
+    source = copy_weights(weights, tmp_path)
+    for value in ("0", "-2", "1.5", "many"):
+        assert export.main(["--weights", str(source), "--include", "engine", "--workspace", value]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"export.py: error: argument --workspace: expected an integer in [1, 2147483647], got '{value}' "
+            "(see export.py --help)"]
+    for value in (0, True, 2.0):  # export.run's config is checked too, before the build
+        config = export.ExportConfig(weights=str(source), imgsz=(64, 64), include=("engine",), workspace=value)
+        with pytest.raises(ArgumentError, match=r"^--workspace: expected an integer in \[1, 2147483647\], got "):
+            export.run(config)
+    assert fake_gpu_build.calls["pool_limits"] == [] and sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_a_real_tensorrt_takes_the_workspace_limit():
+    """Where TensorRT and a GPU are: the builder config API build_engine calls exists and keeps the limit."""
+    trt = pytest.importorskip("tensorrt")
+    if not torch.cuda.is_available():
+        pytest.skip("TensorRT needs a CUDA device")
+    config = trt.Builder(trt.Logger(trt.Logger.VERBOSE)).create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 3 << 30)
+    assert config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) == 3 << 30

@@ -7,7 +7,9 @@ TensorRT 11 dropped the precision flags (fp16/int8 are decided by the ONNX itsel
 builds strongly typed networks, so the fp16 ONNX is what makes an fp16 engine. Both are read from the installed
 module's attributes, not its version string. ``--int8`` is refused (it needs an int8-quantised ONNX from ModelOpt,
 not made here), and so is ``--dynamic`` (an engine is built for one input shape here: batches of another size run
-in chunks of ``--batch-size``, as other fixed-shape exports).
+in chunks of ``--batch-size``, as other fixed-shape exports). As in YOLOv5, ``--workspace`` (GB, default 4) is the
+builder's workspace memory-pool limit and ``--verbose`` logs the parse and build at TensorRT's VERBOSE severity
+(WARNING otherwise).
 
 File layout: a 4-byte little-endian length, the metadata as UTF-8 JSON (``ExportInfo``, as the other formats),
 then TensorRT's serialized engine. A file without that header (YOLOv5 v7 writes the engine alone) is refused with
@@ -30,6 +32,7 @@ from torch import nn
 
 from models.backends import Backend, BackendError, ExportInfo, _check_metadata_size, parse_info, require
 from models.formats import place_file
+from utils.cli import positive_int
 from utils.errors import ArgumentError, Unavailable, UnavailableOption, UserError
 
 LOGGER = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ INSTALL = "pip install tensorrt (NVIDIA's wheel for your CUDA version; needs an 
 HEADER = struct.Struct("<I")  # the metadata's length in bytes
 MAX_METADATA_BYTES = 1 << 20
 OPSET = 17
+EXPORT_OPTIONS = ("workspace", "verbose")  # the ExportConfig fields export() takes besides half
 
 
 class EngineError(UserError):
@@ -65,6 +69,10 @@ def check_options(config, device: torch.device) -> None:
     if getattr(config, "int8", False):
         raise ArgumentError("--include engine --int8: TensorRT takes int8 from an int8-quantised ONNX (NVIDIA "
                             "ModelOpt), which export.py does not make; export fp32 or --half")
+    try:
+        positive_int.check(config.workspace)
+    except ValueError as error:
+        raise ArgumentError(f"--workspace: {error} (GB of TensorRT builder workspace)") from None
     import_tensorrt("--include engine")
 
 
@@ -77,9 +85,10 @@ def onnx_bytes(graph: nn.Module, example: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def build_engine(trt, onnx: bytes, half: bool) -> bytes:
-    """TensorRT 10 (precision flags) or 11 (strongly typed): the serialized engine, or EngineError."""
-    logger = trt.Logger(trt.Logger.WARNING)
+def build_engine(trt, onnx: bytes, half: bool, workspace: int = 4, verbose: bool = False) -> bytes:
+    """TensorRT 10 (precision flags) or 11 (strongly typed): the serialized engine, or EngineError. ``workspace``:
+    the builder's workspace limit in GB; ``verbose``: TensorRT's VERBOSE log instead of WARNING."""
+    logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
     creation = getattr(trt, "NetworkDefinitionCreationFlag", None)
@@ -92,6 +101,7 @@ def build_engine(trt, onnx: bytes, half: bool) -> bytes:
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise EngineError(f"TensorRT could not parse the ONNX graph ({errors[:300] or 'no reason given'})")
     config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace << 30)
     if half and weakly_typed:
         if not builder.platform_has_fast_fp16:
             LOGGER.warning("WARNING: this GPU has no fast fp16; the engine may run some layers in fp32")
@@ -102,11 +112,12 @@ def build_engine(trt, onnx: bytes, half: bool) -> bytes:
     return bytes(serialized)
 
 
-def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False) -> Path:
+def export(graph: nn.Module, example: torch.Tensor, info: ExportInfo, path: Path, half: bool = False,
+           workspace: int = 4, verbose: bool = False) -> Path:
     """Build the engine for ``example``'s shape and write header + metadata + engine to a hidden temp file beside
     ``path``; export.py checks it against the PyTorch model, then renames it into place."""
     trt = import_tensorrt("--include engine")
-    engine = build_engine(trt, onnx_bytes(graph, example), half)
+    engine = build_engine(trt, onnx_bytes(graph, example), half, workspace, verbose)
     metadata = json.dumps(info.to_dict()).encode()
     from utils.files import write_temp
 
