@@ -58,10 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noplots", action="store_true", help="save no plot files")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                         help="write no TensorBoard event files (on by default; YOLOv5 has no such switch)")
+    parser.add_argument("--ndjson-console", action="store_true",
+                        help="print each epoch's results.csv row as a JSON line on stdout (YOLOv5's flag)")
+    parser.add_argument("--ndjson-file", action="store_true",
+                        help="append each epoch's results.csv row as a JSON line to results.ndjson (YOLOv5's flag)")
     add_tracker_flags(parser)
     parser.add_argument("--evolve", type=positive_int, nargs="?", const=300, help="evolve hyperparameters for x generations")
     parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
                         help="--evolve search space: which hyperparameters evolve, with their bounds")
+    parser.add_argument("--evolve_population", "--evolve-population", default=None, metavar="FOLDER",
+                        help="refused: the starting population of the genetic --evolve YOLOv5 adopted after v7.0 "
+                             "(here --evolve evolves as v7.0 does, from evolve.csv)")
+    parser.add_argument("--resume_evolve", "--resume-evolve", default=None, metavar="YAML",
+                        help="refused: YOLOv5's genetic --evolve after v7.0 resumes from a generation's YAML; here "
+                             "running --evolve again in the same folder goes on from its evolve.csv")
+    parser.add_argument("--bucket", type=str, default="",
+                        help="refused unless '': YOLOv5 syncs evolve.csv with this Google Cloud Storage bucket through "
+                             "gsutil; this project runs no external commands")
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
                         choices=cli.CACHE_MODES,
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM when memory is to spare")
@@ -183,6 +196,20 @@ def launch_problem(args: argparse.Namespace, argv=None) -> str | None:
         return "--decode-device decodes the images for --augment-device's rendering on the device: add --augment-device"
     if args.compile and args.cuda_graphs:
         return "--compile and --cuda-graphs are not combined (each runs the model's forward its own way): choose one"
+    return refused_yolov5_option(args)
+
+
+def refused_yolov5_option(args: argparse.Namespace) -> str | None:
+    """YOLOv5's flags for what this project does another way: the one-line reason and what to do instead."""
+    if args.bucket:
+        return (f"--bucket {args.bucket}: YOLOv5 copies evolve.csv from and to a Google Cloud Storage bucket with gsutil; "
+                f"this project runs no external commands: copy the bucket's evolve.csv into the evolution folder "
+                f"(runs/evolve/exp/evolve.csv, or --project/--name) and run --evolve there")
+    if args.evolve_population is not None or args.resume_evolve is not None:
+        flag = "--evolve_population" if args.evolve_population is not None else "--resume_evolve"
+        return (f"{flag} belongs to the genetic --evolve YOLOv5 adopted after v7.0; --evolve here evolves as v7.0 does, "
+                f"mutating the best rows of evolve.csv: to go on with an evolution, run --evolve again with the "
+                f"same --project/--name")
     return None
 
 
@@ -294,7 +321,7 @@ def run_evolution(config, space_path: str) -> int:
             scratch = make_scratch_folder(folder, number)  # this generation's own folder (a random name)
             try:
                 generation = dataclasses.replace(config, save_dir=str(scratch), noval=True, nosave=True,
-                                                 noplots=True, tensorboard=False,
+                                                 noplots=True, tensorboard=False, ndjson_file=False,
                                                  hyp=str(resolve_hyp_path(config.hyp)))
                 with evolution_generation(folder, number):  # its tracker runs grouped, their files in the folder
                     result = train(generation, hyp, device)

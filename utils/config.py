@@ -203,6 +203,8 @@ class TrainConfig:
     channels_last: str = "auto"
     time: float | None = None  # --time HOURS: training time budget; sets the epoch count after the first epoch
     tensorboard: bool = True  # --no-tensorboard turns it off
+    ndjson_console: bool = False  # YOLOv5's --ndjson-console: each results row as a JSON line on stdout
+    ndjson_file: bool = False  # YOLOv5's --ndjson-file: the same lines in results.ndjson
     trackers: bool = True  # --no-trackers: log to no experiment tracker (utils.trackers)
     entity: str | None = None  # YOLOv5's W&B options, accepted (docs/trackers.md: what each tracker does with them)
     upload_dataset: bool | str = False
@@ -291,7 +293,7 @@ TIME_HOURS = cli.float_in_range(Range(0, 10 ** 6, low_open=True))  # train.py --
 # Options added (or whose default changed) after runs were first saved: the value a stored config without them ran
 # with. mosaic_partners: runs saved before the option existed drew from the whole split (whatever today's default).
 STORED_DEFAULTS = {"mosaic_partners": "dataset", "augment_device": False, "decode_device": False, "cuda_graphs": False,
-                   "compile": False}
+                   "compile": False, "ndjson_console": False, "ndjson_file": False}
 
 # The bound of every TrainConfig field: the flag's own validator (utils.cli), applied to stored values too.
 OPTION_RULES = {
@@ -320,6 +322,8 @@ OPTION_RULES = {
     "channels_last": _one_of(*cli.CHANNELS_LAST_MODES),
     "time": _optional(TIME_HOURS.check),
     "tensorboard": _flag,
+    "ndjson_console": _flag,
+    "ndjson_file": _flag,
     "trackers": _flag,
     "entity": _optional(_text),
     "upload_dataset": lambda value: value if isinstance(value, bool) else _text(value),

@@ -1,7 +1,9 @@
-"""Console logging setup and run loggers (results.csv, TensorBoard). Writers act on rank 0 only."""
+"""Console logging setup and run loggers (results.csv, results.ndjson, TensorBoard). Writers act on rank 0 only."""
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -86,6 +88,44 @@ class CSVLogger:
     @staticmethod
     def _line(epoch: int, values: dict) -> str:
         return f"{epoch:>20d}," + ",".join(f"{float(values[k]):>20{RESULTS_FORMAT}}" for k in RESULTS_KEYS) + "\n"
+
+
+class NDJSONLogger:
+    """YOLOv5's ``--ndjson-console`` / ``--ndjson-file``: each results.csv row as one JSON object per line,
+    ``{"epoch": N, "train/box_loss": ..., ..., "x/lr2": ...}``, printed to stdout and/or appended to
+    ``results.ndjson`` in the run folder. Values are the full floats (results.csv rounds to 5 digits); a value
+    that is not finite is ``null``, since JSON has no NaN or infinity."""
+
+    def __init__(self, save_dir: Path, console: bool = False, file: bool = False):
+        self.file = Path(save_dir) / "results.ndjson"
+        self.console, self.to_file = console, file
+
+    def log(self, epoch: int, values: dict[str, float]) -> None:
+        if not dist.is_main_process() or not (self.console or self.to_file):
+            return
+        line = self._line(epoch, values)
+        if self.console:
+            print(line, end="", flush=True)
+        if self.to_file:
+            with writing(self.file):
+                append_text(self.file, line)  # never through a link
+
+    def rewrite(self, rows: list[dict]) -> None:
+        """results.ndjson holds exactly ``rows`` (dicts with "epoch" and every column), as results.csv does after
+        a resume; written atomically, without following a symbolic link. Nothing when the file is off."""
+        if not dist.is_main_process() or not self.to_file:
+            return
+        if not rows:
+            self.file.unlink(missing_ok=True)
+            return
+        with writing(self.file):
+            atomic_write(self.file, "".join(self._line(int(row["epoch"]), row) for row in rows))
+
+    @staticmethod
+    def _line(epoch: int, values: dict) -> str:
+        numbers = {key: float(values[key]) for key in RESULTS_KEYS}
+        record = {"epoch": int(epoch), **{key: value if math.isfinite(value) else None for key, value in numbers.items()}}
+        return json.dumps(record, allow_nan=False) + "\n"
 
 
 class TensorBoardLogger:

@@ -1,4 +1,4 @@
-"""What the main process writes as a run goes: results.csv / TensorBoard rows, the experiment trackers' runs
+"""What the main process writes as a run goes: results.csv / --ndjson-* / TensorBoard rows, the experiment trackers' runs
 (utils.trackers) and the last, best and periodic checkpoints. Best fitness and early stopping live in the run's state
 (utils.trainer.state)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from utils.checkpoint import copy_checkpoint, save_checkpoint
-from utils.loggers import RESULTS_KEYS, CSVLogger, TensorBoardLogger
+from utils.loggers import RESULTS_KEYS, CSVLogger, NDJSONLogger, TensorBoardLogger
 from utils.trackers import Trackers, open_trackers
 
 LOGGER = logging.getLogger(__name__)
@@ -39,18 +39,22 @@ def open_recorder(config, hyp, save_dir: Path, state, resumed: bool) -> "Recorde
     past the checkpoint's position) and the experiment trackers that are on (off with --no-trackers; a resumed run
     continues the runs its checkpoint names)."""
     tensorboard = TensorBoardLogger(save_dir, enabled=config.tensorboard, purge_step=state.epoch if resumed else None)
-    return Recorder(save_dir, config.save_period, tensorboard, open_trackers(config, hyp, save_dir, state.tracker_runs))
+    ndjson = NDJSONLogger(save_dir, console=config.ndjson_console, file=config.ndjson_file)
+    return Recorder(save_dir, config.save_period, tensorboard, open_trackers(config, hyp, save_dir, state.tracker_runs),
+                    ndjson)
 
 
 class Recorder:
-    """results.csv, TensorBoard, the experiment trackers and checkpoints of one run folder (main process only)."""
+    """results.csv (and results.ndjson), TensorBoard, the experiment trackers and checkpoints of one run folder (main
+    process only)."""
 
     def __init__(self, save_dir: Path, save_period: int = -1, tensorboard: TensorBoardLogger | None = None,
-                 trackers: Trackers | None = None):
+                 trackers: Trackers | None = None, ndjson: NDJSONLogger | None = None):
         self.save_dir = Path(save_dir)
         self.weights_dir = self.save_dir / "weights"
         self.last, self.best = self.weights_dir / "last.pt", self.weights_dir / "best.pt"
         self.csv = CSVLogger(save_dir)
+        self.ndjson = ndjson or NDJSONLogger(save_dir)  # none given: neither the console's lines nor the file
         self.tensorboard = tensorboard or TensorBoardLogger(save_dir, enabled=False)  # none given: no TensorBoard
         self.trackers = trackers or Trackers([])  # none given: no trackers
         self.save_period = save_period
@@ -60,10 +64,12 @@ class Recorder:
         the last checkpoint, by a run killed in between, is dropped, so no epoch appears twice); the trackers
         start (or continue) their runs, given the rows they may lack (an epoch they have is not logged again)."""
         self.csv.rewrite(rows)
+        self.ndjson.rewrite(rows)
         self.trackers.start(rows)
 
     def log(self, epoch: int, values: dict[str, float]) -> None:
         self.csv.log(epoch, values)
+        self.ndjson.log(epoch, values)
         self.tensorboard.log(epoch, values)
         self.trackers.log_epoch(epoch, values)
 

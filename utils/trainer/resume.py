@@ -27,9 +27,9 @@ another process finished or continued the run in between, and the resume is refu
 symbolic links is refused before anything is written in it.
 
 The run folder, options, hyperparameters, data and model come from the checkpoint. ``--device``, ``--workers``,
-``--cache``, ``--save-every-min`` and ``--no-tensorboard`` may be given again (the differences are printed), and the number
-of processes may change (the total batch is kept); any other option given with a different value is
-refused with the reason. A checkpoint's ``--cache disk`` is used only when the command says it again: a file's
+``--cache``, ``--save-every-min``, ``--no-tensorboard``, ``--ndjson-console``/``--ndjson-file`` and the trackers'
+flags may be given again (the differences are printed), and the number of processes may change (the total batch is
+kept); any other option given with a different value is refused with the reason. A checkpoint's ``--cache disk`` is used only when the command says it again: a file's
 options never make a run fill a disk cache.
 """
 from __future__ import annotations
@@ -50,8 +50,8 @@ from utils.paths import increment_path, linked_part, symlinks_in
 
 LOGGER = logging.getLogger(__name__)
 
-CHANGEABLE = ("device", "workers", "cache", "save_every_min", "tensorboard", "trackers", "entity", "upload_dataset",
-              "bbox_interval", "artifact_alias")
+CHANGEABLE = ("device", "workers", "cache", "save_every_min", "tensorboard", "ndjson_console", "ndjson_file", "trackers",
+              "entity", "upload_dataset", "bbox_interval", "artifact_alias")
 LOCATING = ("resume", "project", "name", "exist_ok", "local_rank")  # how the run is found, not what it does
 WHY_FIXED = {
     "epochs": "the learning-rate schedule spans the run's epochs",
