@@ -5,9 +5,13 @@
     python detect.py --weights best.onnx --source data/images      # or best.torchscript (export.py)
 
 Outputs go to runs/detect/exp, exp2, ... (never overwriting an earlier run): drawn images and
-videos (mp4), labels/<stem>.txt (YOLO class cx cy w h [conf], normalised) with --save-txt,
-crops/<class>/<stem>.jpg with --save-crop (the class name made one safe folder name, e.g. "../x" -> "_x", or
-the class index when nothing of it is usable: a model's names never place files outside the run folder).
+videos (mp4), labels/<stem>.txt (YOLO class cx cy w h [conf], normalised; --save-format 1: class x1 y1 x2 y2
+[conf], normalised too) with --save-txt, predictions.csv (Image Name,Prediction,Confidence: one row per
+detection, in the label lines' order) with --save-csv, crops/<class>/<stem>.jpg with --save-crop (the class
+name made one safe folder name, e.g. "../x" -> "_x", or the class index when nothing of it is usable: a model's
+names never place files outside the run folder). --update strips each --weights file that is one of our own
+checkpoints in place once detection is done (utils.checkpoint.strip_checkpoint); any other file, and an unfinished
+run's last.pt (which --resume needs whole), is left as it is.
 
 From Python, ``detect.run(weights="best.pt", source="data/images", conf_thres=0.4)`` takes the same flags as
 keywords and returns a ``DetectResult``: the run folder and each image's detections; ``detect.run(...,
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import logging
+import os
 import signal
 import sys
 import threading
@@ -32,14 +38,14 @@ import torch
 from tqdm import tqdm
 
 from utils.api import StreamedCall
-from utils.boxes import xyxy2xywh
 from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_flag, add_run_folder_flags, image_size,
                        int_in_range, max_detections, positive_int, probability)
 from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
 from utils.errors import UserError, run_main
-from utils.inference import Detection, as_detections, class_name, describe, forward, input_size, prepare_image, \
-    select_detections
+from utils.files import NotRegularFile, open_regular
+from utils.inference import CSV_HEADER, LABEL_FORMATS, Detection, as_detections, class_name, describe, forward, \
+    input_size, label_lines, prediction_rows, prepare_image, select_detections
 from utils.limits import MAX_CLASSES
 
 SAMPLE_IMAGES = Path(__file__).resolve().parent / "data" / "images"  # YOLOv5's default source, our own images
@@ -67,6 +73,8 @@ class DetectConfig:
     device: str = ""
     view_img: bool = False
     save_txt: bool = False
+    save_format: int = 0  # --save-txt boxes: 0 YOLO (cx cy w h), 1 Pascal-VOC (x1 y1 x2 y2), both normalised
+    save_csv: bool = False
     save_conf: bool = False
     save_crop: bool = False
     nosave: bool = False
@@ -84,6 +92,7 @@ class DetectConfig:
     dnn: bool = False
     vid_stride: int = 1
     amp: str = "auto"  # CPU: bf16 autocast with AMX (auto), fp32 otherwise
+    update: bool = False  # strip our own checkpoints among --weights in place after detection
 
 
 @dataclass
@@ -127,21 +136,35 @@ def _check_settings(config: DetectConfig) -> None:
     for flag, value in (("--max-det", config.max_det), ("--line-thickness", config.line_thickness)):
         if value < 1:
             raise DetectError(f"{flag} {value}: must be 1 or more")
+    if config.save_format not in LABEL_FORMATS:
+        raise DetectError(f"--save-format {config.save_format}: must be 0 (YOLO) or 1 (Pascal-VOC)")
 
 
-def _load_model(config: DetectConfig, device: torch.device):
-    """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py; several .pt: an ensemble;
-    ``--augment``: test-time augmentation, models/composite.py) and whether it runs fp16."""
-    from models.composite import load_models
-    from utils.downloads import weights_file
+class WeightsFile(NamedTuple):
+    """One ``--weights`` entry on disk; ``downloaded``: fetched from a URL or as a YOLOv5 release name."""
+    path: Path
+    downloaded: bool
 
-    paths = []
+
+def _weights_files(config: DetectConfig) -> list[WeightsFile]:
+    from utils.downloads import is_url, weights_file
+
+    files = []
     for given in ([config.weights] if isinstance(config.weights, (str, Path)) else config.weights):
+        downloaded = is_url(os.fspath(given)) or not Path(given).exists()
         weights = weights_file(given)  # a URL or a YOLOv5 release name is downloaded first
         if not weights.exists():  # a file, or an OpenVINO export folder
             raise DetectError(f"weights not found: {weights} (pass --weights path/to/weights.pt, e.g. "
                               "runs/train/exp/weights/best.pt, a URL or a YOLOv5 release name such as yolov5s.pt)")
-        paths.append(weights)
+        files.append(WeightsFile(weights, downloaded))
+    return files
+
+
+def _load_model(config: DetectConfig, paths: list[Path], device: torch.device):
+    """The model behind ``--weights`` (.pt, .torchscript or .onnx: models/backends.py; several .pt: an ensemble;
+    ``--augment``: test-time augmentation, models/composite.py) and whether it runs fp16."""
+    from models.composite import load_models
+
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
@@ -158,16 +181,24 @@ def _warmup(model, imgsz, device, half: bool) -> None:
         model(torch.zeros(1, 3, *imgsz, device=device, dtype=torch.half if half else torch.float))
 
 
-def _write_labels(path: Path, det: torch.Tensor, shape, save_conf: bool) -> None:
-    """YOLO label lines: class cx cy w h [conf], normalised to the original image."""
-    gain = torch.tensor(shape)[[1, 0, 1, 0]].float()
-    lines = []
-    for *xyxy, conf, cls in det.tolist():
-        xywh = (xyxy2xywh(torch.tensor(xyxy).view(1, 4)) / gain).view(-1).tolist()
-        values = (int(cls), *xywh, conf) if save_conf else (int(cls), *xywh)
-        lines.append(("%g " * len(values)).rstrip() % values + "\n")
+def _write_labels(path: Path, det: torch.Tensor, shape, save_conf: bool, save_format: int = 0) -> None:
+    """Label lines (utils.inference.label_lines): class cx cy w h (or x1 y1 x2 y2) [conf], normalised."""
     with open(path, "a", encoding="utf-8") as file:
-        file.writelines(lines)
+        file.writelines(label_lines(det, shape, save_conf, save_format))
+
+
+def _write_predictions(path: Path, image_name: str, det: torch.Tensor, names) -> None:
+    """Append ``det``'s rows (utils.inference.prediction_rows) to predictions.csv, the header first into a new
+    file; never through a link or into anything but a regular file."""
+    try:
+        handle = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except NotRegularFile as error:
+        raise DetectError(f"{path}: {error.strerror}; not writing predictions there") from None
+    with os.fdopen(handle, "a", encoding="utf-8", newline="") as file:
+        writer = csv.writer(file)
+        if os.fstat(handle).st_size == 0:
+            writer.writerow(CSV_HEADER)
+        writer.writerows(prediction_rows(image_name, det, names))
 
 
 def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, save_dir: Path) -> np.ndarray:
@@ -230,7 +261,10 @@ def _save_outputs(item: SourceItem, det, config: DetectConfig, context: dict) ->
     stem = item.name or Path(item.path).stem
     if config.save_txt and len(det):
         label_name = f"{stem}_{item.frame}.txt" if item.is_video else f"{stem}.txt"
-        _write_labels(save_dir / "labels" / label_name, det, item.image.shape, config.save_conf)
+        _write_labels(save_dir / "labels" / label_name, det, item.image.shape, config.save_conf, config.save_format)
+    if config.save_csv and len(det):  # a file's name (a video's frames under it), as YOLOv5's p.name; a live source
+        # under its output name (stream0, screen), never its URL, which may hold credentials
+        _write_predictions(save_dir / "predictions.csv", item.name or Path(item.path).name, det, names)
     if config.nosave and not config.save_crop:
         return
     image = _annotate(item, det, names, config, save_dir)
@@ -313,7 +347,8 @@ class DetectRun:
         self.interrupted = interrupted or threading.Event()
         self.sources = Sources(config.source, config.vid_stride)
         device = select_device(config.device)
-        self.model, half = _load_model(config, device)
+        self.weights = _weights_files(config)
+        self.model, half = _load_model(config, [weights.path for weights in self.weights], device)
         imgsz, auto = input_size(self.model, config.imgsz)
         self.save_dir = increment_path(Path(config.project) / config.name, exist_ok=config.exist_ok, mkdir=True)
         if config.save_txt:
@@ -344,6 +379,8 @@ class DetectRun:
             context["video"].close()
             sources.close()
         _log_summary(context, context["imgsz"], config)
+        if config.update:
+            _update_weights(self.weights)
 
 
 class DetectStream(StreamedCall):
@@ -369,8 +406,31 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
     if config.save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
         saved = f"\n{count} label{'s' * (count != 1)} saved to {save_dir / 'labels'}"
-    if not config.nosave or config.save_txt or config.save_crop:
+    if not config.nosave or config.save_txt or config.save_csv or config.save_crop:
         LOGGER.info(f"Results saved to {save_dir}{saved}")
+
+
+def _update_weights(weights: list[WeightsFile]) -> None:
+    """--update: each of our own checkpoints among ``weights`` stripped in place (utils.checkpoint.strip_checkpoint:
+    an atomic rewrite, EMA weights fp16 as the model, optimizer and training state dropped); anything else is left
+    as it is, with one line saying why."""
+    from models.backends import is_exported
+    from utils.checkpoint import strip_checkpoint
+
+    for path, downloaded in weights:
+        if downloaded:
+            reason = "downloaded from a URL or as a YOLOv5 release name: kept as fetched"
+        elif is_exported(path):
+            reason = "an exported model, not a checkpoint"
+        elif path.is_symlink():
+            reason = "a symbolic link: pass the file it points to"
+        elif not os.access(path, os.W_OK):
+            reason = "not writable"
+        else:
+            reason = strip_checkpoint(path, own_only=True)
+            if reason is None:  # stripped
+                continue
+        LOGGER.info(f"--update: {path} left as it is ({reason})")
 
 
 def build_parser() -> ArgumentParser:
@@ -390,6 +450,9 @@ def build_parser() -> ArgumentParser:
     add_device_flag(parser)
     add("--view-img", action="store_true", help="show results (needs a display; not available headless)")
     add("--save-txt", action="store_true", help="save results to labels/*.txt")
+    add("--save-format", type=int_in_range(0, 1), default=0, metavar="{0,1}",
+        help="--save-txt box format: 0 YOLO (cx cy w h), 1 Pascal-VOC (x1 y1 x2 y2), both normalised")
+    add("--save-csv", action="store_true", help="save results to predictions.csv (image, class, confidence)")
     add("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     add("--save-crop", action="store_true", help="save cropped prediction boxes")
     add("--nosave", action="store_true", help="do not save images/videos")
@@ -406,6 +469,9 @@ def build_parser() -> ArgumentParser:
     add_amp_flag(parser)
     add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
     add("--vid-stride", type=positive_int, default=1, help="video frame-rate stride")
+    add("--update", action="store_true",
+        help="after detection, strip optimizer and training state from --weights checkpoints of ours, in place "
+             "(others are left as they are)")
     return parser
 
 

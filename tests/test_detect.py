@@ -1,4 +1,5 @@
 """detect.py end to end on a tiny model, plus its sources (utils/sources.py) and drawing (utils/drawing.py)."""
+import csv
 import logging
 import shutil
 from dataclasses import replace
@@ -11,7 +12,9 @@ import torch
 
 import detect
 from tests.conftest import ROOT, SHARED, save_random_checkpoint
+from utils.checkpoint import is_finished, load_checkpoint, save_checkpoint
 from utils.drawing import colors, draw_box_label, output_to_target, plot_images, save_one_box
+from utils.inference import label_lines
 from utils.sources import SourceError, Sources
 
 NAMES = ["RBC", "WBC", "Platelets"]
@@ -150,6 +153,8 @@ def test_missing_source_and_weights_are_one_line_errors(weights, tmp_path, capsy
     (["--classes", "-1"], "argument --classes: expected an integer in [0, 99999], got '-1'"),
     (["--classes", "99999999999999999999"],
      "argument --classes: expected an integer in [0, 99999], got '99999999999999999999'"),
+    (["--save-format", "2"], "argument --save-format: expected an integer in [0, 1], got '2'"),
+    (["--save-format", "voc"], "argument --save-format: expected an integer in [0, 1], got 'voc'"),
 ])
 def test_bad_flag_values_are_one_line_usage_errors(tmp_path, capsys, flags, expected):
     argv = ["--weights", str(tmp_path / "unused.pt"), "--project", str(tmp_path / "runs"), *flags]
@@ -166,6 +171,156 @@ def test_flags_and_defaults_match_yolov5():
     assert (cfg.project, cfg.name, cfg.line_thickness, cfg.vid_stride) == ("runs/detect", "exp", 3, 1)
     cfg = detect.config_from_args(detect.parse_args(["--img", "320", "480", "--classes", "0", "2", "--half"]))
     assert cfg.imgsz == (320, 480) and cfg.classes == [0, 2] and cfg.half
+    assert (cfg.save_csv, cfg.save_format, cfg.update) == (False, 0, False)
+    cfg = detect.config_from_args(detect.parse_args(["--save-csv", "--save-format", "1", "--update"]))
+    assert (cfg.save_csv, cfg.save_format, cfg.update) == (True, 1, True)
+
+
+# --- --save-csv, --save-format, --update ---------------------------------------------------------------
+
+def _read_csv(path: Path) -> list[list[str]]:
+    with open(path, newline="", encoding="utf-8") as file:
+        return list(csv.reader(file))
+
+
+def _label_lines(save_dir: Path, name: str) -> list[list[float]]:
+    return [[float(v) for v in line.split()] for line in (save_dir / "labels" / name).read_text().splitlines()]
+
+
+def test_save_csv_rows_follow_the_label_lines(weights, tmp_path):
+    images = make_images(tmp_path / "images", 2)
+    options = {"save_txt": True, "save_conf": True, "save_csv": True, "nosave": True, "max_det": 7}
+    result = detect.run_config(config(weights, tmp_path / "images", tmp_path, **options), collect=True)
+    rows = _read_csv(result.save_dir / "predictions.csv")
+    assert rows[0] == ["Image Name", "Prediction", "Confidence"]
+    expected = []
+    for path in images:  # images in source order, each image's rows in its label lines' order
+        lines = _label_lines(result.save_dir, f"{path.stem}.txt")
+        scores = [detection.score for detection in result.detections[str(path)]]
+        assert len(lines) == len(scores) >= 1
+        assert [line[5] for line in lines] == pytest.approx(scores, abs=1e-6)  # detections and lines: one order
+        expected += [[path.name, NAMES[int(line[0])], f"{score:.2f}"] for line, score in zip(lines, scores)]
+    assert rows[1:] == expected
+    assert all(len(row[2]) == 4 and row[2][1] == "." for row in rows[1:])  # "0.87": two decimals
+    again = detect.run_config(config(weights, images[0], tmp_path, exist_ok=True, **options)).save_dir
+    assert again == result.save_dir  # --exist-ok: the same file, appended to, its header kept once
+    appended = _read_csv(again / "predictions.csv")
+    assert appended[:len(rows)] == rows and appended.count(rows[0]) == 1
+    assert appended[len(rows):] == [row for row in rows[1:] if row[0] == images[0].name]
+
+
+def test_save_csv_puts_video_frames_under_the_video_name(weights, tmp_path):
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (128, 96))
+    for i in range(3):
+        writer.write(np.full((96, 128, 3), 60 * i, np.uint8))
+    writer.release()
+    save_dir = detect.run_config(config(weights, video, tmp_path, save_txt=True, save_csv=True, nosave=True,
+                                        max_det=3)).save_dir
+    rows = _read_csv(save_dir / "predictions.csv")[1:]
+    lines = sum((_label_lines(save_dir, f"clip_{frame}.txt") for frame in (1, 2, 3)), [])
+    assert len(rows) == len(lines) >= 3 and {row[0] for row in rows} == {"clip.mp4"}
+    assert [row[1] for row in rows] == [NAMES[int(line[0])] for line in lines]
+
+
+def test_save_csv_refuses_a_link_in_place_of_the_file(weights, tmp_path, outside):
+    folder, target = outside
+    image = make_images(tmp_path / "images", 1)[0]
+    (folder / "predictions.csv").symlink_to(target)
+    with pytest.raises(detect.DetectError, match="predictions.csv: it is a symbolic link"):
+        detect.run_config(config(weights, image, tmp_path, project=str(folder.parent), name=folder.name,
+                                 exist_ok=True, save_csv=True, nosave=True))
+    assert target.read_text() == "precious\n"
+
+
+def test_label_lines_yolo_and_pascal_voc_hand_computed():
+    det = torch.tensor([[10.0, 20.0, 50.0, 60.0, 0.875, 2.0], [0.0, 0.0, 200.0, 100.0, 0.5, 0.0]])
+    shape = (100, 200, 3)  # h, w: x divided by 200, y by 100
+    assert label_lines(det, shape) == ["2 0.15 0.4 0.2 0.4\n", "0 0.5 0.5 1 1\n"]
+    assert label_lines(det, shape, save_format=1) == ["2 0.05 0.2 0.25 0.6\n", "0 0 0 1 1\n"]
+    assert label_lines(det, shape, save_conf=True, save_format=1) == ["2 0.05 0.2 0.25 0.6 0.875\n",
+                                                                       "0 0 0 1 1 0.5\n"]
+    with pytest.raises(ValueError, match="save_format 2"):
+        label_lines(det, shape, save_format=2)
+
+
+def test_save_format_1_writes_the_corners_of_the_format_0_boxes(weights, tmp_path):
+    images = make_images(tmp_path / "images", 2)
+    options = {"save_txt": True, "save_conf": True, "nosave": True, "max_det": 7}
+    yolo = detect.run_config(config(weights, tmp_path / "images", tmp_path, **options)).save_dir
+    voc = detect.run_config(config(weights, tmp_path / "images", tmp_path, save_format=1, **options)).save_dir
+    for path in images:
+        centres, corners = (np.array(_label_lines(folder, f"{path.stem}.txt")) for folder in (yolo, voc))
+        assert centres.shape == corners.shape and centres.shape[1] == 6
+        assert np.array_equal(centres[:, [0, 5]], corners[:, [0, 5]])  # class, confidence
+        cx, cy, w, h = centres[:, 1:5].T
+        converted = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+        assert np.abs(corners[:, 1:5] - converted).max() <= 1e-5  # %g keeps 6 significant digits
+        assert np.all((corners[:, 1:5] >= 0) & (corners[:, 1:5] <= 1))  # normalised, not pixels
+        assert np.all(corners[:, 3] >= corners[:, 1]) and np.all(corners[:, 4] >= corners[:, 2])
+
+
+def test_bad_save_format_in_a_config_is_refused_before_any_work(weights, tmp_path):
+    image = make_images(tmp_path / "images", 1)[0]
+    with pytest.raises(detect.DetectError, match=r"--save-format 2: must be 0 \(YOLO\) or 1 \(Pascal-VOC\)"):
+        detect.run_config(config(weights, image, tmp_path, save_format=2))
+    assert not (tmp_path / "runs").exists()
+
+
+def _training_copy(weights: Path, path: Path) -> Path:
+    """``weights`` as a mid-training file: an EMA entry and optimizer state, as last.pt holds while a run goes on."""
+    ckpt = load_checkpoint(weights)
+    ckpt["ema"] = ckpt["model"]
+    ckpt["training"] = {"version": 1, "optimizer": {"state": {0: {"momentum_buffer": torch.ones(3)}},
+                                                    "param_groups": [{"lr": 0.01, "params": [0]}]}}
+    save_checkpoint(ckpt, path)
+    return path
+
+
+def test_update_strips_our_checkpoint_and_detects_the_same_after(weights, tmp_path, caplog):
+    image = make_images(tmp_path / "images", 1)[0]
+    own = _training_copy(weights, tmp_path / "best.pt")  # a running training's best.pt
+    before = torch.load(own, map_location="cpu", weights_only=True)
+    assert "training" in before and before["model"]["state_dict"]["model.0.conv.weight"].dtype == torch.float32
+    options = {"save_txt": True, "save_conf": True, "nosave": True}
+    with caplog.at_level(logging.INFO):
+        first = detect.run_config(config(own, image, tmp_path, update=True, **options)).save_dir
+    assert f"Optimizer stripped from {own}" in caplog.text
+    stripped = torch.load(own, map_location="cpu", weights_only=True)  # plain data still
+    assert "training" not in stripped and stripped["ema"] is None and is_finished(stripped)
+    state = stripped["model"]["state_dict"]
+    assert state["model.0.conv.weight"].dtype == torch.float16
+    assert all(v.dtype == torch.float32 for k, v in state.items() if k.endswith(".anchors"))
+    assert load_checkpoint(own)["model"]["names"] == NAMES  # the loader still takes it
+    assert not list(tmp_path.glob(".best.pt.*"))  # no temp file left beside it
+    second = detect.run_config(config(own, image, tmp_path, **options)).save_dir
+    before_rows, after_rows = (np.array(_label_lines(folder, f"{image.stem}.txt")) for folder in (first, second))
+    assert before_rows.shape == after_rows.shape
+    assert np.array_equal(before_rows[:, 0], after_rows[:, 0])
+    height, width = cv2.imread(str(image)).shape[:2]
+    assert np.abs(before_rows[:, 1:5] - after_rows[:, 1:5]).max() <= 1.0 / min(height, width) + 1e-6  # a pixel
+    assert np.abs(before_rows[:, 5] - after_rows[:, 5]).max() <= 1e-3
+
+
+def test_update_leaves_yolov5_files_links_and_a_resumable_last_untouched(tmp_path, yolov5_lookalike, weights, caplog):
+    image = make_images(tmp_path / "images", 1)[0]
+    yolov5 = Path(shutil.copy(yolov5_lookalike.training_checkpoint, tmp_path / "yolov5_last.pt"))
+    own = _training_copy(weights, tmp_path / "own.pt")
+    link = tmp_path / "link.pt"
+    link.symlink_to(own)
+    (tmp_path / "run").mkdir()
+    last = _training_copy(weights, tmp_path / "run" / "last.pt")  # YOLOv5 would strip it: the run could not resume
+    saved = {path: path.read_bytes() for path in (yolov5, own, last)}
+    with caplog.at_level(logging.INFO, logger="detect"):
+        for path in (yolov5, link, last):
+            detect.run_config(config(path, image, tmp_path, update=True, nosave=True))
+    assert {path: path.read_bytes() for path in saved} == saved and link.is_symlink()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("--update: ")]
+    assert lines == [f"--update: {yolov5} left as it is (a YOLOv5 checkpoint: this project never rewrites YOLOv5's "
+                     "pickled files)",
+                     f"--update: {link} left as it is (a symbolic link: pass the file it points to)",
+                     f"--update: {last} left as it is (the checkpoint --resume continues its unfinished run from: "
+                     "strip a copy of it instead)"]
 
 
 # --- sources -------------------------------------------------------------------------------------

@@ -218,9 +218,13 @@ def test_a_stream_is_read_until_it_ends_and_written_as_a_video(server, weights, 
     import detect
 
     found = detect.run(weights=str(weights), source=f"{server}/live.mjpg", imgsz=64, device="cpu",
-                       project=str(tmp_path / "runs"))
+                       project=str(tmp_path / "runs"), save_csv=True)
     frames = sorted(found.detections)
     assert 1 <= len(frames) <= FRAMES and all(key.startswith(f"{server}/live.mjpg:") for key in frames)
+    rows = (found.save_dir / "predictions.csv").read_text().splitlines()
+    detections = sum(len(found.detections[frame]) for frame in frames)
+    # a stream's rows go under its output name, never its URL (which may hold credentials)
+    assert len(rows) == 1 + detections > 1 and all(row.startswith("stream0,") for row in rows[1:])
     video = cv2.VideoCapture(str(found.save_dir / "stream0.mp4"))
     assert video.isOpened() and int(video.get(cv2.CAP_PROP_FRAME_COUNT)) == len(frames)
     video.release()

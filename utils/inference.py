@@ -5,7 +5,8 @@
     det = select_detections(output, tensor.shape[2:], [image_bgr.shape], ...)[0]  # NMS, boxes in original pixels
 
 ``det`` rows are ``x1, y1, x2, y2, confidence, class`` with the box rounded to whole pixels of the original
-image; ``as_detections(det, names)`` gives them as ``Detection`` tuples. ``input_size(model, imgsz)`` is the
+image; ``as_detections(det, names)`` gives them as ``Detection`` tuples, ``label_lines`` as detect.py --save-txt
+lines and ``prediction_rows`` as its --save-csv rows (both in ``det``'s order). ``input_size(model, imgsz)`` is the
 letterbox size for a model (rounded up to its stride; a static-shape export keeps its own size).
 """
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from utils.boxes import scale_boxes
+from utils.boxes import scale_boxes, xyxy2xywh
 from utils.data.transforms import letterbox
 from utils.errors import UserError
 from utils.nms import non_max_suppression
 
 LOGGER = logging.getLogger(__name__)
+LABEL_FORMATS = {0: "YOLO", 1: "Pascal-VOC"}  # detect.py --save-format: normalised cx cy w h, or x1 y1 x2 y2
+CSV_HEADER = ("Image Name", "Prediction", "Confidence")  # detect.py --save-csv's predictions.csv, as YOLOv5's
 
 
 class InferenceError(UserError):
@@ -105,3 +108,24 @@ def describe(det: torch.Tensor, names) -> str:
 def as_detections(det: torch.Tensor, names) -> list[Detection]:
     """(n, 6) rows -> Detection tuples (plain Python numbers)."""
     return [Detection(tuple(row[:4]), row[4], int(row[5]), class_name(names, row[5])) for row in det.tolist()]
+
+
+def label_lines(det: torch.Tensor, shape, save_conf: bool = False, save_format: int = 0) -> list[str]:
+    """One text line per row of ``det``: class and box normalised to the original (h, w[, c]) ``shape``, as
+    ``%g`` numbers: YOLO ``cx cy w h`` (``save_format`` 0) or Pascal-VOC corners ``x1 y1 x2 y2`` (1); then the
+    confidence with ``save_conf``."""
+    if save_format not in LABEL_FORMATS:
+        raise ValueError(f"save_format {save_format}: expected one of {sorted(LABEL_FORMATS)}")
+    gain = torch.tensor(shape)[[1, 0, 1, 0]].float()
+    boxes = det[:, :4].float()
+    boxes = (xyxy2xywh(boxes) if save_format == 0 else boxes) / gain
+    lines = []
+    for box, (conf, cls) in zip(boxes.tolist(), det[:, 4:6].tolist()):
+        values = (int(cls), *box, conf) if save_conf else (int(cls), *box)
+        lines.append(("%g " * len(values)).rstrip() % values + "\n")
+    return lines
+
+
+def prediction_rows(image_name: str, det: torch.Tensor, names) -> list[tuple[str, str, str]]:
+    """One (image name, class name, confidence with 2 decimals) row per row of ``det`` (``CSV_HEADER``'s columns)."""
+    return [(image_name, class_name(names, cls), f"{conf:.2f}") for conf, cls in det[:, 4:6].tolist()]

@@ -291,12 +291,25 @@ def load_resumable(path) -> tuple[dict, Path]:
         return load_checkpoint(previous), previous
 
 
-def strip_checkpoint(path) -> None:
-    """Finish a run's checkpoint for use: EMA weights (fp16, anchors fp32) become the model; training state dropped."""
+def _is_imported(ckpt: dict) -> bool:
+    """A checkpoint ``load_checkpoint`` converted from a YOLOv5 file (utils.yolov5_import), not one of ours."""
+    return ckpt.get("source") == "yolov5"
+
+
+def strip_checkpoint(path, own_only: bool = False) -> str | None:
+    """Finish a run's checkpoint for use: EMA weights (fp16, anchors fp32) become the model; training state dropped;
+    the file rewritten atomically (``save_checkpoint``). ``own_only`` (detect.py --update) leaves two kinds of file as
+    they are and returns why: a YOLOv5 file (never rewritten in our format) and an unfinished run's last.pt (the
+    file --resume continues the run from). None once rewritten."""
     checkpoint = load_checkpoint(path)
+    if own_only and _is_imported(checkpoint):
+        return "a YOLOv5 checkpoint: this project never rewrites YOLOv5's pickled files"
+    if own_only and Path(path).name == "last.pt" and checkpoint.get("training"):
+        return "the checkpoint --resume continues its unfinished run from: strip a copy of it instead"
     entry = model_entry(checkpoint)
     entry = {**entry, "state_dict": {k: v.half() if v.is_floating_point() and not k.endswith(".anchors") else v
                                      for k, v in entry["state_dict"].items()}}  # anchors stay exact (pixels / stride)
     keep = {k: checkpoint[k] for k in ("format", "epoch", "best_fitness", "config", "hyp", "date") if k in checkpoint}
     save_checkpoint({**keep, "model": entry, "ema": None, "finished": True}, path)
     LOGGER.info("Optimizer stripped from %s, %.1fMB", path, Path(path).stat().st_size / 1e6)
+    return None
