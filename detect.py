@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import logging
 import os
 import signal
@@ -43,9 +42,9 @@ from utils.cli import (ArgumentParser, add_amp_flag, add_device_flag, add_half_f
 from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
 from utils.errors import UserError, run_main
-from utils.files import NotRegularFile, open_regular
-from utils.inference import CSV_HEADER, LABEL_FORMATS, Detection, as_detections, class_name, describe, forward, \
-    input_size, label_lines, prediction_rows, prepare_image, select_detections
+from utils.detect_outputs import VideoSink, WeightsFile, update_weights, write_labels, write_predictions
+from utils.inference import LABEL_FORMATS, Detection, as_detections, class_name, describe, forward, input_size, \
+    prepare_image, select_detections
 from utils.limits import MAX_CLASSES
 
 SAMPLE_IMAGES = Path(__file__).resolve().parent / "data" / "images"  # YOLOv5's default source, our own images
@@ -140,12 +139,6 @@ def _check_settings(config: DetectConfig) -> None:
         raise DetectError(f"--save-format {config.save_format}: must be 0 (YOLO) or 1 (Pascal-VOC)")
 
 
-class WeightsFile(NamedTuple):
-    """One ``--weights`` entry on disk; ``downloaded``: fetched from a URL or as a YOLOv5 release name."""
-    path: Path
-    downloaded: bool
-
-
 def _weights_files(config: DetectConfig) -> list[WeightsFile]:
     from utils.downloads import is_url, weights_file
 
@@ -181,26 +174,6 @@ def _warmup(model, imgsz, device, half: bool) -> None:
         model(torch.zeros(1, 3, *imgsz, device=device, dtype=torch.half if half else torch.float))
 
 
-def _write_labels(path: Path, det: torch.Tensor, shape, save_conf: bool, save_format: int = 0) -> None:
-    """Label lines (utils.inference.label_lines): class cx cy w h (or x1 y1 x2 y2) [conf], normalised."""
-    with open(path, "a", encoding="utf-8") as file:
-        file.writelines(label_lines(det, shape, save_conf, save_format))
-
-
-def _write_predictions(path: Path, image_name: str, det: torch.Tensor, names) -> None:
-    """Append ``det``'s rows (utils.inference.prediction_rows) to predictions.csv, the header first into a new
-    file; never through a link or into anything but a regular file."""
-    try:
-        handle = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    except NotRegularFile as error:
-        raise DetectError(f"{path}: {error.strerror}; not writing predictions there") from None
-    with os.fdopen(handle, "a", encoding="utf-8", newline="") as file:
-        writer = csv.writer(file)
-        if os.fstat(handle).st_size == 0:
-            writer.writerow(CSV_HEADER)
-        writer.writerows(prediction_rows(image_name, det, names))
-
-
 def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, save_dir: Path) -> np.ndarray:
     """Draw the detections on a copy of the original image; save crops when asked."""
     image = item.image.copy()
@@ -214,28 +187,6 @@ def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, 
             (_name(names, cls) if config.hide_conf else f"{_name(names, cls)} {conf:.2f}")
         draw_box_label(image, xyxy, label, colors(int(cls), bgr=True), config.line_thickness)
     return image
-
-
-class VideoSink:
-    """One cv2.VideoWriter (mp4v) per input video or live stream, opened on its first frame. A video file's writer
-    is finished when the next file starts; live streams' frames come in turns, so theirs stay open until close()."""
-
-    def __init__(self):
-        self.writers = {}
-
-    def write(self, path: Path, image: np.ndarray, fps: float, live: bool = False) -> None:
-        if path not in self.writers:
-            if not live:
-                self.close()
-            height, width = image.shape[:2]
-            self.writers[path] = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps or 30.0,
-                                                 (width, height))
-        self.writers[path].write(image)
-
-    def close(self) -> None:
-        for writer in self.writers.values():
-            writer.release()
-        self.writers = {}
 
 
 def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
@@ -261,10 +212,10 @@ def _save_outputs(item: SourceItem, det, config: DetectConfig, context: dict) ->
     stem = item.name or Path(item.path).stem
     if config.save_txt and len(det):
         label_name = f"{stem}_{item.frame}.txt" if item.is_video else f"{stem}.txt"
-        _write_labels(save_dir / "labels" / label_name, det, item.image.shape, config.save_conf, config.save_format)
+        write_labels(save_dir / "labels" / label_name, det, item.image.shape, config.save_conf, config.save_format)
     if config.save_csv and len(det):  # a file's name (a video's frames under it), as YOLOv5's p.name; a live source
         # under its output name (stream0, screen), never its URL, which may hold credentials
-        _write_predictions(save_dir / "predictions.csv", item.name or Path(item.path).name, det, names)
+        write_predictions(save_dir / "predictions.csv", item.name or Path(item.path).name, det, names)
     if config.nosave and not config.save_crop:
         return
     image = _annotate(item, det, names, config, save_dir)
@@ -380,7 +331,7 @@ class DetectRun:
             sources.close()
         _log_summary(context, context["imgsz"], config)
         if config.update:
-            _update_weights(self.weights)
+            update_weights(self.weights)
 
 
 class DetectStream(StreamedCall):
@@ -408,29 +359,6 @@ def _log_summary(context: dict, imgsz, config: DetectConfig) -> None:
         saved = f"\n{count} label{'s' * (count != 1)} saved to {save_dir / 'labels'}"
     if not config.nosave or config.save_txt or config.save_csv or config.save_crop:
         LOGGER.info(f"Results saved to {save_dir}{saved}")
-
-
-def _update_weights(weights: list[WeightsFile]) -> None:
-    """--update: each of our own checkpoints among ``weights`` stripped in place (utils.checkpoint.strip_checkpoint:
-    an atomic rewrite, EMA weights fp16 as the model, optimizer and training state dropped); anything else is left
-    as it is, with one line saying why."""
-    from models.backends import is_exported
-    from utils.checkpoint import strip_checkpoint
-
-    for path, downloaded in weights:
-        if downloaded:
-            reason = "downloaded from a URL or as a YOLOv5 release name: kept as fetched"
-        elif is_exported(path):
-            reason = "an exported model, not a checkpoint"
-        elif path.is_symlink():
-            reason = "a symbolic link: pass the file it points to"
-        elif not os.access(path, os.W_OK):
-            reason = "not writable"
-        else:
-            reason = strip_checkpoint(path, own_only=True)
-            if reason is None:  # stripped
-                continue
-        LOGGER.info(f"--update: {path} left as it is ({reason})")
 
 
 def build_parser() -> ArgumentParser:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import detect
+from utils.detect_outputs import OutputError
 from tests.conftest import ROOT, SHARED, save_random_checkpoint
 from utils.checkpoint import is_finished, load_checkpoint, save_checkpoint
 from utils.drawing import colors, draw_box_label, output_to_target, plot_images, save_one_box
@@ -227,7 +228,7 @@ def test_save_csv_refuses_a_link_in_place_of_the_file(weights, tmp_path, outside
     folder, target = outside
     image = make_images(tmp_path / "images", 1)[0]
     (folder / "predictions.csv").symlink_to(target)
-    with pytest.raises(detect.DetectError, match="predictions.csv: it is a symbolic link"):
+    with pytest.raises(OutputError, match="predictions.csv: it is a symbolic link"):
         detect.run_config(config(weights, image, tmp_path, project=str(folder.parent), name=folder.name,
                                  exist_ok=True, save_csv=True, nosave=True))
     assert target.read_text() == "precious\n"
