@@ -158,7 +158,8 @@ def build(args, device):
     if args.cuda_graphs:
         from utils.trainer.cuda_graphs import graphed_model
 
-        step.runner = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False)
+        step.runner = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False,
+                                    compute_loss=step.compute_loss)
     elif args.compile:
         from utils.trainer.compiled import compiled_model
 

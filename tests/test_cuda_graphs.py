@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.test_host_reads import batches, tiny_step
-from utils.trainer.cuda_graphs import GraphedModel, graphed_model
+from utils.trainer.cuda_graphs import GraphedModel, graphed_model, pad_targets, target_capacity
 from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
 
@@ -27,29 +27,33 @@ class _Replay(torch.autograd.Function):
     buffers and returned detached, as torch.cuda.make_graphed_callables' backward returns them."""
 
     @staticmethod
-    def forward(ctx, graph, images, *parameters):
-        ctx.graph = graph
+    def forward(ctx, graph, count, *inputs_and_parameters):
+        ctx.graph, ctx.count = graph, count
         with torch.enable_grad():
-            ctx.outputs = graph.module(images)
+            ctx.outputs = graph.module(*inputs_and_parameters[:count])
         return tuple(output.detach() for output in ctx.outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         graph = ctx.graph
-        found = torch.autograd.grad(ctx.outputs, graph.parameters, grads, allow_unused=True)
+        differentiable = [(output, grad) for output, grad in zip(ctx.outputs, grads) if output.requires_grad]
+        found = torch.autograd.grad([o for o, _ in differentiable], graph.parameters, [g for _, g in differentiable],
+                                    allow_unused=True)
         for static, gradient in zip(graph.static, found):
             static.copy_(gradient if gradient is not None else torch.zeros_like(static))
-        return (None, None, *(static.detach() for static in graph.static))
+        return (None, None, *[None] * ctx.count, *(static.detach() for static in graph.static))
 
 
 class StandInGraph:
-    def __init__(self, module):
+    def __init__(self, module, sample_args):
         self.module = module
+        self.shapes = [tuple(arg.shape) for arg in sample_args]  # a replay takes inputs of the captured shapes only
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self.static = [torch.zeros_like(p) for p in self.parameters]  # rewritten by every backward replay
 
-    def __call__(self, images):
-        return _Replay.apply(self, images, *self.parameters)
+    def __call__(self, *inputs):
+        assert [tuple(arg.shape) for arg in inputs] == self.shapes
+        return _Replay.apply(self, len(inputs), *inputs, *self.parameters)
 
 
 class StandInCapture:
@@ -65,8 +69,9 @@ class StandInCapture:
         parameters = [p for p in module.parameters() if p.requires_grad]
         for _ in range(num_warmup_iters):
             outputs = module(*sample_args)
-            torch.autograd.grad(sum(o.float().sum() for o in outputs), parameters, allow_unused=True)
-        return StandInGraph(module)
+            torch.autograd.grad(sum(o.float().sum() for o in outputs if o.requires_grad), parameters,
+                                allow_unused=True)
+        return StandInGraph(module, sample_args)
 
 
 def buffers(model) -> dict:
@@ -161,10 +166,12 @@ def test_gradients_own_their_memory_only_after_a_replay():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_graphs_train_as_the_eager_step_on_cuda(accumulate):
-    """Real CUDA graphs: 8 fp16 micro-steps (GradScaler, deferred checks, the fixed-shape loss), an optimizer step
-    every ``accumulate``, against the eager step from the same weights and batches: weights within fp16 training's
-    rounding."""
+@pytest.mark.parametrize("with_loss", [False, True], ids=["model", "model+loss"])
+def test_graphs_train_as_the_eager_step_on_cuda(accumulate, with_loss):
+    """Real CUDA graphs: 8 fp16 micro-steps (GradScaler, deferred checks, the fixed-shape loss, graphed with the model
+    over padded targets or eager after it), an optimizer step every ``accumulate``, against the eager step from the
+    same weights and batches: weights within fp16 training's rounding; after the capture no step waits for the
+    device (``set_sync_debug_mode("error")``)."""
     from tests.test_cuda import tiny_batch, tiny_model
     from utils.config import Hyp
     from utils.loss import ComputeLoss
@@ -181,18 +188,125 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate):
         precision = choose_precision("auto", device, model)
         step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
                          precision, ModelEMA(model), checks=StepChecks())
-        step.runner = GraphedModel(model, precision, batch_size=2) if graphs else None
+        step.runner = GraphedModel(model, precision, batch_size=2,
+                                   compute_loss=step.compute_loss if with_loss else None) if graphs else None
         images, targets = tiny_batch(device)
         for micro_step in range(8):
             stepping = (micro_step + 1) % accumulate == 0
-            step.forward_backward(images, targets, sync=stepping)
-            if stepping:
-                step.optimizer_step()
+            if graphs and micro_step >= accumulate:  # captured, stepped once: from here on nothing may wait
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                step.forward_backward(images, targets, sync=stepping)
+                if stepping:
+                    step.optimizer_step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
             step.counters.global_step += 1
         steps.append(step)
     assert steps[1].runner.replays == 8 and steps[1].runner.eager == 0
+    assert (steps[1].runner.compute_loss is not None) == with_loss
     for a, b in zip(steps[0].model.state_dict().values(), steps[1].model.state_dict().values()):
         if a.dtype.is_floating_point:
             assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
         else:
             assert torch.equal(a, b)
+
+
+# --- the loss in the graphs (fixed shapes, padded targets) ------------------------------------------------------
+
+def deferred_step():
+    """tiny_step as CUDA trains: the fixed-shape loss and the deferred step checks (which it goes with)."""
+    from utils.config import Hyp
+    from utils.loss import ComputeLoss
+    from utils.trainer.loop import TrainStep
+    from utils.trainer.step_checks import StepChecks
+
+    step = tiny_step()
+    return TrainStep(step.model, step.optimizer, ComputeLoss(step.model, Hyp(), imgsz=64, fixed_shapes=True),
+                     step.precision, step.ema, checks=StepChecks())
+
+
+def many_targets(count: int, seed: int = 2) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    boxes = torch.rand(count, 4, generator=generator) * torch.tensor([0.8, 0.8, 0.5, 0.5]) + 0.1
+    return torch.cat((torch.randint(0, 2, (count, 1), generator=generator).float(),
+                      torch.randint(0, 2, (count, 1), generator=generator).float(), boxes), 1)
+
+
+@pytest.mark.parametrize("count", [0, 2, 40])
+def test_padded_targets_leave_the_fixed_shape_loss_as_it_was(count):
+    """Rows of zero size match no anchor: none of their candidates is kept, the real ones are kept as before, and the
+    loss, its items and its gradients are the same within float rounding (the sums hold more zeros)."""
+    step = deferred_step()
+    targets = many_targets(count)
+    padded = pad_targets(targets, target_capacity(count, 2))
+    assert padded.shape == (target_capacity(count, 2), 6) and torch.equal(padded[:count], targets)
+    images = batches(1)[0][0].float() / 255
+    results = []
+    for given in (targets, padded):
+        step.model.zero_grad(set_to_none=True)
+        predictions = [p.float() for p in step.model(images)]
+        loss, items = step.compute_loss(predictions, given)
+        loss.backward()
+        valid = step.compute_loss.build_candidates(predictions, given)[-1].view(len(predictions), 5, 3, -1)
+        results.append((loss.detach(), items, [p.grad.clone() for p in step.model.parameters()], valid))
+    (loss, items, grads, valid), (padded_loss, padded_items, padded_grads, padded_valid) = results
+    assert torch.equal(padded_valid[..., :count], valid) and not padded_valid[..., count:].any()
+    assert torch.allclose(padded_loss, loss, rtol=1e-6, atol=0) and torch.allclose(padded_items, items, rtol=1e-6, atol=0)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-9) for a, b in zip(padded_grads, grads))
+
+
+def test_target_capacity_is_twice_the_capture_batch_and_at_least_32_an_image():
+    assert target_capacity(0, 2) == 256 and target_capacity(100, 2) == 256  # 64 an image at least, in steps of 256
+    assert target_capacity(3000, 64) == 6144 and target_capacity(500, 64) == 2048
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_loss_graphed_with_the_model_trains_as_the_eager_step(accumulate, caplog):
+    """A run whose model and fixed-shape loss replay together (the stand-in capture, padded targets) ends with the
+    weights, BatchNorm statistics and EMA of the eager run within float rounding; a smaller batch and a batch with
+    more targets than the capacity run eagerly (the latter said once); the capture puts BatchNorm back."""
+    plain, graphed = deferred_step(), deferred_step()
+    capture = StandInCapture()
+    graphed.runner = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture,
+                                  compute_loss=graphed.compute_loss)
+    loader = batches(5)
+    crowded = [(images, many_targets(300), paths, shapes) for images, _, paths, shapes in batches(2)]
+    smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
+               in batches(1)]
+    with caplog.at_level(logging.INFO):
+        for step in (plain, graphed):
+            train_one_epoch(step, loader + crowded + smaller + loader[:2], RunState(), 1, CPU,
+                            lambda *args: accumulate)
+    runner = graphed.runner
+    assert capture.calls == 1 and runner.capacity == 256
+    assert (runner.replays, runner.eager, runner.overflows) == (7, 3, 2)
+    said = [r.getMessage() for r in caplog.records if "more than the 256" in r.getMessage()]
+    assert said == ["--cuda-graphs: a batch with 300 targets, more than the 256 the loss was captured for, runs "
+                    "eagerly (as will any other such batch)"]
+    for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
+        for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(graphed).state_dict().items()):
+            if a.dtype.is_floating_point:
+                assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (name, key, (a - b).abs().max())
+            else:
+                assert torch.equal(a, b), (name, key)
+    from benchmarks.host_reads import HostReads
+
+    images, targets = loader[0][0].float() / 255, loader[0][1]
+    with HostReads() as reads:  # a replayed step reads nothing: the padding's size is the targets' shape
+        for _ in range(3):
+            graphed.forward_backward(images, targets)
+            graphed.optimizer_step()
+    assert reads.total() == 0 and runner.replays == 10, reads.by_place()
+    graphed.model.eval()
+    assert runner.loss_of(images, targets) is None  # eval mode: eager
+
+
+def test_a_loss_with_data_dependent_shapes_stays_out_of_the_graphs():
+    step = tiny_step()  # the compact loss: the host reads the number of matches
+    graphs = GraphedModel(step.model, step.precision, batch_size=2, capture=StandInCapture(),
+                          compute_loss=step.compute_loss)
+    images, targets = batches(1)[0][0].float() / 255, batches(1)[0][1]
+    assert graphs.compute_loss is None and graphs.loss_of(images, targets) is None
+    graphs(images)
+    assert (graphs.replays, graphs.eager) == (1, 0)  # the model alone is graphed

@@ -73,6 +73,10 @@ class CompiledModel:
             self.eager += 1
             return self.model(images)
 
+    def loss_of(self, images: torch.Tensor, targets: torch.Tensor):
+        """None: the loss runs eagerly after the compiled model (TrainStep asks every runner)."""
+        return None
+
     def own_gradients(self) -> None:
         """Nothing to do: the compiled backward returns new gradient tensors at every call (no buffers it reuses, as
         CUDA graphs do), so accumulation adds to them as autograd always does."""

@@ -7,9 +7,18 @@ steps no faster: the GPU waits for the host. A CUDA graph issues a whole capture
 
 How: ``torch.cuda.make_graphed_callables`` captures the model's forward and its backward once, for the shape of the
 first full batch (after warm-up iterations on a side stream, as capture needs). Batches of that shape then replay
-the two graphs; any other shape (a smaller last batch, ``--multi-scale``, ``--rect``) runs the model itself. The loss,
+the two graphs; any other shape (a smaller last batch, ``--multi-scale``, ``--rect``) runs the model itself.
 GradScaler, gradient clipping, the optimizer step and the EMA stay eager, and the graphed backward hands its
 gradients to autograd as the model's would, so accumulation and ``zero_grad(set_to_none=True)`` work as before.
+
+The loss is captured with the model when it has fixed shapes (utils/loss.py: CUDA's form, with the deferred step
+checks): its ~400 operations a step (forward and backward, 12 ms of host time on the 2026-11-27 H100) are then part
+of the two replays. Its shapes depend on the number of targets, which changes every batch, so the targets are padded
+to a fixed capacity (``target_capacity``: twice the capture batch's, at least TARGETS_PER_IMAGE an image) with rows
+of zero width and height, which no anchor matches (``pad_targets``): the padded loss is the same sums with more
+zeros in them (equal within float rounding, tests/test_cuda_graphs.py). A batch with more targets than that runs
+eagerly, model and loss (said once, counted in ``overflows``). The compact loss (another optimizer, immediate checks)
+reads the number of matches on the host and stays eager, after the graphed model.
 
 Gradient accumulation: the graphed backward hands autograd its own static gradient buffers (detached), and a
 parameter whose ``.grad`` is None takes such a buffer as its gradient without a copy; the next replay then overwrites
@@ -34,6 +43,21 @@ from torch import nn
 
 LOGGER = logging.getLogger(__name__)
 WARMUP_ITERATIONS = 3  # make_graphed_callables' warm-up runs before the capture (its default)
+TARGETS_PER_IMAGE = 32  # the graphed loss's least target capacity per image of the batch
+TARGET_HEADROOM = 2  # and at least this many times the targets of the batch it is captured with
+CAPACITY_STEP = 256  # capacities are whole multiples of this
+
+
+def target_capacity(num_targets: int, batch_size: int) -> int:
+    """The number of target rows the graphed loss is captured for."""
+    wanted = max(TARGET_HEADROOM * num_targets, TARGETS_PER_IMAGE * batch_size, 1)
+    return -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def pad_targets(targets: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``targets`` (n, 6) as (capacity, 6): the extra rows are boxes of zero width and height, which no anchor matches
+    (their width/height ratio to every anchor is infinite), so the fixed-shape loss keeps none of their candidates."""
+    return torch.cat((targets, targets.new_zeros(capacity - targets.shape[0], targets.shape[1])))
 
 
 class _Forward(nn.Module):
@@ -48,30 +72,69 @@ class _Forward(nn.Module):
         return tuple(self.model(images))
 
 
+class _ForwardLoss(nn.Module):
+    """The model and its fixed-shape loss as one module to graph: (images, padded targets) -> (loss, items)."""
+
+    def __init__(self, model: nn.Module, compute_loss):
+        super().__init__()
+        self.model, self.compute_loss = model, compute_loss
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor):
+        return self.compute_loss([p.float() for p in self.model(images)], targets)
+
+
 class GraphedModel:
     """``model``'s training forward for TrainStep: replayed graphs for batches of the captured shape, the model
-    itself for the others (see the module docstring). ``batch_size``: the per-process batch whose shape is captured."""
+    itself for the others (see the module docstring). ``batch_size``: the per-process batch whose shape is captured.
+    ``compute_loss``: the run's loss; one with fixed shapes is captured with the model (``loss_of``)."""
 
-    def __init__(self, model: nn.Module, precision, batch_size: int, capture=None):
+    def __init__(self, model: nn.Module, precision, batch_size: int, capture=None, compute_loss=None):
         self.model, self.precision, self.batch_size = model, precision, batch_size
         self._capture_function = capture or torch.cuda.make_graphed_callables
+        self.compute_loss = compute_loss if getattr(compute_loss, "fixed_shapes", False) else None
         self.graphed = None
         self.key = None  # (shape, strides, dtype) of the captured input
-        self.replays = self.eager = 0
+        self.capacity = 0  # the target rows of the graphed loss
+        self.replays = self.eager = self.overflows = 0
         self.replayed = False  # the last call replayed the graphs (its gradients may be the graph's buffers)
 
     def __call__(self, images: torch.Tensor):
+        """The model's outputs: replayed when the graphs are the model's alone, else eager."""
         key = (tuple(images.shape), images.stride(), images.dtype)
-        if self.graphed is None and images.shape[0] == self.batch_size and self.model.training:
-            self._capture(images, key)
-        self.replayed = key == self.key and self.model.training
-        if self.replayed:
-            self.replays += 1
-            with self.precision.autocast(cache=False):
-                return list(self.graphed(images))
+        if self.compute_loss is None:
+            if self.graphed is None and images.shape[0] == self.batch_size and self.model.training:
+                self._capture(images, key)
+            self.replayed = key == self.key and self.model.training
+            if self.replayed:
+                self.replays += 1
+                with self.precision.autocast(cache=False):
+                    return list(self.graphed(images))
+        self.replayed = False
         self.eager += 1
         with self.precision.autocast():
             return self.model(images)
+
+    def loss_of(self, images: torch.Tensor, targets: torch.Tensor):
+        """(loss, items) from the graphs of the model and its loss, or None where this batch runs eagerly (another
+        shape, eval mode, more targets than the capacity, or a loss that is not graphed)."""
+        if self.compute_loss is None or not self.model.training:
+            return None
+        key = (tuple(images.shape), images.stride(), images.dtype)
+        if self.graphed is None and images.shape[0] == self.batch_size:
+            self._capture(images, key, targets)
+        if key != self.key:
+            return None
+        if targets.shape[0] > self.capacity:
+            if not self.overflows:
+                LOGGER.info("--cuda-graphs: a batch with %d targets, more than the %d the loss was captured for, runs "
+                            "eagerly (as will any other such batch)", targets.shape[0], self.capacity)
+            self.overflows += 1
+            return None
+        self.replayed = True
+        self.replays += 1
+        with self.precision.autocast(cache=False):
+            loss, items = self.graphed(images, pad_targets(targets, self.capacity))
+        return loss, items.detach()
 
     def own_gradients(self) -> None:
         """After the backward of a replayed micro-step that is not stepped: every parameter's gradient in memory of its
@@ -83,23 +146,30 @@ class GraphedModel:
         for parameter, copy in zip(parameters, torch._foreach_mul([p.grad for p in parameters], 1.0)):
             parameter.grad = copy
 
-    def _capture(self, images: torch.Tensor, key) -> None:
+    def _capture(self, images: torch.Tensor, key, targets: torch.Tensor | None = None) -> None:
         saved = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()}
+        if targets is None:
+            module, sample = _Forward(self.model), (images.detach().clone(),)
+        else:
+            self.capacity = target_capacity(targets.shape[0], images.shape[0])
+            module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
+                                                                           pad_targets(targets, self.capacity))
         with self.precision.autocast(cache=False):
-            self.graphed = self._capture_function(_Forward(self.model), (images.detach().clone(),),
-                                                  num_warmup_iters=WARMUP_ITERATIONS, allow_unused_input=True)
+            self.graphed = self._capture_function(module, sample, num_warmup_iters=WARMUP_ITERATIONS,
+                                                  allow_unused_input=True)
         with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
             for name, buffer in self.model.named_buffers():
                 buffer.copy_(saved[name])
         self.key = key
-        LOGGER.info("--cuda-graphs: forward and backward captured for batches of %s; other shapes run eagerly",
+        what = "forward and backward" if targets is None else f"forward, loss (up to {self.capacity} targets) and backward"
+        LOGGER.info("--cuda-graphs: %s captured for batches of %s; other shapes run eagerly", what,
                     "x".join(map(str, key[0])))
 
 
 def graphed_model(enabled: bool, model: nn.Module, precision, batch_size: int, device: torch.device,
-                  distributed: bool, multi_scale: bool = False) -> GraphedModel | None:
-    """A GraphedModel when ``--cuda-graphs`` asks for one and the run can use it; None (with a warning saying why)
-    otherwise."""
+                  distributed: bool, multi_scale: bool = False, compute_loss=None) -> GraphedModel | None:
+    """A GraphedModel when ``--cuda-graphs`` asks for one and the run can use it (``compute_loss``: the run's loss,
+    graphed with the model when its shapes are fixed); None (with a warning saying why) otherwise."""
     if not enabled:
         return None
     if device.type != "cuda":
@@ -113,4 +183,4 @@ def graphed_model(enabled: bool, model: nn.Module, precision, batch_size: int, d
     if multi_scale:
         LOGGER.warning("WARNING: --cuda-graphs with --multi-scale: only batches of the first full batch's size "
                        "replay the graphs, the others run eagerly")
-    return GraphedModel(model, precision, batch_size)
+    return GraphedModel(model, precision, batch_size, compute_loss=compute_loss)

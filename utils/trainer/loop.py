@@ -104,13 +104,18 @@ class TrainStep:
         return result
 
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        if self.runner is not None:
-            predictions = self.runner(images)
+        graphed = self.runner.loss_of(images, targets) if self.runner is not None else None
+        if graphed is not None:  # --cuda-graphs with the loss in the graphs: the "forward" phase holds the loss
+            loss, items = graphed
+            self.mark("forward")
         else:
-            with self.precision.autocast():
-                predictions = self.model(images)
-        self.mark("forward")
-        loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
+            if self.runner is not None:
+                predictions = self.runner(images)
+            else:
+                with self.precision.autocast():
+                    predictions = self.model(images)
+            self.mark("forward")
+            loss, items = self.compute_loss([p.float() for p in predictions], targets)  # scaled for DDP averaging
         self.mark("loss")
         if self.checks is not None:
             finite = self.checks.loss(self.counters.global_step, loss)

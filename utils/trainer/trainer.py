@@ -474,7 +474,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     quads = config.quad and per_process >= 4  # the model then sees batches of per_process // 4 (utils/data/quad.py)
     seen = per_process // 4 if quads else per_process  # the batch the model sees
     runner = (graphed_model(config.cuda_graphs, model, precision, seen, torch.device(device), info.distributed,
-                            config.multi_scale)
+                            config.multi_scale, compute_loss)
               or compiled_model(config.compile, train_model, precision, seen, torch.device(device),
                                 info.distributed and config.sync_bn, config.multi_scale))
     step = TrainStep(train_model, optimizer, compute_loss, precision, ema, channels_last, checks=checks, runner=runner)
