@@ -1,6 +1,6 @@
 """--cuda-graphs (utils/trainer/cuda_graphs.py): which runs use it, and that its capture changes nothing a run computes.
 
-On the CPU the capture is a stand-in that does what torch.cuda.make_graphed_callables does to the model (warm-up
+On the CPU the capture is a stand-in (benchmarks/graph_stand_in.py) that does what torch.cuda.make_graphed_callables does to the model (warm-up
 iterations in training mode, which move BatchNorm's statistics, and gradients taken with autograd.grad, not
 accumulated) and returns what the graphs do: the model's outputs, and from the backward the gradients written into
 static buffers that it hands to autograd detached (which a parameter without a gradient takes as it is). The ``cuda``
@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 
+from benchmarks.graph_stand_in import StandInCapture
 from tests.test_host_reads import batches, tiny_step
 from utils.trainer.cuda_graphs import GraphedModel, graphed_model, pad_targets, target_capacity
 from utils.trainer.loop import train_one_epoch
@@ -20,58 +21,6 @@ from utils.trainer.state import RunState
 
 CPU = torch.device("cpu")
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
-
-
-class _Replay(torch.autograd.Function):
-    """One "replay": the forward computed by the module, the backward's gradients copied into the graph's static
-    buffers and returned detached, as torch.cuda.make_graphed_callables' backward returns them."""
-
-    @staticmethod
-    def forward(ctx, graph, count, *inputs_and_parameters):
-        ctx.graph, ctx.count = graph, count
-        with torch.enable_grad():
-            ctx.outputs = graph.module(*inputs_and_parameters[:count])
-        return tuple(output.detach() for output in ctx.outputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        graph = ctx.graph
-        differentiable = [(output, grad) for output, grad in zip(ctx.outputs, grads) if output.requires_grad]
-        found = torch.autograd.grad([o for o, _ in differentiable], graph.parameters, [g for _, g in differentiable],
-                                    allow_unused=True)
-        for static, gradient in zip(graph.static, found):
-            static.copy_(gradient if gradient is not None else torch.zeros_like(static))
-        return (None, None, *[None] * ctx.count, *(static.detach() for static in graph.static))
-
-
-class StandInGraph:
-    def __init__(self, module, sample_args):
-        self.module = module
-        self.shapes = [tuple(arg.shape) for arg in sample_args]  # a replay takes inputs of the captured shapes only
-        self.parameters = [p for p in module.parameters() if p.requires_grad]
-        self.static = [torch.zeros_like(p) for p in self.parameters]  # rewritten by every backward replay
-
-    def __call__(self, *inputs):
-        assert [tuple(arg.shape) for arg in inputs] == self.shapes
-        return _Replay.apply(self, len(inputs), *inputs, *self.parameters)
-
-
-class StandInCapture:
-    """make_graphed_callables' effects on the model, without a GPU: ``num_warmup_iters`` forward and backward passes
-    of the sample (BatchNorm in training mode), autocast's cache state seen, a StandInGraph returned."""
-
-    def __init__(self):
-        self.calls, self.cache_enabled = 0, []
-
-    def __call__(self, module, sample_args, num_warmup_iters=3, allow_unused_input=False):
-        self.calls += 1
-        self.cache_enabled.append(torch.is_autocast_cache_enabled())
-        parameters = [p for p in module.parameters() if p.requires_grad]
-        for _ in range(num_warmup_iters):
-            outputs = module(*sample_args)
-            torch.autograd.grad(sum(o.float().sum() for o in outputs if o.requires_grad), parameters,
-                                allow_unused=True)
-        return StandInGraph(module, sample_args)
 
 
 def buffers(model) -> dict:
