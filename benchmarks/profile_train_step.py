@@ -99,7 +99,10 @@ def parse_args():
                              "host-device synchronisation was asked for (the innermost frames of this project)")
     runner = parser.add_mutually_exclusive_group()  # as train.py: the two are not combined
     runner.add_argument("--cuda-graphs", action="store_true",
-                        help="the forward and backward replayed as CUDA graphs (train.py --cuda-graphs)")
+                        help="the forward, the loss and the backward replayed as CUDA graphs (train.py --cuda-graphs)")
+    runner.add_argument("--cuda-graphs-model", action="store_true",
+                        help="--cuda-graphs with the model alone graphed, the loss eager after it (as before the loss "
+                             "was graphed too: what graphing the loss gains)")
     runner.add_argument("--compile", action="store_true",
                         help="the forward and backward compiled by torch.compile (train.py --compile); the timed "
                              "steps start after the warm-up steps, which compile")
@@ -155,11 +158,11 @@ def build(args, device):
     checks = StepChecks.chosen(device, optimizer)  # as build_step: deferred on CUDA (YOLO_TRAINER_STEP_CHECKS)
     step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz, fixed_shapes=checks is not None),
                      choose_precision(args.amp, device, model), ema, channels_last, checks=checks)
-    if args.cuda_graphs:
+    if args.cuda_graphs or args.cuda_graphs_model:
         from utils.trainer.cuda_graphs import graphed_model
 
         step.runner = graphed_model(True, model, step.precision, args.batch_size, device, distributed=False,
-                                    compute_loss=step.compute_loss)
+                                    compute_loss=None if args.cuda_graphs_model else step.compute_loss)
     elif args.compile:
         from utils.trainer.compiled import compiled_model
 
@@ -369,7 +372,8 @@ def main():
     result = {"device": where, "cfg": Path(args.cfg).stem, "imgsz": args.imgsz, "batch": args.batch_size,
               "amp": step.precision.name, "source": args.source, "steps": args.steps,
               "channels_last": step.channels_last, "cudnn_benchmark": args.cudnn_benchmark,
-              "cuda_graphs": args.cuda_graphs and step.runner is not None,
+              "cuda_graphs": (args.cuda_graphs or args.cuda_graphs_model) and step.runner is not None,
+              "loss_graphed": getattr(step.runner, "compute_loss", None) is not None,
               "compile": args.compile and step.runner is not None,
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
