@@ -3,10 +3,18 @@
 Usage:
     python val.py --weights runs/train/exp/weights/best.pt --data data.yaml --img 640
     python val.py --weights best.pt --data data.yaml --save-json     # + COCO JSON scored by pycocotools
-    python val.py --weights best.pt --data data.yaml --task speed    # timing only
+    python val.py --weights best.pt --data data.yaml --task speed    # timing only (each of several weights alone)
+    python val.py --weights a.pt b.pt --data data.yaml --task study  # mAP and speed at 256..1536: study.png
 
 From Python, ``val.run(data="data.yaml", weights="best.pt", imgsz=640)`` takes the same flags as keywords and
 returns the metrics (``utils.validation.ValResult``: overall and per class).
+
+``--task train``/``val``/``test`` validate that split; ``speed`` times the val split (conf 0.25, IoU 0.45, square
+batches, no plots) and ``study`` validates it at image sizes 256 to 1536 in steps of 128 (YOLOv5's); both take
+several ``--weights`` one at a time (``val``/``test`` take them as an ensemble). A study writes, in one run folder,
+``study_<data>_<weights>.txt`` per model (a row per size: P, R, mAP50, mAP50-95, three zeros where YOLOv5 puts the
+val losses, then pre-process, inference and NMS ms per image; rewritten after each size) and ``study.png``
+(mAP50-95 against inference time, one curve per model, each point labelled with its size).
 
 ``validate_weights(...)`` loads the model through ``models.composite.load_models`` (a checkpoint, or a
 ``.torchscript`` / ``.onnx`` file from export.py), builds a rectangular-batch loader and calls
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +44,17 @@ from utils.errors import UserError, run_main  # noqa: E402
 from utils.validation import ValResult, model_dtype, validate  # noqa: E402
 
 LOGGER = logging.getLogger("val")
+TASKS = ("train", "val", "test", "speed", "study")
+STUDY_SIZES = tuple(range(256, 1536 + 128, 128))  # --task study's image sizes, as YOLOv5's
+ONE_AT_A_TIME = ("speed", "study")  # tasks that take several --weights one model at a time, as YOLOv5's
+
+
+@dataclass
+class StudyResult:
+    """``--task study``: the run folder, the image sizes and, per weights file, a row per size (``study_*.txt``'s)."""
+    save_dir: Path
+    sizes: tuple
+    rows: dict = field(default_factory=dict)  # weights -> [[P, R, mAP50, mAP50-95, 0, 0, 0, pre, inference, NMS], ...]
 
 
 class ValError(UserError):
@@ -48,6 +68,7 @@ def run(**options) -> ValResult:
     unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError), plus
     ``plots`` (default True; False writes no plots). Returns the ``ValResult`` (mp, mr, map50, map, per_class,
     speed, save_dir); several ``weights`` (a list) are validated as their ensemble, as YOLOv5's val.py does.
+    ``task="speed"`` with several weights returns a list of ValResults, one per model; ``task="study"`` a StudyResult.
     """
     from utils.api import api_call, keyword_argv
     from utils.errors import ArgumentError
@@ -56,19 +77,62 @@ def run(**options) -> ValResult:
     if plots is not True and plots is not False:
         raise ArgumentError(f"plots takes True or False, got {plots!r}")
     values = vars(parse_args(keyword_argv(build_parser(), options)))
-    weights = values.pop("weights")
     with api_call():
-        return validate_weights(weights=weights[0] if len(weights) == 1 else weights, plots=plots, **values)
+        return _run_task(values, plots)
+
+
+def _run_task(values: dict, plots: bool = True):
+    """The task of val.py's parsed flags: a ValResult, a list of them (``speed`` with several weights), or a
+    StudyResult."""
+    weights = values.pop("weights")
+    if values["task"] in ONE_AT_A_TIME and not values["half"] and torch.cuda.is_available() \
+            and values["device"] != "cpu":
+        LOGGER.info("--task %s: FP16 on CUDA (--half), as YOLOv5 times its models", values["task"])
+        values["half"] = True
+    if values["task"] == "study":
+        return study(weights, sizes=STUDY_SIZES, plots=plots, **values)
+    if values["task"] == "speed" and len(weights) > 1:
+        return [validate_weights(weights=one, plots=plots, **values) for one in weights]
+    return validate_weights(weights=weights[0] if len(weights) == 1 else weights, plots=plots, **values)
+
+
+def study(weights, sizes=STUDY_SIZES, plots: bool = True, project=ROOT / "runs/val", name="exp", exist_ok=False,
+          data=None, imgsz=None, **options) -> StudyResult:
+    """``--task study``: each of ``weights`` validated on the val split at each of ``sizes`` (``imgsz`` is not used),
+    in one run folder: ``study_<data>_<weights>.txt`` (rewritten after each size, so an interrupted study keeps what it
+    measured) and study.png."""
+    from utils.files import atomic_write
+    from utils.paths import increment_path
+    from utils.plots import plot_val_study
+
+    save_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True)
+    result = StudyResult(save_dir, tuple(sizes))
+    data_name = Path(data).stem if data else "data"
+    for given in weights:
+        rows = result.rows.setdefault(str(given), [])
+        text = save_dir / f"study_{data_name}_{Path(given).stem}.txt"
+        for size in sizes:
+            LOGGER.info("\nRunning %s --imgsz %d...", text.name, size)
+            one = validate_weights(weights=given, imgsz=size, data=data, plots=False, save_dir=save_dir, **options)
+            map50_95, map50 = one.coco if one.coco else (one.map, one.map50)  # pycocotools' when scored, as YOLOv5
+            rows.append([one.mp, one.mr, map50, map50_95, 0.0, 0.0, 0.0, *one.speed])
+            atomic_write(text, "".join(" ".join(f"{value:10.4g}" for value in row) + "\n" for row in rows))
+    if plots:
+        plot_val_study(save_dir, sizes)
+    LOGGER.info("Study saved to %s", save_dir)
+    return result
 
 
 def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6,
                      max_det=300, task="val", device="", workers=8, single_cls=False, augment=False, verbose=False,
                      save_txt=False, save_hybrid=False, save_conf=False, save_json=False, project=ROOT / "runs/val",
-                     name="exp", exist_ok=False, half=False, dnn=False, plots=True, amp="auto") -> ValResult:
+                     name="exp", exist_ok=False, half=False, dnn=False, plots=True, amp="auto", save_dir=None
+                     ) -> ValResult:
     """Standalone validation: model from ``weights``, rectangular batches (pad 0.5) of ``data``'s ``task`` split.
 
-    ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON). Raises ValError
-    (and the data/checkpoint/device errors, all ValueErrors) for user mistakes.
+    ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON); ``'study'``: the val split
+    (``study`` calls this at each size). ``save_dir``: an existing folder to write in instead of a new run folder.
+    Raises ValError (and the data/checkpoint/device errors, all ValueErrors) for user mistakes.
     """
     from utils.data.loader import create_dataloader
     from utils.device import select_device
@@ -88,7 +152,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
         paths.append(Path(path))
     weights = paths[0] if len(paths) == 1 else paths
     config = _load_data(data, paths[0])
-    split = "val" if task == "speed" else task
+    split = "val" if task in ONE_AT_A_TIME else task
     sources = config.split(split)
     if not sources:
         raise ValError(f"{config.yaml_file}: no '{split}' split in the dataset YAML")
@@ -104,7 +168,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
                        f"({config.nc} classes); pass matching --data and --weights")
     stride = model.stride
     imgsz, rect, pad = _batch_geometry(model, imgsz, task, weights)
-    save_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True)
+    save_dir = save_dir or increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True)
     loader, _ = create_dataloader(sources, imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, names=config.names, prefix=f"{split}: ")
     from utils.precision import inference_autocast
@@ -119,7 +183,8 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
         LOGGER.info("%d labels saved to %s", count, save_dir / "labels")
-    LOGGER.info("Results saved to %s", save_dir)
+    if task != "study":  # a study says where its files are once, at its end
+        LOGGER.info("Results saved to %s", save_dir)
     return result
 
 
@@ -216,7 +281,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--conf-thres", type=probability, default=0.001, help="confidence threshold")
     parser.add_argument("--iou-thres", type=probability, default=0.6, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=max_detections, default=300, help="maximum detections per image")
-    parser.add_argument("--task", default="val", choices=("val", "test", "speed"), help="val, test or speed")
+    parser.add_argument("--task", default="val", choices=TASKS,
+                        help="train, val or test (that split), speed (timing) or study (mAP and speed at image sizes "
+                             "256-1536: study.png)")
     add_device_flag(parser)
     parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class dataset")
@@ -251,9 +318,7 @@ def _main(argv) -> int:
 
     setup_logging()
     keep_freed_memory()  # whole-process choice: see utils/memory.py
-    options = vars(args).copy()
-    weights = options.pop("weights")
-    validate_weights(weights=weights[0] if len(weights) == 1 else weights, **options)  # several: their ensemble
+    _run_task(vars(args).copy())  # several weights: their ensemble, or one at a time for speed and study
     return 0
 
 

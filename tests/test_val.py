@@ -295,3 +295,51 @@ def test_val_refuses_non_square_static_exports_and_corrupt_files(tiny, checkpoin
         assert val.main(["--weights", str(truncated), *base]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"val.py: error: {truncated}: not a readable"), err
+
+
+# --- --task train, speed and study (YOLOv5's) -------------------------------------------------------------------
+
+def test_task_train_validates_the_train_split(tiny, checkpoint):
+    root, data = tiny
+    options = dict(data=str(data), weights=str(checkpoint), imgsz=64, batch_size=4, workers=0, device="cpu",
+                   project=str(root / "runs_train_task"), plots=False)
+    assert val.run(task="train", **options).seen == 1 and val.run(task="val", **options).seen == 12
+
+
+def test_task_speed_times_each_of_several_weights_alone(tiny, checkpoint, tmp_path, caplog):
+    import logging
+    import shutil
+
+    root, data = tiny
+    other = shutil.copy(checkpoint, tmp_path / "other.pt")
+    with caplog.at_level(logging.INFO):
+        results = val.run(task="speed", data=str(data), weights=[str(checkpoint), str(other)], imgsz=64,
+                          batch_size=4, workers=0, device="cpu", project=str(tmp_path / "runs"))
+    assert isinstance(results, list) and len(results) == 2 and all(r.speed[1] > 0 for r in results)
+    speed_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Speed:")]
+    assert len(speed_lines) == 2  # a line per model, not one for their ensemble
+
+
+def test_task_study_writes_a_row_per_size_for_each_model_and_the_plot(tiny, checkpoint, tmp_path, monkeypatch,
+                                                                      capsys):
+    import shutil
+
+    root, data = tiny
+    other = shutil.copy(checkpoint, tmp_path / "other.pt")
+    monkeypatch.setattr(val, "STUDY_SIZES", (64, 96))
+    args = ["--data", str(data), "--weights", str(checkpoint), str(other), "--batch-size", "4", "--workers", "0",
+            "--device", "cpu", "--project", str(tmp_path / "runs"), "--task", "study"]
+    assert val.main(args) == 0
+    save_dir = tmp_path / "runs" / "exp"
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["exp"]  # one folder for the whole study
+    assert sorted(path.name for path in save_dir.iterdir()) == ["study.png", f"study_{data.stem}_other.txt",
+                                                                f"study_{data.stem}_tiny.txt"]
+    rows = np.loadtxt(save_dir / f"study_{data.stem}_tiny.txt", ndmin=2)
+    assert rows.shape == (2, 10) and np.all(rows[:, 4:7] == 0) and np.all(rows[:, 8] > 0)
+    for size, row in zip((64, 96), rows):  # each row is that size's validation, as val.py gives it alone
+        alone = val.run(data=str(data), weights=str(checkpoint), imgsz=size, batch_size=4, workers=0, device="cpu",
+                        project=str(tmp_path / "alone"), plots=False)
+        assert np.allclose(row[:4], [alone.mp, alone.mr, alone.map50, alone.map], rtol=1e-3, atol=1e-6)
+    assert "Study saved to" in capsys.readouterr().out
+    from PIL import Image
+    assert Image.open(save_dir / "study.png").size[0] > 100

@@ -170,6 +170,27 @@ def plot_results(file="results.csv", save_path=None) -> Path:
     return _save(fig, save_path or file.with_name("results.png"))
 
 
+STUDY_COLUMNS = ("P", "R", "mAP50", "mAP50-95", "", "", "", "pre-process ms", "inference ms", "NMS ms")  # study_*.txt
+
+
+def plot_val_study(save_dir, sizes) -> Path:
+    """study.png (val.py --task study): mAP50-95 against inference time per image, one curve per study_*.txt in
+    ``save_dir`` (its rows: one per image size of ``sizes``, STUDY_COLUMNS), each point labelled with its size."""
+    fig, ax = new_figure(1, 1, figsize=(8, 4))
+    inference, map50_95 = STUDY_COLUMNS.index("inference ms"), STUDY_COLUMNS.index("mAP50-95")
+    for file in sorted(Path(save_dir).glob("study_*.txt")):
+        rows = np.loadtxt(file, dtype=np.float64, ndmin=2)
+        x, y = rows[:, inference], rows[:, map50_95] * 100
+        ax.plot(x, y, ".-", linewidth=2, markersize=8, label=file.stem.removeprefix("study_"))
+        for size, px, py in zip(sizes, x, y):
+            ax.annotate(str(size), (px, py), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.grid(alpha=0.2)
+    ax.set_xlabel("Inference (ms/img)")
+    ax.set_ylabel("mAP50-95 (%)")
+    ax.legend(loc="best")
+    return _save(fig, Path(save_dir) / "study.png")
+
+
 def plot_ap_curves(result: APResult, save_dir: Path, names=None, prefix: str = "") -> None:
     """PR_curve.png, F1_curve.png, P_curve.png, R_curve.png for an ``ap_per_class`` result."""
     if not len(result.classes):
