@@ -89,6 +89,9 @@ def _run_task(values: dict, plots: bool = True):
             and values["device"] != "cpu":
         LOGGER.info("--task %s: FP16 on CUDA (--half), as YOLOv5 times its models", values["task"])
         values["half"] = True
+    if values["task"] not in ONE_AT_A_TIME and values["conf_thres"] > 0.001:
+        LOGGER.warning("WARNING: --conf-thres %g > 0.001: mAP is computed over the detections above it, so it comes "
+                       "out lower than the model's (as YOLOv5 warns)", values["conf_thres"])
     if values["task"] == "study":
         return study(weights, sizes=STUDY_SIZES, plots=plots, **values)
     if values["task"] == "speed" and len(weights) > 1:

@@ -343,3 +343,16 @@ def test_task_study_writes_a_row_per_size_for_each_model_and_the_plot(tiny, chec
     assert "Study saved to" in capsys.readouterr().out
     from PIL import Image
     assert Image.open(save_dir / "study.png").size[0] > 100
+
+
+def test_a_confidence_threshold_above_0_001_is_warned_about_outside_timing(tiny, checkpoint, tmp_path, caplog):
+    import logging
+
+    root, data = tiny
+    options = dict(data=str(data), weights=str(checkpoint), imgsz=64, batch_size=4, workers=0, device="cpu",
+                   project=str(tmp_path / "runs"), plots=False, conf_thres=0.25)
+    with caplog.at_level(logging.WARNING):
+        val.run(**options)
+        val.run(task="speed", **options)  # speed sets its own thresholds
+    said = [r.getMessage() for r in caplog.records if "--conf-thres" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("WARNING: --conf-thres 0.25 > 0.001")
