@@ -11,7 +11,8 @@ detection, in the label lines' order) with --save-csv, crops/<class>/<stem>.jpg 
 name made one safe folder name, e.g. "../x" -> "_x", or the class index when nothing of it is usable: a model's
 names never place files outside the run folder). --update strips each --weights file that is one of our own
 checkpoints in place once detection is done (utils.checkpoint.strip_checkpoint); any other file, and an unfinished
-run's last.pt (which --resume needs whole), is left as it is.
+run's last.pt (which --resume needs whole), is left as it is. --visualize writes <image>/stage{i}_{Type}_features.png
+and .npy for each layer of a checkpoint's model (utils/feature_maps.py).
 
 From Python, ``detect.run(weights="best.pt", source="data/images", conf_thres=0.4)`` takes the same flags as
 keywords and returns a ``DetectResult``: the run folder and each image's detections; ``detect.run(...,
@@ -43,13 +44,14 @@ from utils.device import select_device
 from utils.drawing import colors, draw_box_label, save_one_box
 from utils.errors import UserError, run_main
 from utils.detect_outputs import VideoSink, WeightsFile, update_weights, write_labels, write_predictions
+from utils.feature_maps import LayerOutputs, save_feature_maps
 from utils.inference import LABEL_FORMATS, Detection, as_detections, class_name, describe, forward, input_size, \
     prepare_image, select_detections
 from utils.limits import MAX_CLASSES
+from utils.paths import crop_folder, increment_path, inside, safe_component
+from utils.sources import SourceItem, Sources
 
 SAMPLE_IMAGES = Path(__file__).resolve().parent / "data" / "images"  # YOLOv5's default source, our own images
-from utils.paths import crop_folder, increment_path
-from utils.sources import SourceItem, Sources
 
 LOGGER = logging.getLogger("detect")
 PROGRESS_MIN_IMAGES = 20  # folders larger than this get a progress bar
@@ -120,8 +122,6 @@ def _now(device: torch.device) -> float:
 def _warn_unsupported(config: DetectConfig) -> None:
     if config.view_img:
         LOGGER.warning("--view-img: no display available with headless OpenCV; results are saved instead")
-    if config.visualize:
-        LOGGER.warning("--visualize (feature maps) is not supported; ignored")
     if config.dnn:
         LOGGER.warning("--dnn (OpenCV DNN for ONNX) is not supported; .onnx files run on onnxruntime")
     if config.data:
@@ -189,13 +189,25 @@ def _annotate(item: SourceItem, det: torch.Tensor, names, config: DetectConfig, 
     return image
 
 
+def _layered_model(model):
+    """--visualize: the checkpoint's model whose layers' outputs are saved, or None (said once) for a model without
+    layers to hook: an exported file, an ensemble, --augment."""
+    if getattr(model, "kind", "") == "pytorch" and hasattr(getattr(model, "model", None), "model"):
+        return model.model
+    LOGGER.warning("WARNING: --visualize saves a checkpoint's layer outputs: not done for an exported model, an "
+                   "ensemble or --augment")
+    return None
+
+
 def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     """One image -> (detections in original pixels, letterboxed shape, inference seconds)."""
     device, timings = context["device"], context["timings"]
     start = _now(device)
     tensor = prepare_image(item.image, context["imgsz"], context["stride"], device, context["half"], context["auto"])
     loaded = _now(device)
-    output = forward(model, tensor, context["autocast"])
+    layers = context["visualize"]
+    with LayerOutputs(layers) if layers is not None else contextlib.nullcontext() as outputs:
+        output = forward(model, tensor, context["autocast"])
     inferred = _now(device)
     det = select_detections(output, tensor.shape[2:], [item.image.shape], config.conf_thres, config.iou_thres,
                             config.classes, config.agnostic_nms, config.max_det)[0]
@@ -204,6 +216,9 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
     timings.inference += inferred - loaded
     timings.nms += done - inferred
     timings.seen += 1
+    if outputs is not None:  # --visualize: each image's (frame's) layer outputs in a folder of its own, untimed
+        stem = safe_component(item.name or Path(item.path).stem, "image")
+        save_feature_maps(outputs.maps, increment_path(inside(context["save_dir"], stem), mkdir=True))
     return det.cpu(), tensor.shape[2:], inferred - loaded
 
 
@@ -307,7 +322,8 @@ class DetectRun:
         exported = "" if getattr(self.model, "kind", "pytorch") == "pytorch" else self.model.kind
         self.context = {"device": device, "half": half, "stride": self.model.stride, "imgsz": imgsz, "auto": auto,
                         "save_dir": self.save_dir, "names": list(self.model.names), "timings": Timings(),
-                        "video": VideoSink(), "autocast": inference_autocast(device, half, config.amp, exported)}
+                        "video": VideoSink(), "autocast": inference_autocast(device, half, config.amp, exported),
+                        "visualize": _layered_model(self.model) if config.visualize else None}
         _warmup(self.model, imgsz, device, half)
 
     def images(self) -> Iterator[DetectedImage]:
@@ -388,7 +404,8 @@ def build_parser() -> ArgumentParser:
         help="filter by class: --classes 0, or --classes 0 2 3")
     add("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     add("--augment", action="store_true", help="augmented inference (TTA: 3 scales, a flip; checkpoints only)")
-    add("--visualize", action="store_true", help="visualize features (not supported; ignored)")
+    add("--visualize", action="store_true",
+        help="save each layer's output maps per image (stage*_features.png and .npy; checkpoints only)")
     add_run_folder_flags(parser, "runs/detect")
     add("--line-thickness", default=3, type=int_in_range(1, 100), help="bounding box thickness (pixels)")
     add("--hide-labels", action="store_true", help="hide labels")

@@ -474,3 +474,42 @@ def test_a_log_line_and_its_newline_go_out_in_one_write(monkeypatch):
     handler.setFormatter(logging.Formatter("%(message)s"))
     handler.emit(logging.LogRecord("detect", logging.INFO, __file__, 1, "stream 1/1 (frame 6) screen: 64x64", None, None))
     assert [text for text in writes if text] == ["stream 1/1 (frame 6) screen: 64x64\n"]
+
+
+# --- --visualize ---------------------------------------------------------------------------------------------
+
+def test_visualize_saves_each_layers_maps_per_image(tmp_path, caplog):
+    """A folder per image with stage{i}_{Type}_features.png and .npy for every layer but Detect (the tiny model's 24
+    layers, yolov5n's shape at an eighth of its width: drawn faster), each .npy the layer's output for that image;
+    the detections are those of a plain run."""
+    from models.backends import PyTorchBackend
+
+    weights = save_random_checkpoint(tmp_path / "tiny.pt", ["a", "b"], confident=True)
+    images = make_images(tmp_path / "images", 2)
+    with caplog.at_level(logging.INFO, logger="detect"):
+        result = detect.run_config(config(weights, tmp_path / "images", tmp_path, visualize=True, nosave=True),
+                                   collect=True)
+    plain = detect.run_config(config(weights, tmp_path / "images", tmp_path, nosave=True), collect=True)
+    assert len(result.detections) == 2 and any(result.detections.values())
+    assert result.detections == plain.detections  # the hooks only read
+    backend = PyTorchBackend(weights)
+    layers = [type(layer).__name__ for layer in backend.model.model][:-1]
+    expected = {f"stage{i}_{name}_features" for i, name in enumerate(layers)}
+    for image in images:
+        folder = result.save_dir / image.stem
+        assert {path.stem for path in folder.glob("*.png")} == expected == {path.stem for path in folder.glob("*.npy")}
+        first = np.load(folder / f"stage0_{layers[0]}_features.npy")
+        assert first.dtype == np.float32 and first.shape == (8, IMGSZ[0] // 2, IMGSZ[1] // 2)  # the stem conv
+    assert sum("Saving " in r.getMessage() and "features.png" in r.getMessage() for r in caplog.records) == 2 * 24
+
+
+def test_visualize_an_exported_model_is_said_once_and_detection_goes_on(weights, tmp_path, caplog):
+    import export
+
+    images = make_images(tmp_path / "images", 1)
+    [exported] = export.run(export.ExportConfig(weights=str(weights), imgsz=IMGSZ, include=("torchscript",)))
+    with caplog.at_level(logging.WARNING, logger="detect"):
+        result = detect.run_config(config(exported.path, images[0], tmp_path, visualize=True), collect=True)
+    assert len(result.detections) == 1 and not (result.save_dir / images[0].stem).exists()
+    said = [r.getMessage() for r in caplog.records if "--visualize" in r.getMessage()]
+    assert len(said) == 1 and "exported model" in said[0]
