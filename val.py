@@ -145,6 +145,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     from utils.downloads import weights_file
 
     _warn_unsupported(save_hybrid, dnn)
+    save_txt = save_txt or save_hybrid  # the hybrid labels are what --save-hybrid is for, as YOLOv5
     if task == "speed":
         conf_thres, iou_thres, save_json, plots = 0.25, 0.45, False, False
     paths = []
@@ -182,6 +183,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
         result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                           save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
                           save_json=save_json, save_txt=save_txt, save_conf=save_conf,
+                          save_hybrid=save_hybrid,
                           json_name=f"{paths[0].stem}_predictions.json")
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
@@ -212,7 +214,8 @@ def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]
 
 def _warn_unsupported(save_hybrid: bool, dnn: bool) -> None:
     if save_hybrid:
-        LOGGER.warning("WARNING: --save-hybrid is not supported; ignored")
+        LOGGER.warning("WARNING: --save-hybrid: the labels and mAP are those of the ground truth and the predictions "
+                       "together (YOLOv5's autolabelling), not of the predictions alone")
     if dnn:
         LOGGER.info("--dnn ignored (.onnx files run on onnxruntime)")
 
@@ -293,7 +296,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--augment", action="store_true", help="augmented inference (TTA: 3 scales, a flip; .pt only)")
     parser.add_argument("--verbose", action="store_true", help="report mAP by class")
     parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
-    parser.add_argument("--save-hybrid", action="store_true", help="save label+prediction hybrid (not supported)")
+    parser.add_argument("--save-hybrid", action="store_true",
+                        help="save label+prediction hybrid results to *.txt (the ground truth joins the predictions "
+                             "before NMS, as YOLOv5's autolabelling: mAP is then not the model's)")
     parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
     parser.add_argument("--save-json", action="store_true", help="save a COCO-JSON results file")
     add_run_folder_flags(parser, str(ROOT / "runs/val"))

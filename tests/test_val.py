@@ -356,3 +356,33 @@ def test_a_confidence_threshold_above_0_001_is_warned_about_outside_timing(tiny,
         val.run(task="speed", **options)  # speed sets its own thresholds
     said = [r.getMessage() for r in caplog.records if "--conf-thres" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("WARNING: --conf-thres 0.25 > 0.001")
+
+
+def test_save_hybrid_puts_the_ground_truth_among_the_predictions(loader, tmp_path):
+    """--save-hybrid (YOLOv5's autolabelling): each image's labels join its candidates with confidence 1 before NMS,
+    so a poor model scores near 1 and its label files hold every ground-truth box (plus what NMS kept besides)."""
+    plain = validate(OracleModel(loader, jitter=0.3, false_positives=5), loader, ["class0", "class1"], "cpu",
+                     plots=False)
+    hybrid = validate(OracleModel(loader, jitter=0.3, false_positives=5), loader, ["class0", "class1"], "cpu",
+                      save_dir=tmp_path, plots=False, save_txt=True, save_conf=True, save_hybrid=True)
+    assert plain.map < 0.9 and hybrid.map50 == pytest.approx(1.0) and hybrid.map > plain.map
+    targets = torch.cat([t for _, t, _, _ in loader])
+    lines = [line.split() for path in sorted((tmp_path / "labels").glob("*.txt")) for line in path.read_text().splitlines()]
+    certain = [line for line in lines if float(line[-1]) == 1.0]
+    assert len(certain) >= len(targets) == hybrid.instances  # every ground-truth box, with confidence 1
+
+
+def test_nms_takes_ground_truth_rows_as_candidates_of_confidence_one():
+    from utils.nms import non_max_suppression
+
+    pred = torch.zeros(1, 2, 7)
+    pred[0, 0] = torch.tensor([50, 50, 20, 20, 0.9, 0.8, 0.1])  # class 0, conf 0.72
+    pred[0, 1] = torch.tensor([10, 10, 8, 8, 0.9, 0.1, 0.7])  # class 1, conf 0.63
+    truth = [torch.tensor([[0, 51, 50, 20, 20], [1, 80, 80, 10, 10]], dtype=torch.float32)]
+    [det] = non_max_suppression(pred, 0.25, 0.45, labels=truth)
+    assert det[:, 4].tolist() == pytest.approx([1.0, 1.0, 0.63])  # the truth first; it suppressed the overlapping box
+    assert det[:, :4].tolist()[:2] == [[41.0, 40.0, 61.0, 60.0], [75.0, 75.0, 85.0, 85.0]]
+    [only] = non_max_suppression(pred, 0.25, 0.45, classes=[1], labels=truth)  # the class filter takes truth too
+    assert only[:, 5].tolist() == [1.0, 1.0] and only[0, 4] == 1.0
+    [none] = non_max_suppression(pred, 0.25, 0.45, labels=[torch.zeros(0, 5)])
+    assert none[:, 4].tolist() == pytest.approx([0.72, 0.63])

@@ -186,7 +186,8 @@ def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float, max
 
 
 def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45, classes=None,
-                        agnostic: bool = False, multi_label: bool = False, max_det: int = 300) -> list[torch.Tensor]:
+                        agnostic: bool = False, multi_label: bool = False, max_det: int = 300,
+                        labels=None) -> list[torch.Tensor]:
     """Filter and suppress the model's predictions; returns one (n, 6) tensor per image.
 
     ``pred`` is ``(batch, N, 5 + nc)`` (or the eval-mode ``(pred, raw)`` tuple). Boxes with objectness
@@ -194,6 +195,8 @@ def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45,
     confidence = objectness * class score is at or below it. ``classes`` keeps only those class
     indices. NMS is class-aware unless ``agnostic``. At most ``MAX_NMS`` candidates enter NMS and
     ``max_det`` detections come out per image. Output dtype is float32 (float input keeps its dtype).
+    ``labels`` (val.py --save-hybrid, YOLOv5's autolabelling): per image, ground-truth rows (k, 5) ``class, cx, cy, w,
+    h`` in input pixels that join that image's candidates with confidence 1, after its predictions.
     """
     _check_thresholds(conf_thres, iou_thres)
     if isinstance(pred, (list, tuple)):
@@ -206,10 +209,16 @@ def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45,
     for image_pred, mask in zip(pred, objectness_mask):
         rows = image_pred[mask]
         row_index, conf, class_index = _candidates(rows, conf_thres, multi_label)
+        xywh = rows[row_index, :4]
+        if labels is not None and len(labels[len(output)]):
+            truth = labels[len(output)].to(xywh)
+            xywh = torch.cat((xywh, truth[:, 1:5]))
+            conf = torch.cat((conf, torch.ones_like(truth[:, 0])))
+            class_index = torch.cat((class_index, truth[:, 0].long()))
         if class_filter is not None:
             wanted = (class_index[:, None] == class_filter).any(1)
-            row_index, conf, class_index = row_index[wanted], conf[wanted], class_index[wanted]
-        boxes = xywh2xyxy(rows[row_index, :4])
+            xywh, conf, class_index = xywh[wanted], conf[wanted], class_index[wanted]
+        boxes = xywh2xyxy(xywh)
         if conf.shape[0]:
             keep = _greedy_nms(boxes, conf, iou_thres, max_det, None if agnostic else class_index)
             boxes, conf, class_index = boxes[keep], conf[keep], class_index[keep]

@@ -87,7 +87,8 @@ class _Accumulator:
 
 def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, max_det=300, compute_loss=None,
              save_dir=None, plots=True, half=False, verbose=False, single_cls=False, save_json=False, save_txt=False,
-             save_conf=False, json_name="predictions.json", distributed=False, first_batch=None) -> ValResult:
+             save_conf=False, json_name="predictions.json", distributed=False, first_batch=None,
+             save_hybrid=False) -> ValResult:
     """Run ``model`` over ``dataloader`` and score it; see the module docstring for how.
 
     ``compute_loss`` given means "called from training": val losses are computed and the speed line is
@@ -100,6 +101,8 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     (plots and files are written by the main process only). ``first_batch``: called (on the main process) with the
     first batch's images as the loader gave them (uint8), its predictions (per image (n, 6) xyxy, conf, class in
     those images' pixels) and paths: what training gives the experiment trackers every --bbox_interval epochs.
+    ``save_hybrid`` (val.py --save-hybrid, YOLOv5's autolabelling): each image's ground truth joins its candidates
+    before NMS with confidence 1, so the labels and the metrics are those of labels and predictions together.
     """
     from utils.nms import non_max_suppression
 
@@ -129,8 +132,9 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
             plot_targets = targets.clone() if plots and save_dir and writer and batch_index < PLOTTED_BATCHES else None
             targets[:, 2:] *= torch.tensor(images.shape[2:], device=device).flip(0).repeat(2)  # to pixels
             with timers[2]:
+                truth = [targets[targets[:, 0] == si, 1:] for si in range(images.shape[0])] if save_hybrid else None
                 detections = non_max_suppression(pred, conf_thres, iou_thres, multi_label=True, agnostic=single_cls,
-                                                 max_det=max_det)
+                                                 max_det=max_det, labels=truth)
             for si, det in enumerate(detections):
                 _score_image(acc, det, targets[targets[:, 0] == si, 1:], paths[si], shapes[si], images.shape[2:],
                              single_cls, save_dir if save_txt else None, save_conf, save_json, plots)
