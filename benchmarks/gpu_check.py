@@ -668,8 +668,8 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "environment": step_environment,
     "cuda": None,  # the gate: every step below needs a CUDA device
     "graphs_step": step_graphs_step,  # --cuda-graphs: its cuda tests, and the step eager against graphed
+    "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s b64 eager, graphed, with --augment-device
     "compile_step": step_compile_step,  # --compile: its cuda test, and the step eager against compiled (kernel families)
-    "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s and yolov5n b64, eager then graphed
     "compile": step_compile,  # --compile in training: yolov5s b64, eager then compiled (the wall counts the compiling)
     "bf16": step_bf16,  # bf16 autocast against fp16: speed, validation time per epoch, accuracy
     "sync_sites": step_sync_sites,  # which calls in a CUDA step still wait for the device, and the host's operators
