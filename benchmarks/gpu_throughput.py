@@ -120,9 +120,9 @@ def step_channels_last(context: Context) -> dict:
 
 def step_cuda_graphs(context: Context) -> dict:
     """This tree without and with --cuda-graphs (the forward, loss and backward replayed as CUDA graphs) at batch 64,
-    --cache ram, 8 workers: yolov5s eager, graphed, and graphed with --augment-device (8 OpenCV workers made ~850
-    images/s at most on the 2026-11-27 H100, under what a graphed step may take); yolov5n graphed with
-    --augment-device (the issue: at least as fast as yolov5s)."""
+    --cache ram, 8 workers: yolov5s eager, graphed, and graphed with --augment-device (4 OpenCV workers made 425
+    images/s on the 2026-11-27 H100 node, so 8 make ~850 at most, under what a graphed step may take); yolov5n graphed
+    with --augment-device (the issue: at least as fast as yolov5s)."""
     figures = _compare(context, "cuda_graphs_yolov5s", (
         ("yolov5s eager", ROOT, ()), ("yolov5s --cuda-graphs", ROOT, ("--cuda-graphs",)),
         ("yolov5s --cuda-graphs --augment-device", ROOT, ("--cuda-graphs", "--augment-device"))),
