@@ -122,8 +122,6 @@ def _now(device: torch.device) -> float:
 def _warn_unsupported(config: DetectConfig) -> None:
     if config.view_img:
         LOGGER.warning("--view-img: no display available with headless OpenCV; results are saved instead")
-    if config.dnn:
-        LOGGER.warning("--dnn (OpenCV DNN for ONNX) is not supported; .onnx files run on onnxruntime")
     if config.data:
         LOGGER.info("--data is not needed: class names come from the weights")
 
@@ -161,7 +159,7 @@ def _load_model(config: DetectConfig, paths: list[Path], device: torch.device):
     half = config.half and device.type == "cuda"
     if config.half and not half:
         LOGGER.warning(f"--half needs a CUDA device; running float32 on {device.type}")
-    model = load_models(paths, device, half=half, augment=config.augment)
+    model = load_models(paths, device, half=half, augment=config.augment, dnn=config.dnn)
     anchors = model.anchors_text()
     if anchors:
         LOGGER.info("%s", anchors)
@@ -412,7 +410,7 @@ def build_parser() -> ArgumentParser:
     add("--hide-conf", action="store_true", help="hide confidences")
     add_half_flag(parser)
     add_amp_flag(parser)
-    add("--dnn", action="store_true", help="OpenCV DNN for ONNX inference (not supported; ignored)")
+    add("--dnn", action="store_true", help="run .onnx files on OpenCV's DNN module (CPU) instead of onnxruntime")
     add("--vid-stride", type=positive_int, default=1, help="video frame-rate stride")
     add("--update", action="store_true",
         help="after detection, strip optimizer and training state from --weights checkpoints of ours, in place "

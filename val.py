@@ -144,7 +144,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     from models.composite import load_models
     from utils.downloads import weights_file
 
-    _warn_unsupported(save_hybrid, dnn)
+    _warn_hybrid(save_hybrid)
     save_txt = save_txt or save_hybrid  # the hybrid labels are what --save-hybrid is for, as YOLOv5
     if task == "speed":
         conf_thres, iou_thres, save_json, plots = 0.25, 0.45, False, False
@@ -162,7 +162,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
         raise ValError(f"{config.yaml_file}: no '{split}' split in the dataset YAML")
     device = select_device(device)
     half = half and device.type == "cuda"
-    model = load_models(paths, device=device, half=half, augment=augment)
+    model = load_models(paths, device=device, half=half, augment=augment, dnn=dnn)
     anchors = model.anchors_text()
     if anchors:
         LOGGER.info("%s", anchors)
@@ -212,12 +212,10 @@ def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]
     return height, False, 0.0
 
 
-def _warn_unsupported(save_hybrid: bool, dnn: bool) -> None:
+def _warn_hybrid(save_hybrid: bool) -> None:
     if save_hybrid:
         LOGGER.warning("WARNING: --save-hybrid: the labels and mAP are those of the ground truth and the predictions "
                        "together (YOLOv5's autolabelling), not of the predictions alone")
-    if dnn:
-        LOGGER.info("--dnn ignored (.onnx files run on onnxruntime)")
 
 
 def _load_data(data, weights):
@@ -304,7 +302,8 @@ def build_parser() -> ArgumentParser:
     add_run_folder_flags(parser, str(ROOT / "runs/val"))
     add_half_flag(parser)
     add_amp_flag(parser)
-    parser.add_argument("--dnn", action="store_true", help="use OpenCV DNN for ONNX inference (ignored)")
+    parser.add_argument("--dnn", action="store_true",
+                        help="run .onnx files on OpenCV's DNN module (CPU) instead of onnxruntime")
     return parser
 
 

@@ -473,14 +473,21 @@ def is_exported(path) -> bool:
     return _backend_class(Path(path)) is not None
 
 
-def load_backend(path, device="cpu", half: bool = False) -> Backend:
+def load_backend(path, device="cpu", half: bool = False, dnn: bool = False) -> Backend:
     """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, ``.xml`` or a folder (OpenVINO; NCNN when it
     holds ``model.ncnn.param``), ``.param`` (NCNN), else a checkpoint (``half``: fp16 weights, checkpoints only; an
-    exported file runs in the precision it was exported in)."""
+    exported file runs in the precision it was exported in). ``dnn`` (--dnn): an ``.onnx`` file runs on OpenCV's DNN
+    module (models/formats/dnn.py) instead of onnxruntime."""
     path = Path(path)
     if not path.exists():
         raise BackendError(f"{path}: model file not found")
     backend = _backend_class(path)
+    if dnn and backend is OnnxBackend:
+        from models.formats.dnn import OpenCvDnnBackend
+
+        backend = OpenCvDnnBackend
+    elif dnn:
+        LOGGER.info("--dnn applies to .onnx files (OpenCV's DNN module): %s runs as without it", path.name)
     if backend is None:
         return PyTorchBackend(path, device, half)
     if half:

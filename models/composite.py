@@ -110,12 +110,13 @@ class EnsembleBackend(Backend):
         return "\n".join(filter(None, (f"{m.path.name}: {m.anchors_text()}" for m in self.members))) or None
 
 
-def load_models(weights, device="cpu", half: bool = False, augment: bool = False) -> Backend:
-    """The backend for one path or several (an ensemble), each with TTA when ``augment``."""
+def load_models(weights, device="cpu", half: bool = False, augment: bool = False, dnn: bool = False) -> Backend:
+    """The backend for one path or several (an ensemble), each with TTA when ``augment``; ``dnn``: .onnx files on
+    OpenCV's DNN module."""
     from models.backends import load_backend
 
     paths = [weights] if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__") else list(weights)
-    backends = [load_backend(path, device, half=half) for path in paths]
+    backends = [load_backend(path, device, half=half, dnn=dnn) for path in paths]
     if augment:
         backends = [AugmentedBackend(backend) for backend in backends]
     return backends[0] if len(backends) == 1 else EnsembleBackend(backends)
