@@ -137,7 +137,8 @@ def add_tracker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upload_dataset", nargs="?", const=True, default=False,
                         help="upload the dataset to W&B as artifacts ('val': the val split alone; docs/trackers.md)")
     parser.add_argument("--bbox_interval", type=bbox_interval, default=-1,
-                        help="YOLOv5's W&B interval of val images with boxes (accepted; not done: docs/trackers.md)")
+                        help="epochs between the val images with predicted boxes sent to the trackers (-1: YOLOv5's "
+                             "default, a tenth of the epochs; docs/trackers.md)")
     parser.add_argument("--artifact_alias", type=str, default="latest",
                         help="YOLOv5's W&B dataset artifact version (accepted; no wandb-artifact:// datasets here)")
 
