@@ -447,6 +447,7 @@ FORMAT_BACKENDS[".mlpackage"] = ("models.formats.coreml", "CoreMLBackend")  # a 
 FORMAT_BACKENDS[".engine"] = ("models.formats.engine", "EngineBackend")
 FORMAT_BACKENDS[".pte"] = ("models.formats.executorch", "ExecuTorchBackend")
 FORMAT_BACKENDS[".tflite"] = ("models.formats.litert", "LiteRtBackend")
+DNN_BACKEND = ("models.formats.dnn", "OpenCvDnnBackend")  # --dnn: .onnx files on OpenCV's DNN module
 # Exported folders told apart by a file inside (OpenVINO's is the one left): file name -> suffix above.
 FOLDER_MARKERS = {"model.ncnn.param": ".param"}
 
@@ -461,11 +462,16 @@ def _backend_class(path: Path):
         elif suffix not in FORMAT_BACKENDS:
             suffix = ".xml"
     if suffix in FORMAT_BACKENDS:
-        import importlib
-
-        module, name = FORMAT_BACKENDS[suffix]
-        return getattr(importlib.import_module(module), name)
+        return _format_backend(FORMAT_BACKENDS[suffix])
     return BACKENDS.get(suffix)
+
+
+def _format_backend(where: tuple[str, str]):
+    """A Backend class of models/formats/ by (module, class name), imported when first used."""
+    import importlib
+
+    module, name = where
+    return getattr(importlib.import_module(module), name)
 
 
 def is_exported(path) -> bool:
@@ -483,9 +489,7 @@ def load_backend(path, device="cpu", half: bool = False, dnn: bool = False) -> B
         raise BackendError(f"{path}: model file not found")
     backend = _backend_class(path)
     if dnn and backend is OnnxBackend:
-        from models.formats.dnn import OpenCvDnnBackend
-
-        backend = OpenCvDnnBackend
+        backend = _format_backend(DNN_BACKEND)
     elif dnn:
         LOGGER.info("--dnn applies to .onnx files (OpenCV's DNN module): %s runs as without it", path.name)
     if backend is None:
