@@ -7,19 +7,17 @@ import contextlib
 import io
 import json
 import math
-import os
 
 import pytest
 
 import train as train_script
 from tests.conftest import make_tiny_run
+from tests.test_resume_safety import CrashAfterEpoch
 from utils.trainer import trainer
 from utils.config import TrainConfig
-from utils.errors import WriteError
 from utils.loggers import RESULTS_KEYS, NDJSONLogger
 from utils.plots import read_results_csv
 from utils.trainer.resume import option_changes
-from utils.trainer.callbacks import Callbacks
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +39,6 @@ def json_lines(text: str) -> list[dict]:
 
 def row(epoch, **values):
     return {"epoch": epoch, **dict.fromkeys(RESULTS_KEYS, 0.5), **values}
-
-
-class CrashAfterEpoch(Callbacks):
-    """A crash right after the checkpoint of ``epoch``: the run is left to --resume."""
-
-    def __init__(self, epoch: int):
-        super().__init__()
-
-        def hook(**values):
-            if values["epoch"] == epoch:
-                raise KeyboardInterrupt
-        self.register("on_fit_epoch_end", hook)
 
 
 @pytest.mark.slow
@@ -107,18 +93,6 @@ def test_values_that_are_not_finite_are_null_and_rewrite_keeps_exactly_the_rows(
     assert json_lines((tmp_path / "results.ndjson").read_text()) == [row(0, **{"x/lr0": 0.01})]
     logger.rewrite([])
     assert not (tmp_path / "results.ndjson").exists()
-
-
-def test_the_file_is_never_written_through_a_link(tmp_path):
-    elsewhere = tmp_path / "elsewhere.txt"
-    elsewhere.write_text("keep\n")
-    run = tmp_path / "run"
-    run.mkdir()
-    os.symlink(elsewhere, run / "results.ndjson")
-    logger = NDJSONLogger(run, file=True)
-    with pytest.raises(WriteError, match="results.ndjson"):
-        logger.log(0, row(0))
-    assert elsewhere.read_text() == "keep\n"
 
 
 def test_resume_may_switch_the_lines_on_and_older_checkpoints_have_them_off():

@@ -16,7 +16,7 @@ import detect
 from tests.conftest import TINY_MODEL_YAML
 from utils.errors import WriteError
 from utils.files import NotRegularFile, read_regular
-from utils.loggers import RESULTS_KEYS, CSVLogger
+from utils.loggers import RESULTS_KEYS, CSVLogger, NDJSONLogger
 from utils.paths import OutsideFolderError, crop_folder, inside, safe_component, symlinks_in
 
 
@@ -95,22 +95,26 @@ def test_save_crop_with_hostile_class_names_stays_in_the_run_folder(hostile_weig
 
 # ---------------------------------------------------------------------- files in run folders
 
-def test_results_csv_is_never_written_through_a_link(tmp_path):
+@pytest.mark.parametrize("name, make_logger, lines", [
+    ("results.csv", CSVLogger, 2),  # header and row
+    ("results.ndjson", lambda run: NDJSONLogger(run, file=True), 1),  # --ndjson-file
+])
+def test_results_files_are_never_written_through_a_link(tmp_path, name, make_logger, lines):
     outside = tmp_path / "outside.txt"
     outside.write_text("precious\n")
     run = tmp_path / "run"
     run.mkdir()
     # links where a temp file or the file itself would be written (the old fixed temp name, and this one's)
-    (run / ".results.csv.tmp").symlink_to(outside)
-    (run / f".results.csv.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(outside)
-    (run / "results.csv").symlink_to(outside)
+    (run / f".{name}.tmp").symlink_to(outside)
+    (run / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(outside)
+    (run / name).symlink_to(outside)
     row = {"epoch": 0, **{key: 0.5 for key in RESULTS_KEYS}}
-    logger = CSVLogger(run)
+    logger = make_logger(run)
     logger.rewrite([row])
     assert outside.read_text() == "precious\n"
-    assert not (run / "results.csv").is_symlink() and len((run / "results.csv").read_text().splitlines()) == 2
-    (run / "results.csv").unlink()
-    (run / "results.csv").symlink_to(outside)
+    assert not (run / name).is_symlink() and len((run / name).read_text().splitlines()) == lines
+    (run / name).unlink()
+    (run / name).symlink_to(outside)
     with pytest.raises(WriteError, match="symbolic link"):
         logger.log(1, row)
     assert outside.read_text() == "precious\n"
