@@ -167,7 +167,7 @@ def _main(argv) -> int:
     from utils.loggers import setup_logging
     from utils.memory import keep_freed_memory
 
-    setup_logging()
+    setup_logging(stream=sys.stderr if args.ndjson_console else None)  # stdout: the JSON lines alone
     keep_freed_memory()  # whole-process choice: see utils/memory.py
     problem = launch_problem(args, argv)
     if problem:

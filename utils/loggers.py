@@ -23,12 +23,13 @@ RESULTS_KEYS = (
 RESULTS_FORMAT = ".5g"  # how results.csv prints each value (the digits a tracker's copy is compared at)
 
 
-def setup_logging(verbose: bool = True) -> None:
-    """Plain message-only console logging (like YOLOv5's). Under DDP only the main process logs info;
+def setup_logging(verbose: bool = True, stream=None) -> None:
+    """Plain message-only console logging (like YOLOv5's) on ``stream`` (default stdout; train.py --ndjson-console:
+    stderr, so that stdout carries the JSON lines alone). Under DDP only the main process logs info;
     the others log warnings and errors, and the few lines every rank must say (``extra={"all_ranks":
     True}``, e.g. the start line), prefixed with their rank, never copies of the main process's lines."""
     main = dist.is_main_process()
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(stream or sys.stdout)
     prefix = "" if main else f"[rank {dist.dist_info().rank}] "
     handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
     if not (main and verbose):
