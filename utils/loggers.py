@@ -58,11 +58,15 @@ def memory_string(device) -> str:
         return "-"
 
 
-class CSVLogger:
-    """results.csv with YOLOv5's columns and layout (values right-aligned in 20-character fields)."""
+class RowsFile:
+    """A run folder's file of results rows (``name``): a row appended each epoch, the whole file rewritten to a
+    resumed run's rows; written by the main process only, atomically on rewrite and never through a symbolic link.
+    Subclasses give the row's text (``_line``) and a header (``_header``, none by default)."""
+
+    name = ""
 
     def __init__(self, save_dir: Path):
-        self.file = Path(save_dir) / "results.csv"
+        self.file = Path(save_dir) / self.name
 
     def log(self, epoch: int, values: dict[str, float]) -> None:
         if not dist.is_main_process():
@@ -84,6 +88,20 @@ class CSVLogger:
 
     @staticmethod
     def _header() -> str:
+        return ""
+
+    @staticmethod
+    def _line(epoch: int, values: dict) -> str:
+        raise NotImplementedError
+
+
+class CSVLogger(RowsFile):
+    """results.csv with YOLOv5's columns and layout (values right-aligned in 20-character fields)."""
+
+    name = "results.csv"
+
+    @staticmethod
+    def _header() -> str:
         return ",".join(f"{k:>20s}" for k in ("epoch",) + RESULTS_KEYS) + "\n"
 
     @staticmethod
@@ -91,36 +109,28 @@ class CSVLogger:
         return f"{epoch:>20d}," + ",".join(f"{float(values[k]):>20{RESULTS_FORMAT}}" for k in RESULTS_KEYS) + "\n"
 
 
-class NDJSONLogger:
+class NDJSONLogger(RowsFile):
     """YOLOv5's ``--ndjson-console`` / ``--ndjson-file``: each results.csv row as one JSON object per line,
     ``{"epoch": N, "train/box_loss": ..., ..., "x/lr2": ...}``, printed to stdout and/or appended to
     ``results.ndjson`` in the run folder. Values are the full floats (results.csv rounds to 5 digits); a value
     that is not finite is ``null``, since JSON has no NaN or infinity."""
 
+    name = "results.ndjson"
+
     def __init__(self, save_dir: Path, console: bool = False, file: bool = False):
-        self.file = Path(save_dir) / "results.ndjson"
+        super().__init__(save_dir)
         self.console, self.to_file = console, file
 
     def log(self, epoch: int, values: dict[str, float]) -> None:
-        if not dist.is_main_process() or not (self.console or self.to_file):
-            return
-        line = self._line(epoch, values)
-        if self.console:
-            print(line, end="", flush=True)
+        if self.console and dist.is_main_process():
+            print(self._line(epoch, values), end="", flush=True)
         if self.to_file:
-            with writing(self.file):
-                append_text(self.file, line)  # never through a link
+            super().log(epoch, values)
 
     def rewrite(self, rows: list[dict]) -> None:
-        """results.ndjson holds exactly ``rows`` (dicts with "epoch" and every column), as results.csv does after
-        a resume; written atomically, without following a symbolic link. Nothing when the file is off."""
-        if not dist.is_main_process() or not self.to_file:
-            return
-        if not rows:
-            self.file.unlink(missing_ok=True)
-            return
-        with writing(self.file):
-            atomic_write(self.file, "".join(self._line(int(row["epoch"]), row) for row in rows))
+        """As results.csv after a resume, when the file is on."""
+        if self.to_file:
+            super().rewrite(rows)
 
     @staticmethod
     def _line(epoch: int, values: dict) -> str:

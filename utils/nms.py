@@ -206,12 +206,12 @@ def non_max_suppression(pred, conf_thres: float = 0.25, iou_thres: float = 0.45,
     class_filter = None if classes is None else torch.as_tensor(list(classes), device=pred.device)
     objectness_mask = pred[..., 4] > conf_thres  # whole batch at once
     output = []
-    for image_pred, mask in zip(pred, objectness_mask):
+    for image, (image_pred, mask) in enumerate(zip(pred, objectness_mask)):
         rows = image_pred[mask]
         row_index, conf, class_index = _candidates(rows, conf_thres, multi_label)
         xywh = rows[row_index, :4]
-        if labels is not None and len(labels[len(output)]):
-            truth = labels[len(output)].to(xywh)
+        if labels is not None and len(labels[image]):
+            truth = labels[image].to(xywh)
             xywh = torch.cat((xywh, truth[:, 1:5]))
             conf = torch.cat((conf, torch.ones_like(truth[:, 0])))
             class_index = torch.cat((class_index, truth[:, 0].long()))
