@@ -538,11 +538,11 @@ def profile_case(context: Context, name: str, cfg: str, batch: int, *extra, envi
     return json.loads(output.read_text())
 
 
-def cuda_tests(context: Context, name: str, keyword: str, *files: str) -> dict:
+def cuda_tests(context: Context, name: str, keyword: str, *files: str, limit: float = 180) -> dict:
     """``pytest -m cuda`` on ``files`` selected by ``keyword``: its summary line and, when one fails, the frames that
     name where (a synchronisation the sync-debug mode refused, say)."""
     test = run_command(context, name, [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                                       "--tb=short", *files, "-k", keyword], 180)
+                                       "--tb=short", *files, "-k", keyword], limit)
     lines = [text for _, text in test.fragments]
     figures = {f"cuda tests ({keyword})": next((line for line in reversed(lines) if "passed" in line
                                                 or "failed" in line), "no summary")}
@@ -587,13 +587,14 @@ def step_sync_sites(context: Context) -> dict:
 
 
 def step_graphs_step(context: Context) -> dict:
-    """--cuda-graphs on the step: the cuda tests of the graphed step, of a step that never waits (set_sync_debug_mode)
-    and of the pinned loader's reused buffers (every CUDA run loads through them) and the JPEG decode's stream, then
+    """--cuda-graphs on the step: the cuda tests of the graphed step (train.py's too, capturing while the loader's
+    pin thread pins), of a step that never waits (set_sync_debug_mode) and of the pinned loader's reused buffers (every CUDA run loads through them) and the JPEG decode's stream, then
     yolov5s at batch 64 eager, with the model and loss graphed and with the model alone graphed, phases and host
     operators each, the graphed one also tallying any synchronisation by site (profile_train_step.py --cuda-graphs
     --sync-debug)."""
     figures = cuda_tests(context, "graphs_test", "graphs or steady_state_step or pins_memory or never_writes",
-                         "tests/test_cuda_graphs.py", "tests/test_cuda.py", "tests/test_decode_device.py")
+                         "tests/test_cuda_graphs.py", "tests/test_cuda.py", "tests/test_decode_device.py",
+                         limit=270)  # with two short train.py runs (the capture beside the pin thread)
     figures.update(profiled_variants(context, (("eager", "graphs_step_eager", ()),
                                                ("--cuda-graphs", "graphs_step_graphs", ("--cuda-graphs", "--sync-debug",
                                                                                         10)),

@@ -11,6 +11,8 @@ import contextlib
 
 import torch
 
+from utils.cuda_capture import CUDA_CAPTURE_LOCK
+
 
 class _Replay(torch.autograd.Function):
     """One "replay": the forward computed by the module, the backward's gradients copied into the graph's static
@@ -59,14 +61,17 @@ class StandInGraph:
 
 class StandInCapture:
     """make_graphed_callables' effects on the model, without a GPU: ``num_warmup_iters`` forward and backward passes
-    of the sample (BatchNorm in training mode), autocast's cache state seen, a StandInGraph returned."""
+    of the sample (BatchNorm in training mode), autocast's cache state and the capture lock's seen, a StandInGraph
+    returned."""
 
     def __init__(self):
         self.calls, self.cache_enabled, self.graphs = 0, [], []
+        self.locked = []  # whether the capture lock (utils/cuda_capture.py) was held at each capture
 
     def __call__(self, module, sample_args, num_warmup_iters=3, allow_unused_input=False):
         self.calls += 1
         self.cache_enabled.append(torch.is_autocast_cache_enabled())
+        self.locked.append(CUDA_CAPTURE_LOCK.locked())
         parameters = [p for p in module.parameters() if p.requires_grad]
         for _ in range(num_warmup_iters):
             outputs = module(*sample_args)

@@ -3,6 +3,8 @@ keeps its batches never sees them overwritten (the workers fall back to fresh bu
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -151,19 +153,53 @@ def test_a_pinned_batch_gives_its_slot_back_once_copied(tmp_path, monkeypatch, p
     assert slots.flags.tolist() == [0, 0]
 
 
-def test_a_batch_is_handed_over_as_a_slot_batch_only_from_a_slot(monkeypatch):
+def test_a_slot_loaders_worker_hands_every_batch_over_as_a_slot_batch(monkeypatch):
+    """A batch in a slot and one in a fresh buffer both come as SlotBatches from a SlotDataLoader's worker (so the pin
+    thread pins each through SlotBatch.pin_memory, under the capture lock); without slots, the batch as it is."""
     monkeypatch.setattr(batch_slots, "get_worker_info", lambda: SimpleNamespace(id=0))
     slots = BatchSlots(num_workers=1, per_worker=1)
     buffer = slots.buffer(8)
     batch = (buffer, "targets")
-    handed = batch_slots.handed_over(batch, buffer)
+    handed = batch_slots.handed_over(batch, buffer, slots)
     assert isinstance(handed, batch_slots.SlotBatch) and handed.batch is batch and handed.view is buffer
-    assert batch_slots.handed_over(batch, None) is batch  # a fresh buffer: nothing to give back
+    fresh = batch_slots.handed_over(batch, None, slots)  # a fresh buffer: nothing to give back
+    assert isinstance(fresh, batch_slots.SlotBatch) and fresh.batch is batch and fresh.view is None
+    assert batch_slots.handed_over(batch, None, None) is batch  # no SlotDataLoader to unwrap it
     slots._storages.clear()
+    assert batch_slots.unwrapped(fresh) is batch and slots.flags.tolist() == [1]
     assert batch_slots.unwrapped(handed) is batch and batch_slots.unwrapped(batch) is batch
-    del handed, batch, buffer
+    del handed, fresh, batch, buffer
     gc.collect()
     assert slots.flags.tolist() == [0]  # unwrapped: tracked, and back once the batch is gone
+
+
+def test_pinning_waits_while_a_cuda_graph_is_captured(monkeypatch):
+    """The pin thread's SlotBatch.pin_memory takes the capture lock (utils/cuda_capture.py): while the training
+    thread holds it, no batch is pinned (no CUDA call), and pinning goes on once it is released. Pinning needs a GPU:
+    here a copy stands in for it."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from utils.cuda_capture import CUDA_CAPTURE_LOCK
+
+    pinned_at = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args: pinned_at.append(time.monotonic()) or self.clone())
+    batch = batch_slots.SlotBatch((torch.arange(4), "paths"), None)
+    started, results = threading.Event(), []
+
+    def pin_thread():
+        started.set()
+        results.append(pin_memory(batch))
+
+    with CUDA_CAPTURE_LOCK:
+        thread = threading.Thread(target=pin_thread)
+        thread.start()
+        assert started.wait(10)
+        time.sleep(0.2)
+        assert pinned_at == [] and results == []  # waiting for the capture
+        released = time.monotonic()
+    thread.join(10)
+    assert len(pinned_at) == 1 and pinned_at[0] >= released
+    assert torch.equal(results[0][0], torch.arange(4)) and results[0][1] == "paths"
 
 
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")  # the case itself

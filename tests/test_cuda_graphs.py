@@ -15,6 +15,7 @@ import torch
 
 from benchmarks.graph_stand_in import StandInCapture
 from tests.test_host_reads import batches, tiny_step
+from utils.cuda_capture import CUDA_CAPTURE_LOCK
 from utils.trainer.cuda_graphs import GraphedModel, graphed_model, pad_targets, target_capacity
 from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
@@ -76,7 +77,7 @@ def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly(accum
 
 def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
     """After the capture's warm-up passes BatchNorm holds what one pass of the batch gives (the replayed one), as the
-    same model without graphs; the capture ran under autocast with its weight cache off."""
+    same model without graphs; the capture ran under autocast with its weight cache off, holding the capture lock."""
     step = tiny_step()
     reference = copy.deepcopy(step.model)
     capture = StandInCapture()
@@ -88,6 +89,7 @@ def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         reference(images)
     assert capture.cache_enabled == [False] and (graphs.replays, graphs.eager) == (1, 0)
+    assert capture.locked == [True] and not CUDA_CAPTURE_LOCK.locked()  # the pin thread waited (utils/cuda_capture.py)
     expected, after = buffers(reference), buffers(step.model)
     counted = [name for name in after if name.endswith("num_batches_tracked")]
     assert counted and all(int(after[name]) == 1 for name in counted)  # one pass, not 1 + WARMUP_ITERATIONS
@@ -259,3 +261,27 @@ def test_a_loss_with_data_dependent_shapes_stays_out_of_the_graphs():
     assert graphs.compute_loss is None and graphs.loss_of(images, targets) is None
     graphs(images)
     assert (graphs.replays, graphs.eager) == (1, 0)  # the model alone is graphed
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@pytest.mark.parametrize("extra", [(), ("--augment-device",)], ids=["opencv", "augment-device"])
+def test_train_py_captures_while_the_loader_pins_batches(extra, tmp_path):
+    """train.py --cuda-graphs with 2 loader workers: the capture at the first full batch runs while the DataLoader's
+    pin-memory thread pins the next batches (which, unguarded, invalidates a global-mode capture and ends the run:
+    utils/cuda_capture.py). 10 images in batches of 4: a smaller last batch runs eagerly; 2 epochs finish."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, make_tiny_run
+
+    data, cfg = make_tiny_run(tmp_path, num_train=10)
+    command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "",
+               "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--workers", "2", "--device", "0",
+               "--noautoanchor", "--noplots", "--cuda-graphs", "--project", str(tmp_path / "runs"), *extra]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "--cuda-graphs: forward, loss (up to 256 targets) and backward captured for batches of 4x3x64x64" in output
+    assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()

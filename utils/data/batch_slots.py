@@ -15,11 +15,12 @@ the last tensor viewing that buffer is garbage-collected (``track``). The slot n
 so the batch format is unchanged. A worker that finds no free slot allocates a fresh buffer as before,
 so a consumer that keeps batches (or never calls ``track``) costs speed, never correctness.
 
-A worker hands a batch in a slot over as a ``SlotBatch`` (the batch and a tensor in the slot), and whoever takes it
-first calls ``track``: with pinned memory (CUDA) the DataLoader's pin-memory thread, through ``SlotBatch.pin_memory``,
-which copies the batch out of the slot, so the slot comes back as soon as the copies exist (or, for what is not
-copied, ``--decode-device``'s JPEG bytes, once the batch is gone); otherwise the loader, which unwraps the batch
-before yielding it.
+A worker hands a batch over as a ``SlotBatch`` (the batch and a tensor in its slot, None for a fresh buffer), and
+whoever takes it first calls ``track``: with pinned memory (CUDA) the DataLoader's pin-memory thread, through
+``SlotBatch.pin_memory``, which copies the batch out of the slot, so the slot comes back as soon as the copies exist
+(or, for what is not copied, ``--decode-device``'s JPEG bytes, once the batch is gone); otherwise the loader, which
+unwraps the batch before yielding it. A batch in a fresh buffer comes as a SlotBatch too, so that every batch is
+pinned through ``SlotBatch.pin_memory``, which waits while a CUDA graph is being captured (utils/cuda_capture.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import weakref
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+
+from utils.cuda_capture import CUDA_CAPTURE_LOCK
 
 MAGIC = 0x3146_5542_4F4C_4F59  # b"YOLOBUF1" little-endian
 TRAILER = 24  # bytes after the batch: int64 magic, int64 slot number, int64 owner token
@@ -84,27 +87,32 @@ class SlotBatch:
     module docstring). Not a sequence on purpose: torch's pin_memory() recurses into sequences, and calls this
     ``pin_memory`` on other objects."""
 
-    def __init__(self, batch: tuple, view: torch.Tensor):
-        self.batch, self.view = batch, view
+    def __init__(self, batch: tuple, view: torch.Tensor | None):
+        self.batch, self.view = batch, view  # view None: a batch in a fresh buffer (nothing to give back)
 
     def pin_memory(self, device=None) -> tuple:
         """The batch with its tensors (and objects with a ``pin_memory``) copied to pinned memory; the slot is tracked,
-        so it comes back once this object and the unpinned batch are gone."""
-        pinned = tuple(item.pin_memory() if hasattr(item, "pin_memory") else item for item in self.batch)
-        track(self.view)
+        so it comes back once this object and the unpinned batch are gone. Pinning holds ``CUDA_CAPTURE_LOCK``: it
+        must not run while the training thread captures a CUDA graph (utils/cuda_capture.py)."""
+        with CUDA_CAPTURE_LOCK:
+            pinned = tuple(item.pin_memory() if hasattr(item, "pin_memory") else item for item in self.batch)
+        if self.view is not None:
+            track(self.view)
         return pinned
 
 
-def handed_over(batch: tuple, slot: torch.Tensor | None):
-    """What a worker returns for ``batch``: a ``SlotBatch`` when ``slot`` (a tensor of it) is in a slot, else the
-    batch as it is (a fresh buffer: nothing to give back)."""
-    return batch if slot is None else SlotBatch(batch, slot)
+def handed_over(batch: tuple, slot: torch.Tensor | None, slots: BatchSlots | None):
+    """What a worker returns for ``batch``: with ``slots`` (a SlotDataLoader's worker, whose batches the loader or the
+    pin thread unwraps) a ``SlotBatch``, whose ``slot`` (a tensor in one of them) is None for a batch in a fresh
+    buffer, so that every batch is pinned through ``SlotBatch.pin_memory``; without, the batch as it is."""
+    return batch if slots is None else SlotBatch(batch, slot)
 
 
 def unwrapped(batch):
     """Training-process side, for a batch the pin thread did not take: the batch, its slot tracked."""
     if isinstance(batch, SlotBatch):
-        track(batch.view)
+        if batch.view is not None:
+            track(batch.view)
         return batch.batch
     return batch
 

@@ -215,7 +215,7 @@ def collate(batch, slots=None):
     buffer = slots.images_buffer((len(hwc), height, width, 3)) if slots is not None else None
     stacked = torch.stack(hwc, out=buffer) if buffer is not None else default_collate(hwc)
     batch = stacked.permute(0, 3, 1, 2), torch.cat(labels, 0), list(paths), shapes
-    return handed_over(batch, buffer)
+    return handed_over(batch, buffer, slots)
 
 
 def pixel_boxes(labels: np.ndarray, width: float, height: float, padw: float = 0.0, padh: float = 0.0):

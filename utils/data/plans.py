@@ -354,4 +354,4 @@ def collate_plans(batch, slots=None):
                       size=(height, width), source_table=source_table, source_paths=[source.path for source in sources],
                       sources=data[offset:] if source_bytes else torch.empty(0, dtype=torch.uint8))
     collated = batch, torch.cat(labels, 0), list(paths), shapes
-    return handed_over(collated, slot)
+    return handed_over(collated, slot, slots)

@@ -29,7 +29,9 @@ it in place (pytorch/pytorch#181723: a window of micro-steps would step with twi
 What the capture must not change:
 - its warm-up iterations run the model in training mode, which moves BatchNorm's running statistics and counts:
   every buffer is put back afterwards, so the run does not depend on the capture;
-- autocast's cache of cast weights is off around the graph (a graph's casts must read the weights at each replay).
+- autocast's cache of cast weights is off around the graph (a graph's casts must read the weights at each replay);
+- the capture holds ``CUDA_CAPTURE_LOCK``, so the DataLoader's pin-memory thread, which pins the next batches, makes
+  no CUDA call meanwhile (one would invalidate the capture and end the run: utils/cuda_capture.py).
 
 Not used (with a warning): on a CPU (no graphs there) and under DDP (DistributedDataParallel's gradient hooks are not
 captured here). The graphs keep their own memory pool: a run that also steps other shapes eagerly holds both.
@@ -40,6 +42,8 @@ import logging
 
 import torch
 from torch import nn
+
+from utils.cuda_capture import CUDA_CAPTURE_LOCK
 
 LOGGER = logging.getLogger(__name__)
 WARMUP_ITERATIONS = 3  # make_graphed_callables' warm-up runs before the capture (its default)
@@ -154,7 +158,7 @@ class GraphedModel:
             self.capacity = target_capacity(targets.shape[0], images.shape[0])
             module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
                                                                            pad_targets(targets, self.capacity))
-        with self.precision.autocast(cache=False):
+        with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
             self.graphed = self._capture_function(module, sample, num_warmup_iters=WARMUP_ITERATIONS,
                                                   allow_unused_input=True)
         with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
