@@ -184,11 +184,6 @@ def run_pnnx(trace: Path, chw: tuple, folder: Path, half: bool) -> None:
 
 # ------------------------------------------------------------------------------------------------ backend
 
-def is_ncnn_folder(path) -> bool:
-    """A folder holding ``model.ncnn.param`` (what tells an NCNN folder from an OpenVINO one)."""
-    return (Path(path) / PARAM).is_file()
-
-
 def ncnn_files(path) -> tuple[Path, Path, Path]:
     """(param, weights, metadata) for the folder ``path`` or its ``model.ncnn.param``."""
     path = Path(path)
