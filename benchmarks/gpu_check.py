@@ -501,6 +501,30 @@ def step_loss_ops(context: Context) -> dict:
     return figures
 
 
+def step_graph_memory(context: Context) -> dict:
+    """--cuda-graphs' memory with a smaller last batch (yolov5s at 640, 64 then 40 images, as BCCD x8 ends an
+    epoch): the peak reserved memory eagerly, with the last batch eager beside the graphs' pool (the flag today), with
+    it graphed by a second make_graphed_callables, and with both shapes captured on one stream into one pool
+    (benchmarks/graph_memory.py), each against eager; and the last's replayed gradients against eager ones."""
+    command = python_command("benchmarks/graph_memory.py", "--imgsz", 640, "--batch-size", 64, "--last", 40, "--json")
+    completed = checked(run_command(context, "graph_memory", command, 300), "graph_memory.py")
+    lines = [text for _, text in completed.fragments if text.startswith("{")]
+    if not lines:
+        raise StepFailed("graph_memory.py printed no JSON line")
+    figures = {}
+    for case in json.loads(lines[-1])["cases"]:
+        name = f"memory, {case['case']}"
+        if "error" in case:
+            figures[name] = case["error"]
+            continue
+        figures[name] = (f"peak reserved {case['peak reserved']:.2f} GiB ({case.get('x eager', 0):.2f}x eager; "
+                         f"{case['before last']:.2f} before the last batch)")
+        if "last batch gradients, largest relative difference" in case:
+            figures["memory, one stream and pool: last batch's gradients against eager"] = \
+                f"{case['last batch gradients, largest relative difference']:.1e} (relative, largest)"
+    return figures
+
+
 # (label, model, batch, environment, extra flags, profiled): the defaults (deferred checks on CUDA, channels_last,
 # cudnn.benchmark off) with batches from the loader, then with held batches (the GPU's step alone) and one change at
 # a time: the step as it was before deferred checks and the fixed-shape loss (YOLO_TRAINER_STEP_CHECKS=immediate),
@@ -670,6 +694,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "cuda": None,  # the gate: every step below needs a CUDA device
     "graphs_step": step_graphs_step,  # --cuda-graphs: its cuda tests, and the step eager against graphed
     "cuda_graphs": step_cuda_graphs,  # --cuda-graphs in training: yolov5s b64 eager, graphed, with --augment-device
+    "graph_memory": step_graph_memory,  # --cuda-graphs' peak memory with a smaller last batch, four ways
     "compile_step": step_compile_step,  # --compile: its cuda test, and the step eager against compiled (kernel families)
     "compile": step_compile,  # --compile in training: yolov5s b64, eager then compiled (the wall counts the compiling)
     "bf16": step_bf16,  # bf16 autocast against fp16: speed, validation time per epoch, accuracy

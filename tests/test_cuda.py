@@ -697,6 +697,46 @@ def test_gpu_check_times_each_validation_during_training_from_the_log():
     assert validation_seconds(Completed(0, 8.0, fragments)) == [1.5, 0.75]
 
 
+def test_gpu_check_graph_memory_reports_each_case_against_eager(tmp_path, monkeypatch):
+    """gpu_check's graph_memory step without a GPU, graph_memory.py's output faked: a figure per case with its peak
+    against eager's, a failed case's reason as its figure, the one-pool case's gradient check; and graph_memory.py
+    itself stops with one line where there is no CUDA device."""
+    import json
+    import subprocess
+    import sys
+    import types
+
+    from benchmarks import gpu_check
+    from tests.conftest import ROOT
+
+    cases = [{"case": "eager", "peak reserved": 10.0, "before last": 10.0, "x eager": 1.0},
+             {"case": "graphs, last batch eager", "peak reserved": 16.2, "before last": 10.4, "x eager": 1.62},
+             {"case": "graphs, last batch by a second make_graphed_callables", "error": "exit status 1: OOM"},
+             {"case": "one stream and pool", "peak reserved": 10.6, "before last": 10.4, "x eager": 1.06,
+              "last batch gradients, largest relative difference": 0.00042}]
+    seen = []
+
+    def run_command(context, name, command, limit, extra_env=None):
+        seen.append([str(part) for part in command])
+        return types.SimpleNamespace(returncode=0, seconds=1.0, fragments=[
+            (0.1, "loading"), (0.2, json.dumps({"device": "H200", "cases": cases}))])
+
+    monkeypatch.setattr(gpu_check, "run_command", run_command)
+    figures = gpu_check.step_graph_memory(types.SimpleNamespace(work=tmp_path))
+    assert seen[0][1].endswith("graph_memory.py")
+    assert seen[0][2:] == ["--imgsz", "640", "--batch-size", "64", "--last", "40", "--json"]
+    assert figures == {
+        "memory, eager": "peak reserved 10.00 GiB (1.00x eager; 10.00 before the last batch)",
+        "memory, graphs, last batch eager": "peak reserved 16.20 GiB (1.62x eager; 10.40 before the last batch)",
+        "memory, graphs, last batch by a second make_graphed_callables": "exit status 1: OOM",
+        "memory, one stream and pool": "peak reserved 10.60 GiB (1.06x eager; 10.40 before the last batch)",
+        "memory, one stream and pool: last batch's gradients against eager": "4.2e-04 (relative, largest)"}
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "graph_memory.py")], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.strip().endswith("torch.cuda.is_available() is False")
+
+
 def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_test(tmp_path, monkeypatch):
     """gpu_check's sync_sites and graphs_step without a GPU, their commands faked: each profile case runs
     profile_train_step.py with its flags on the repeated dataset, its JSON becomes figures, and a failing cuda test is

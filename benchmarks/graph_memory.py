@@ -1,0 +1,203 @@
+"""Peak GPU memory of a training step replayed as CUDA graphs when an epoch's last batch is smaller: what
+``--cuda-graphs`` costs today, and whether capturing the last batch's shape too would bring it back to eager's.
+
+    python benchmarks/graph_memory.py [--cfg models/yolov5s.yaml] [--imgsz 640] [--batch-size 64] [--last 40]
+        [--device cuda:0] [--json]
+
+Why: the graphs keep a memory pool of their own (a step's activations), and a batch of another shape runs the model
+eagerly beside it, in the ordinary allocator: BCCD x8 (1,640 images) at batch 64 ends each epoch with 40 images,
+which may cost ~1.6x the eager run's peak (issue 48 allows 1.1x). Capturing that shape into the same pool would
+reuse the pool's memory, but only on the stream the pool's blocks were freed on (the caching allocator reuses a
+freed block on its own stream), and ``torch.cuda.make_graphed_callables`` captures each call on a new stream.
+Before the project builds a capture of its own (STYLE.md: a second implementation needs a measured reason), this
+measures the four ways on the GPU:
+
+- ``eager``: 3 steps of the full batch, then one of the last (a run without ``--cuda-graphs``);
+- ``graphs, last batch eager``: ``make_graphed_callables`` at the full batch (3 warm-up passes), 3 replays, then
+  the last batch eagerly (``--cuda-graphs`` as it is);
+- ``graphs, last batch by a second make_graphed_callables``: the last shape graphed by a second call into the first
+  call's pool (with its own warm-up passes and its own stream);
+- ``one stream and pool``: both shapes captured by ``capture`` below on one side stream into one pool, the full
+  batch after 3 warm-up passes and the last batch with none (its capture is its first pass, so nothing runs outside
+  the pool). This case also checks that the last batch's replayed gradients equal an eager pass's.
+
+Each case runs in a process of its own, so the allocator's peak starts from nothing. The step is the model's forward
+and backward under fp16 autocast (its weight cache off, as graphs need), channels_last, BatchNorm in training mode,
+on random images; the loss is the mean of the outputs (the optimizer and the real loss add the same to every case).
+A case prints ``RESULT {json}``; the parent prints a row each (``--json``: one JSON object with all of them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP = 3  # make_graphed_callables' default, and the first capture's here
+GIB = 1024 ** 3
+CASES = ("eager", "graphs, last batch eager", "graphs, last batch by a second make_graphed_callables",
+         "one stream and pool")
+
+
+def capture(module, sample, params: list, stream, pool, warmup: int):
+    """The forward and backward of ``module`` on ``sample`` as two CUDA graphs captured on ``stream`` into ``pool``,
+    after ``warmup`` eager passes on that stream: (forward graph, backward graph, static output, static gradients of
+    ``params``); the caller keeps the static tensors alive, so that no later capture into the pool takes their memory.
+    A sketch of what ``--cuda-graphs`` would need to share one pool across shapes, for this measurement only."""
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            torch.autograd.grad(module(sample), params)
+    torch.cuda.synchronize()
+    forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(forward, pool=pool, stream=stream):
+        output = module(sample)
+    with torch.cuda.graph(backward, pool=pool, stream=stream):
+        grads = torch.autograd.grad(output, params)
+    return forward, backward, output, grads
+
+
+def run_case(case: str, args) -> dict:
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT))
+    from models.yolo import DetectionModel
+
+    device = torch.device(args.device)
+    model = DetectionModel(args.cfg, nc=80).to(device).to(memory_format=torch.channels_last).train()
+
+    class Step(nn.Module):  # the model's forward under autocast, reduced to a scalar to differentiate
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, images):
+            with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+                return sum(p.float().mean() for p in self.model(images))
+
+    plain = Step()  # the eager step (make_graphed_callables replaces the forward of the wrapper it is given)
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def images(batch: int):
+        return torch.rand(batch, 3, args.imgsz, args.imgsz, device=device, generator=generator).contiguous(
+            memory_format=torch.channels_last)
+
+    def backward_and_clear(output):
+        output.backward()
+        for p in params:
+            p.grad = None
+
+    full, last = images(args.batch_size), images(args.last)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    result = {"case": case}
+    grads = None
+    if case == "eager":
+        for _ in range(3):
+            backward_and_clear(plain(full))
+        torch.cuda.synchronize()
+        result["before last"] = torch.cuda.max_memory_reserved() / GIB
+        backward_and_clear(plain(last))
+    elif case == "one stream and pool":
+        stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+        static_full = full.clone()
+        forward, backward, *kept = capture(plain, static_full, params, stream, pool, WARMUP)
+        for _ in range(3):
+            static_full.copy_(full)
+            forward.replay()
+            backward.replay()
+        torch.cuda.synchronize()
+        result["before last"] = torch.cuda.max_memory_reserved() / GIB
+        forward_last, backward_last, _, grads = capture(plain, last.clone(), params, stream, pool, 0)
+        forward_last.replay()
+        backward_last.replay()
+    else:  # the two make_graphed_callables cases, both calls given one pool
+        pool = torch.cuda.graph_pool_handle()
+        graphed = torch.cuda.make_graphed_callables(Step(), (full.clone(),), num_warmup_iters=WARMUP, pool=pool)
+        for _ in range(3):
+            backward_and_clear(graphed(full))
+        torch.cuda.synchronize()
+        result["before last"] = torch.cuda.max_memory_reserved() / GIB
+        if case == "graphs, last batch eager":
+            backward_and_clear(plain(last))  # as GraphedModel runs a batch of another shape
+        else:
+            second = torch.cuda.make_graphed_callables(Step(), (last.clone(),), num_warmup_iters=WARMUP, pool=pool)
+            backward_and_clear(second(last))
+    torch.cuda.synchronize()
+    result.update({"peak reserved": torch.cuda.max_memory_reserved() / GIB,
+                   "peak allocated": torch.cuda.max_memory_allocated() / GIB,
+                   "reserved at the end": torch.cuda.memory_reserved() / GIB,
+                   "seconds": time.perf_counter() - start})
+    if grads is not None:  # after the peak is read: an eager pass of the last batch to compare the replay with
+        replayed = [g.detach().clone() for g in grads]
+        expected = torch.autograd.grad(plain(last), params)
+        result["last batch gradients, largest relative difference"] = max(
+            float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(replayed, expected))
+    return result
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cfg", default=str(ROOT / "models" / "yolov5s.yaml"))
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--last", type=int, default=40, help="the last batch's images (BCCD x8 at 64: 40)")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in this process
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every case")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("graph_memory.py: error: needs a CUDA device (CUDA graphs); torch.cuda.is_available() is False",
+              file=sys.stderr)
+        return 2
+    if args.case:
+        print("RESULT " + json.dumps(run_case(args.case, args)), flush=True)
+        return 0
+    results = []
+    for case in CASES:
+        command = [sys.executable, __file__, "--case", case, "--cfg", args.cfg, "--imgsz", str(args.imgsz),
+                   "--batch-size", str(args.batch_size), "--last", str(args.last), "--device", args.device]
+        done = subprocess.run(command, capture_output=True, text=True)
+        found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not found:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            results.append({"case": case, "error": f"exit status {done.returncode}: {tail[:300]}"})
+        else:
+            results.append(json.loads(found[-1][len("RESULT "):]))
+    eager = next((r["peak reserved"] for r in results if r["case"] == "eager" and "peak reserved" in r), None)
+    for result in results:
+        if eager and "peak reserved" in result:
+            result["x eager"] = result["peak reserved"] / eager
+    if args.json:
+        print(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch_size, "last": args.last,
+                          "imgsz": args.imgsz, "cfg": Path(args.cfg).name, "cases": results}))
+        return 0
+    print(f"{torch.cuda.get_device_name()}, {Path(args.cfg).name}, {args.imgsz} px, batch {args.batch_size}, "
+          f"last batch {args.last}; GiB")
+    for result in results:
+        if "error" in result:
+            print(f"{result['case']}: {result['error']}")
+            continue
+        extra = result.get("last batch gradients, largest relative difference")
+        print(f"{result['case']}: peak reserved {result['peak reserved']:.2f} ({result.get('x eager', 0):.2f}x eager), "
+              f"before the last batch {result['before last']:.2f}, allocated peak {result['peak allocated']:.2f}"
+              + (f"; last batch's gradients within {extra:.1e} of eager" if extra is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
