@@ -505,7 +505,8 @@ def step_graph_memory(context: Context) -> dict:
     """--cuda-graphs' memory with a smaller last batch (yolov5s at 640, 64 then 40 images, as BCCD x8 ends an
     epoch): the peak reserved memory eagerly, with the last batch eager beside the graphs' pool (the flag today), with
     it graphed by a second make_graphed_callables, and with both shapes captured on one stream into one pool
-    (benchmarks/graph_memory.py), each against eager; and the last's replayed gradients against eager ones."""
+    (benchmarks/graph_memory.py), each against eager, also after a validation pass at twice the batch; and the
+    last's replayed gradients against eager ones."""
     command = python_command("benchmarks/graph_memory.py", "--imgsz", 640, "--batch-size", 64, "--last", 40, "--json")
     completed = checked(run_command(context, "graph_memory", command, 300), "graph_memory.py")
     lines = [text for _, text in completed.fragments if text.startswith("{")]
@@ -518,7 +519,8 @@ def step_graph_memory(context: Context) -> dict:
             figures[name] = case["error"]
             continue
         figures[name] = (f"peak reserved {case['peak reserved']:.2f} GiB ({case.get('x eager', 0):.2f}x eager; "
-                         f"{case['before last']:.2f} before the last batch)")
+                         f"{case['before last']:.2f} before the last batch; with a validation pass "
+                         f"{case['peak with validation']:.2f}, {case.get('x eager with validation', 0):.2f}x eager's)")
         if "last batch gradients, largest relative difference" in case:
             figures["memory, one stream and pool: last batch's gradients against eager"] = \
                 f"{case['last batch gradients, largest relative difference']:.1e} (relative, largest)"

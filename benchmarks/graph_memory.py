@@ -24,7 +24,9 @@ measures the four ways on the GPU:
 Each case runs in a process of its own, so the allocator's peak starts from nothing. The step is the model's forward
 and backward under fp16 autocast (its weight cache off, as graphs need), channels_last, BatchNorm in training mode,
 on random images; the loss is the mean of the outputs (the optimizer and the real loss add the same to every case).
-A case prints ``RESULT {json}``; the parent prints a row each (``--json``: one JSON object with all of them).
+After the step's peak is read, each case runs a validation pass (eval mode, no gradients, fp16, twice the batch as
+YOLOv5 validates during training): the graphs' pool stays reserved meanwhile, which eager training's cache would have
+lent to it. A case prints ``RESULT {json}``; the parent prints a row each (``--json``: one JSON object with all).
 """
 from __future__ import annotations
 
@@ -136,6 +138,12 @@ def run_case(case: str, args) -> dict:
                    "peak allocated": torch.cuda.max_memory_allocated() / GIB,
                    "reserved at the end": torch.cuda.memory_reserved() / GIB,
                    "seconds": time.perf_counter() - start})
+    model.eval()  # a validation pass after the epoch (YOLOv5 validates at twice the batch): eager, without gradients
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        model(images(args.val_batch or 2 * args.batch_size).half())
+    model.train()
+    torch.cuda.synchronize()
+    result["peak with validation"] = torch.cuda.max_memory_reserved() / GIB
     if grads is not None:  # after the peak is read: an eager pass of the last batch to compare the replay with
         replayed = [g.detach().clone() for g in grads]
         expected = torch.autograd.grad(plain(last), params)
@@ -150,6 +158,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--last", type=int, default=40, help="the last batch's images (BCCD x8 at 64: 40)")
+    parser.add_argument("--val-batch", type=int, default=0, help="the validation pass's images (0: twice the batch)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in this process
     parser.add_argument("--json", action="store_true", help="print one JSON object with every case")
@@ -170,7 +179,8 @@ def main(argv=None) -> int:
     results = []
     for case in CASES:
         command = [sys.executable, __file__, "--case", case, "--cfg", args.cfg, "--imgsz", str(args.imgsz),
-                   "--batch-size", str(args.batch_size), "--last", str(args.last), "--device", args.device]
+                   "--batch-size", str(args.batch_size), "--last", str(args.last), "--val-batch", str(args.val_batch),
+                   "--device", args.device]
         done = subprocess.run(command, capture_output=True, text=True)
         found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not found:
@@ -178,10 +188,11 @@ def main(argv=None) -> int:
             results.append({"case": case, "error": f"exit status {done.returncode}: {tail[:300]}"})
         else:
             results.append(json.loads(found[-1][len("RESULT "):]))
-    eager = next((r["peak reserved"] for r in results if r["case"] == "eager" and "peak reserved" in r), None)
+    eager = next((r for r in results if r["case"] == "eager" and "peak reserved" in r), None)
     for result in results:
         if eager and "peak reserved" in result:
-            result["x eager"] = result["peak reserved"] / eager
+            result["x eager"] = result["peak reserved"] / eager["peak reserved"]
+            result["x eager with validation"] = result["peak with validation"] / eager["peak with validation"]
     if args.json:
         print(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch_size, "last": args.last,
                           "imgsz": args.imgsz, "cfg": Path(args.cfg).name, "cases": results}))
@@ -194,7 +205,9 @@ def main(argv=None) -> int:
             continue
         extra = result.get("last batch gradients, largest relative difference")
         print(f"{result['case']}: peak reserved {result['peak reserved']:.2f} ({result.get('x eager', 0):.2f}x eager), "
-              f"before the last batch {result['before last']:.2f}, allocated peak {result['peak allocated']:.2f}"
+              f"before the last batch {result['before last']:.2f}, allocated peak {result['peak allocated']:.2f}, "
+              f"with a validation pass {result['peak with validation']:.2f} "
+              f"({result.get('x eager with validation', 0):.2f}x eager's)"
               + (f"; last batch's gradients within {extra:.1e} of eager" if extra is not None else ""))
     return 0
 

@@ -709,10 +709,13 @@ def test_gpu_check_graph_memory_reports_each_case_against_eager(tmp_path, monkey
     from benchmarks import gpu_check
     from tests.conftest import ROOT
 
-    cases = [{"case": "eager", "peak reserved": 10.0, "before last": 10.0, "x eager": 1.0},
-             {"case": "graphs, last batch eager", "peak reserved": 16.2, "before last": 10.4, "x eager": 1.62},
+    cases = [{"case": "eager", "peak reserved": 10.0, "before last": 10.0, "x eager": 1.0,
+              "peak with validation": 10.0, "x eager with validation": 1.0},
+             {"case": "graphs, last batch eager", "peak reserved": 16.2, "before last": 10.4, "x eager": 1.62,
+              "peak with validation": 16.2, "x eager with validation": 1.62},
              {"case": "graphs, last batch by a second make_graphed_callables", "error": "exit status 1: OOM"},
              {"case": "one stream and pool", "peak reserved": 10.6, "before last": 10.4, "x eager": 1.06,
+              "peak with validation": 13.1, "x eager with validation": 1.31,
               "last batch gradients, largest relative difference": 0.00042}]
     seen = []
 
@@ -726,10 +729,13 @@ def test_gpu_check_graph_memory_reports_each_case_against_eager(tmp_path, monkey
     assert seen[0][1].endswith("graph_memory.py")
     assert seen[0][2:] == ["--imgsz", "640", "--batch-size", "64", "--last", "40", "--json"]
     assert figures == {
-        "memory, eager": "peak reserved 10.00 GiB (1.00x eager; 10.00 before the last batch)",
-        "memory, graphs, last batch eager": "peak reserved 16.20 GiB (1.62x eager; 10.40 before the last batch)",
+        "memory, eager": "peak reserved 10.00 GiB (1.00x eager; 10.00 before the last batch; with a validation pass "
+                         "10.00, 1.00x eager's)",
+        "memory, graphs, last batch eager": "peak reserved 16.20 GiB (1.62x eager; 10.40 before the last batch; with a "
+                                            "validation pass 16.20, 1.62x eager's)",
         "memory, graphs, last batch by a second make_graphed_callables": "exit status 1: OOM",
-        "memory, one stream and pool": "peak reserved 10.60 GiB (1.06x eager; 10.40 before the last batch)",
+        "memory, one stream and pool": "peak reserved 10.60 GiB (1.06x eager; 10.40 before the last batch; with a "
+                                       "validation pass 13.10, 1.31x eager's)",
         "memory, one stream and pool: last batch's gradients against eager": "4.2e-04 (relative, largest)"}
     if not torch.cuda.is_available():
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "graph_memory.py")], capture_output=True,
