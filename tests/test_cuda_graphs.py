@@ -285,3 +285,51 @@ def test_train_py_captures_while_the_loader_pins_batches(extra, tmp_path):
     assert done.returncode == 0, output[-3000:]
     assert "--cuda-graphs: forward, loss (up to 256 targets) and backward captured for batches of 4x3x64x64" in output
     assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()
+
+
+@pytest.mark.slow
+def test_train_py_with_the_capture_stood_in_trains_as_without(tmp_path, monkeypatch):
+    """train.py --cuda-graphs through the whole trainer on the CPU: the capture a stand-in (graphed_model's CUDA check
+    bypassed) and CUDA's step (deferred checks, the fixed-shape loss graphed with the model). 3 epochs of 10 images
+    in batches of 4 (the last batch of 2 eager), --nbs 64: warmup raises the micro-steps a step from 1 to 2 by the 5th
+    batch (the replays' gradient buffers must then not be overwritten within a step, also across an epoch's end).
+    results.csv and last.pt end as the same run's without the flag, within float rounding."""
+    import numpy as np
+
+    import train
+    from tests.conftest import make_tiny_run
+    from utils.checkpoint import load_checkpoint
+    from utils.plots import read_results_csv
+    from utils.trainer import trainer as trainer_module
+
+    monkeypatch.setenv("YOLO_TRAINER_STEP_CHECKS", "deferred")
+    runners = []
+
+    def stood_in(enabled, model, precision, batch_size, device, distributed, multi_scale=False, compute_loss=None):
+        if not enabled:
+            return None
+        runners.append(GraphedModel(model, precision, batch_size, capture=StandInCapture(), compute_loss=compute_loss))
+        return runners[-1]
+
+    monkeypatch.setattr(trainer_module, "graphed_model", stood_in)
+    data, cfg = make_tiny_run(tmp_path, num_train=10)
+    results, weights = [], []
+    for name, extra in (("plain", []), ("graphs", ["--cuda-graphs"])):
+        assert train.main(["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4",
+                           "--epochs", "3", "--workers", "0", "--device", "cpu", "--amp", "off",
+                           "--noautoanchor", "--noplots", "--no-tensorboard", "--project", str(tmp_path / "runs"),
+                           "--name", name, *extra]) == 0
+        folder = tmp_path / "runs" / name
+        results.append(read_results_csv(folder / "results.csv"))
+        weights.append(load_checkpoint(folder / "weights" / "last.pt")["model"]["state_dict"])
+    runner = runners[0]
+    assert len(runners) == 1 and runner.compute_loss is not None and runner.capacity == 256
+    assert (runner.replays, runner.eager, runner.overflows) == (6, 3, 0)  # 2 full batches and the last, 3 times
+    for column, plain in results[0].items():
+        assert np.allclose(results[1][column], plain, rtol=1e-4, atol=1e-6), column
+    for key, plain in weights[0].items():
+        graphed = weights[1][key]
+        if plain.dtype.is_floating_point:
+            assert torch.allclose(graphed, plain, rtol=1e-3, atol=1e-5), key
+        else:
+            assert torch.equal(graphed, plain), key
