@@ -10,7 +10,7 @@ from tests.conftest import make_tiny_run
 
 EXPECTED_FILES = [
     "weights/last.pt", "weights/best.pt", "results.csv", "results.png", "opt.yaml", "hyp.yaml", "labels.jpg",
-    "train_batch0.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png",
+    "labels_correlogram.jpg",    "train_batch0.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png",
     "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
 ]
 

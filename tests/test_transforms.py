@@ -245,3 +245,29 @@ def test_plot_labels_writes_jpeg(tmp_path):
     with Image.open(path) as im:
         assert im.format == "JPEG" and min(im.size) > 500
     assert plot_labels(np.zeros((0, 5)), ["a"], tmp_path / "empty").exists()
+
+
+def test_label_correlogram_counts_each_column_and_pair(tmp_path):
+    """labels_correlogram.jpg (YOLOv5's corner pair plot of x, y, width, height): the histograms it draws count every
+    box in its bin, a 2-D histogram's colours top out where the bins of fewer boxes hold 90% of them, and the picture
+    is a 2000-pixel JPEG, also for a split without boxes."""
+    from PIL import Image
+
+    from utils.data.plots import CORRELOGRAM_BINS, correlogram_histograms, plot_label_correlogram, pmax_ceiling
+
+    labels = np.array([[0, 0.11, 0.51, 0.2, 0.3], [1, 0.11, 0.95, 0.2, 0.05], [2, 0.99, 0.51, 0.6, 0.3]])
+    single, pairs, ceilings = correlogram_histograms(labels)
+    assert [int(h.sum()) for h in single] == [3, 3, 3, 3] and len(single[0]) == CORRELOGRAM_BINS
+    assert single[0][5] == 2 and single[0][49] == 1  # x: 0.11 twice (bin 5), 0.99 once (bin 49)
+    assert sorted(pairs) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    assert pairs[1, 0][5, 25] == 1 and pairs[1, 0][5, 47] == 1 and pairs[1, 0][49, 25] == 1  # (x bin, y bin)
+    assert pairs[3, 2][10, 15] == pairs[3, 2][10, 2] == pairs[3, 2][30, 15] == 1 and pairs[3, 2].sum() == 3  # (w, h)
+    assert pairs[2, 0][5, 10] == 2 and pairs[2, 0][49, 30] == 1  # (x, width): two boxes in one bin
+    assert ceilings[2, 0] == 2 and ceilings[3, 2] == 1  # 90% of 3 boxes: the 2-box bin; all bins alike: 1
+    assert pmax_ceiling(np.array([[1, 1], [8, 0]]), 0.9) == 8 and pmax_ceiling(np.array([[1, 1], [8, 0]]), 0.2) == 1
+    assert pmax_ceiling(np.zeros((2, 2)), 0.9) == 1.0
+    for given, folder in ((labels, tmp_path), (np.zeros((0, 5)), tmp_path / "empty")):
+        path = plot_label_correlogram(given, folder)
+        assert path == folder / "labels_correlogram.jpg"
+        with Image.open(path) as im:
+            assert im.format == "JPEG" and im.size == (2000, 2000)

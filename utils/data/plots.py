@@ -1,4 +1,5 @@
-"""labels.jpg: what a split's labels look like (instances per class, box centres, box sizes, shapes).
+"""labels.jpg: what a split's labels look like (instances per class, box centres, box sizes, shapes); and
+labels_correlogram.jpg: how the boxes' x, y, width and height are distributed, alone and in pairs (YOLOv5's).
 
 Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global backend change), so it
 works headless and importing this module does nothing. Callers write it from the main process only.
@@ -12,6 +13,9 @@ import numpy as np
 
 LOGGER = logging.getLogger(__name__)
 MAX_BOXES_DRAWN = 1000
+CORRELOGRAM_COLUMNS = ("x", "y", "width", "height")  # the label columns 1-4, normalised
+CORRELOGRAM_BINS = 50
+CORRELOGRAM_PMAX = 0.9  # a 2-D histogram's colours top out at the count holding this share of its boxes (seaborn's pmax)
 
 
 def class_colours(nc: int):
@@ -86,3 +90,63 @@ def draw_hist2d(ax, x: np.ndarray, y: np.ndarray, xlabel: str, ylabel: str) -> N
     ax.set_ylabel(ylabel)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
+
+
+def correlogram_histograms(labels: np.ndarray) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray],
+                                                         dict[tuple[int, int], float]]:
+    """What labels_correlogram.jpg shows, from labels (n, 5) [class, cx, cy, w, h] normalised: each column's
+    histogram (CORRELOGRAM_BINS bins over [0, 1]), each pair's 2-D histogram keyed (row, column) with row > column
+    (x along the column's variable, counts[i, j] for its bin i and the row's bin j), and each 2-D histogram's colour
+    ceiling: the smallest count whose bins, with those of fewer boxes, hold CORRELOGRAM_PMAX of the boxes."""
+    boxes = np.asarray(labels, np.float64).reshape(-1, 5)[:, 1:5]
+    edges = np.linspace(0.0, 1.0, CORRELOGRAM_BINS + 1)
+    single = [np.histogram(boxes[:, i], bins=edges)[0] for i in range(4)]
+    pairs, ceilings = {}, {}
+    for row in range(4):
+        for column in range(row):
+            counts = np.histogram2d(boxes[:, column], boxes[:, row], bins=(edges, edges))[0]
+            pairs[row, column] = counts
+            ceilings[row, column] = pmax_ceiling(counts, CORRELOGRAM_PMAX)
+    return single, pairs, ceilings
+
+
+def pmax_ceiling(counts: np.ndarray, share: float) -> float:
+    """The smallest bin count c such that the bins of at most c boxes hold ``share`` of all boxes (1 when empty)."""
+    values = np.sort(counts[counts > 0].ravel())
+    if not len(values):
+        return 1.0
+    cumulative = np.cumsum(values)
+    return float(values[min(np.searchsorted(cumulative, share * cumulative[-1]), len(values) - 1)])
+
+
+def plot_label_correlogram(labels: np.ndarray, save_dir, filename: str = "labels_correlogram.jpg") -> Path:
+    """Write ``save_dir/labels_correlogram.jpg``: YOLOv5's corner pair plot of the boxes' x, y, width and height
+    (``correlogram_histograms``: histograms on the diagonal, 2-D histograms below it). Returns the path written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    single, pairs, ceilings = correlogram_histograms(labels)
+    figure = Figure(figsize=(10, 10), tight_layout=True)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(4, 4)
+    centres = (np.arange(CORRELOGRAM_BINS) + 0.5) / CORRELOGRAM_BINS
+    for row in range(4):
+        for column in range(4):
+            ax = axes[row, column]
+            if column > row:
+                ax.set_visible(False)
+                continue
+            if column == row:
+                ax.bar(centres, single[row], width=1 / CORRELOGRAM_BINS, color="#4c72b0")
+            else:
+                ax.imshow(np.ma.masked_equal(pairs[row, column].T, 0), origin="lower", extent=(0, 1, 0, 1),
+                          aspect="auto", cmap="Blues", vmin=0, vmax=ceilings[row, column], interpolation="nearest")
+            ax.set_xlim(0, 1)
+            if row == 3:
+                ax.set_xlabel(CORRELOGRAM_COLUMNS[column])
+            if column == 0:
+                ax.set_ylabel(CORRELOGRAM_COLUMNS[row])
+    path = Path(save_dir) / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=200)
+    return path

@@ -31,7 +31,7 @@ def epoch_values(mean_losses, metrics, learning_rates) -> dict[str, float]:
 
 
 # files of the run folder a finished run gives its trackers besides the plots and best.pt
-RUN_FILES = ("results.csv", "opt.yaml", "hyp.yaml", "anchors.yaml", "labels.jpg")
+RUN_FILES = ("results.csv", "opt.yaml", "hyp.yaml", "anchors.yaml", "labels.jpg", "labels_correlogram.jpg")
 
 
 def open_recorder(config, hyp, save_dir: Path, state, resumed: bool) -> "Recorder":

@@ -143,9 +143,10 @@ class Trainer:
             _save_yaml(self.save_dir / "hyp.yaml", self.hyp.to_dict())
             _save_yaml(self.save_dir / "opt.yaml", self.config.to_dict())
             if not self.config.noplots:
-                from utils.data.plots import plot_labels
+                from utils.data.plots import plot_label_correlogram, plot_labels
 
                 plot_labels(self.data.labels, self.data.names, self.save_dir)
+                plot_label_correlogram(self.data.labels, self.save_dir)
         self.recorder.restart_results(self.state.results)
 
     def _restore(self, resume: TrainingState) -> None:
