@@ -373,8 +373,8 @@ def test_mlflow_run_holds_params_metrics_equal_to_results_csv_and_the_files(tiny
     assert params["imgsz"] == "64" and params["trackers"] == "True" and params["save_dir"] == str(run_folder)
     assert_metrics_equal_results_csv(tracked, run.info.run_id, run_folder / "results.csv")
     top = artifact_names(tracked, run.info.run_id)
-    assert {"results.csv", "opt.yaml", "hyp.yaml", "labels.jpg", "results.png", "PR_curve.png", "confusion_matrix.png",
-            "train_batch0.jpg", "val_batch0_pred.jpg"} <= top
+    assert {"results.csv", "opt.yaml", "hyp.yaml", "labels.jpg", "labels_correlogram.jpg", "results.png", "PR_curve.png",
+            "confusion_matrix.png", "train_batch0.jpg", "val_batch0_pred.jpg"} <= top
     assert artifact_names(tracked, run.info.run_id, "weights") == {"best.pt", "epoch1.pt"}
     local = Path(tracked.download_artifacts(run.info.run_id, "weights/best.pt", str(tiny[0] / "download")))
     assert local.read_bytes() == (run_folder / "weights" / "best.pt").read_bytes()  # stripped, as at the end

@@ -281,7 +281,8 @@ def test_comet_offline_archive_holds_params_metrics_equal_to_results_csv_and_the
     assert_rows_equal_results_csv(metric_rows(messages), plain.folder / "results.csv", "comet")
     files = uploads(messages)
     assert sorted(files["model-element"]) == ["best.pt", "epoch1.pt"]
-    assert {"train_batch0.jpg", "results.png", "PR_curve.png", "val_batch0_pred.jpg", "labels.jpg"} <= set(
+    assert {"train_batch0.jpg", "results.png", "PR_curve.png", "val_batch0_pred.jpg", "labels.jpg",
+            "labels_correlogram.jpg"} <= set(
         files["visualization"]) and {"results.csv", "opt.yaml", "hyp.yaml"} <= set(files["asset"])
     assert files["visualization"].count("im0.jpg") == 3  # --bbox_interval's default: a val image every epoch
     stored = {payload["file_path"] for payload in payloads(messages, "file_upload")}
@@ -365,7 +366,7 @@ def test_clearml_offline_session_holds_params_scalars_equal_to_results_csv_and_t
     images = {(event["metric"], event["variant"], event["iter"]) for event in events
               if event["type"] == "training_debug_image"}
     assert {("Mosaics", "train_batch0.jpg", 0), ("Results", "results.png", 2), ("Validation", "val_batch0_pred.jpg", 2),
-            ("Labels", "labels.jpg", 2)} <= images
+            ("Labels", "labels.jpg", 2), ("Labels", "labels_correlogram.jpg", 2)} <= images
     assert {(metric, iteration) for metric, _, iteration in images if metric == "Bounding Boxes"} == {
         ("Bounding Boxes", 0), ("Bounding Boxes", 1), ("Bounding Boxes", 2)}  # --bbox_interval's default: every epoch
     artifacts = {artifact["key"]: artifact for artifact in task["execution"]["artifacts"]}
