@@ -64,91 +64,131 @@ def capture(module, sample, params: list, stream, pool, warmup: int):
     return forward, backward, output, grads
 
 
-def run_case(case: str, args) -> dict:
-    import torch
-    from torch import nn
+class Bench:
+    """One case's model, step and batches (see the module docstring)."""
 
-    sys.path.insert(0, str(ROOT))
-    from models.yolo import DetectionModel
+    def __init__(self, args):
+        import torch
+        from torch import nn
 
-    device = torch.device(args.device)
-    model = DetectionModel(args.cfg, nc=80).to(device).to(memory_format=torch.channels_last).train()
+        sys.path.insert(0, str(ROOT))
+        from models.yolo import DetectionModel
 
-    class Step(nn.Module):  # the model's forward under autocast, reduced to a scalar to differentiate
-        def __init__(self):
-            super().__init__()
-            self.model = model
+        self.args, self.device = args, torch.device(args.device)
+        self.model = model = DetectionModel(args.cfg, nc=80).to(self.device).to(memory_format=torch.channels_last)
+        model.train()
 
-        def forward(self, images):
-            with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
-                return sum(p.float().mean() for p in self.model(images))
+        class Step(nn.Module):  # the model's forward under autocast, reduced to a scalar to differentiate
+            def __init__(self):
+                super().__init__()
+                self.model = model
 
-    plain = Step()  # the eager step (make_graphed_callables replaces the forward of the wrapper it is given)
-    params = [p for p in model.parameters() if p.requires_grad]
-    generator = torch.Generator(device=device).manual_seed(0)
+            def forward(self, images):
+                with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+                    return sum(p.float().mean() for p in self.model(images))
 
-    def images(batch: int):
-        return torch.rand(batch, 3, args.imgsz, args.imgsz, device=device, generator=generator).contiguous(
-            memory_format=torch.channels_last)
+        self.Step = Step
+        self.plain = Step()  # the eager step (make_graphed_callables replaces the forward of the wrapper it is given)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.generator = torch.Generator(device=self.device).manual_seed(0)
+        self.full, self.last = self.images(args.batch_size), self.images(args.last)
 
-    def backward_and_clear(output):
+    def images(self, batch: int):
+        import torch
+
+        return torch.rand(batch, 3, self.args.imgsz, self.args.imgsz, device=self.device,
+                          generator=self.generator).contiguous(memory_format=torch.channels_last)
+
+    def backward_and_clear(self, output) -> None:
         output.backward()
-        for p in params:
+        for p in self.params:
             p.grad = None
 
-    full, last = images(args.batch_size), images(args.last)
+    def eager(self, result: dict) -> None:
+        for _ in range(3):
+            self.backward_and_clear(self.plain(self.full))
+        result["before last"] = peak_reserved()
+        self.backward_and_clear(self.plain(self.last))
+
+    def graphed(self, result: dict, second_call: bool) -> None:
+        """make_graphed_callables at the full batch; the last batch eagerly, or graphed by a second call (one pool)."""
+        import torch
+
+        pool = torch.cuda.graph_pool_handle()
+        graphed = torch.cuda.make_graphed_callables(self.Step(), (self.full.clone(),), num_warmup_iters=WARMUP,
+                                                    pool=pool)
+        for _ in range(3):
+            self.backward_and_clear(graphed(self.full))
+        result["before last"] = peak_reserved()
+        if not second_call:
+            self.backward_and_clear(self.plain(self.last))  # as GraphedModel runs a batch of another shape
+            return
+        second = torch.cuda.make_graphed_callables(self.Step(), (self.last.clone(),), num_warmup_iters=WARMUP,
+                                                   pool=pool)
+        self.backward_and_clear(second(self.last))
+
+    def one_pool(self, result: dict) -> list:
+        """Both shapes captured on one stream into one pool (``capture``); the last batch's static gradients."""
+        import torch
+
+        stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+        static_full = self.full.clone()
+        forward, backward, *self.kept = capture(self.plain, static_full, self.params, stream, pool, WARMUP)
+        for _ in range(3):
+            static_full.copy_(self.full)
+            forward.replay()
+            backward.replay()
+        result["before last"] = peak_reserved()
+        forward_last, backward_last, _, grads = capture(self.plain, self.last.clone(), self.params, stream, pool, 0)
+        forward_last.replay()
+        backward_last.replay()
+        return grads
+
+    def validation_pass(self) -> None:
+        """After the epoch (YOLOv5 validates at twice the batch): eval mode, fp16, no gradients."""
+        import torch
+
+        self.model.eval()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+            self.model(self.images(self.args.val_batch or 2 * self.args.batch_size).half())
+        self.model.train()
+
+    def gradient_difference(self, grads: list) -> float:
+        """The largest relative difference between ``grads`` (replayed) and an eager pass's on the last batch."""
+        import torch
+
+        replayed = [g.detach().clone() for g in grads]
+        expected = torch.autograd.grad(self.plain(self.last), self.params)
+        return max(float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(replayed, expected))
+
+
+def peak_reserved() -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_reserved() / GIB
+
+
+def run_case(case: str, args) -> dict:
+    import torch
+
+    bench = Bench(args)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    result = {"case": case}
-    grads = None
+    result, grads = {"case": case}, None
     if case == "eager":
-        for _ in range(3):
-            backward_and_clear(plain(full))
-        torch.cuda.synchronize()
-        result["before last"] = torch.cuda.max_memory_reserved() / GIB
-        backward_and_clear(plain(last))
+        bench.eager(result)
     elif case == "one stream and pool":
-        stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
-        static_full = full.clone()
-        forward, backward, *kept = capture(plain, static_full, params, stream, pool, WARMUP)
-        for _ in range(3):
-            static_full.copy_(full)
-            forward.replay()
-            backward.replay()
-        torch.cuda.synchronize()
-        result["before last"] = torch.cuda.max_memory_reserved() / GIB
-        forward_last, backward_last, _, grads = capture(plain, last.clone(), params, stream, pool, 0)
-        forward_last.replay()
-        backward_last.replay()
-    else:  # the two make_graphed_callables cases, both calls given one pool
-        pool = torch.cuda.graph_pool_handle()
-        graphed = torch.cuda.make_graphed_callables(Step(), (full.clone(),), num_warmup_iters=WARMUP, pool=pool)
-        for _ in range(3):
-            backward_and_clear(graphed(full))
-        torch.cuda.synchronize()
-        result["before last"] = torch.cuda.max_memory_reserved() / GIB
-        if case == "graphs, last batch eager":
-            backward_and_clear(plain(last))  # as GraphedModel runs a batch of another shape
-        else:
-            second = torch.cuda.make_graphed_callables(Step(), (last.clone(),), num_warmup_iters=WARMUP, pool=pool)
-            backward_and_clear(second(last))
-    torch.cuda.synchronize()
-    result.update({"peak reserved": torch.cuda.max_memory_reserved() / GIB,
-                   "peak allocated": torch.cuda.max_memory_allocated() / GIB,
-                   "reserved at the end": torch.cuda.memory_reserved() / GIB,
-                   "seconds": time.perf_counter() - start})
-    model.eval()  # a validation pass after the epoch (YOLOv5 validates at twice the batch): eager, without gradients
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
-        model(images(args.val_batch or 2 * args.batch_size).half())
-    model.train()
-    torch.cuda.synchronize()
-    result["peak with validation"] = torch.cuda.max_memory_reserved() / GIB
-    if grads is not None:  # after the peak is read: an eager pass of the last batch to compare the replay with
-        replayed = [g.detach().clone() for g in grads]
-        expected = torch.autograd.grad(plain(last), params)
-        result["last batch gradients, largest relative difference"] = max(
-            float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(replayed, expected))
+        grads = bench.one_pool(result)
+    else:
+        bench.graphed(result, second_call=case != "graphs, last batch eager")
+    result.update({"peak reserved": peak_reserved(), "peak allocated": torch.cuda.max_memory_allocated() / GIB,
+                   "reserved at the end": torch.cuda.memory_reserved() / GIB, "seconds": time.perf_counter() - start})
+    bench.validation_pass()
+    result["peak with validation"] = peak_reserved()
+    if grads is not None:  # after the peaks are read: an eager pass of the last batch to compare the replay with
+        result["last batch gradients, largest relative difference"] = bench.gradient_difference(grads)
     return result
 
 
