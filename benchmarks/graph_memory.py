@@ -37,6 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from torch import nn
+
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 3  # make_graphed_callables' default, and the first capture's here
 GIB = 1024 ** 3
@@ -49,8 +52,6 @@ def capture(module, sample, params: list, stream, pool, warmup: int):
     after ``warmup`` eager passes on that stream: (forward graph, backward graph, static output, static gradients of
     ``params``); the caller keeps the static tensors alive, so that no later capture into the pool takes their memory.
     A sketch of what ``--cuda-graphs`` would need to share one pool across shapes, for this measurement only."""
-    import torch
-
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -68,9 +69,6 @@ class Bench:
     """One case's model, step and batches (see the module docstring)."""
 
     def __init__(self, args):
-        import torch
-        from torch import nn
-
         sys.path.insert(0, str(ROOT))
         from models.yolo import DetectionModel
 
@@ -94,8 +92,6 @@ class Bench:
         self.full, self.last = self.images(args.batch_size), self.images(args.last)
 
     def images(self, batch: int):
-        import torch
-
         return torch.rand(batch, 3, self.args.imgsz, self.args.imgsz, device=self.device,
                           generator=self.generator).contiguous(memory_format=torch.channels_last)
 
@@ -112,8 +108,6 @@ class Bench:
 
     def graphed(self, result: dict, second_call: bool) -> None:
         """make_graphed_callables at the full batch; the last batch eagerly, or graphed by a second call (one pool)."""
-        import torch
-
         pool = torch.cuda.graph_pool_handle()
         graphed = torch.cuda.make_graphed_callables(self.Step(), (self.full.clone(),), num_warmup_iters=WARMUP,
                                                     pool=pool)
@@ -129,8 +123,6 @@ class Bench:
 
     def one_pool(self, result: dict) -> list:
         """Both shapes captured on one stream into one pool (``capture``); the last batch's static gradients."""
-        import torch
-
         stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
         static_full = self.full.clone()
         forward, backward, *self.kept = capture(self.plain, static_full, self.params, stream, pool, WARMUP)
@@ -146,8 +138,6 @@ class Bench:
 
     def validation_pass(self) -> None:
         """After the epoch (YOLOv5 validates at twice the batch): eval mode, fp16, no gradients."""
-        import torch
-
         self.model.eval()
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
             self.model(self.images(self.args.val_batch or 2 * self.args.batch_size).half())
@@ -155,23 +145,17 @@ class Bench:
 
     def gradient_difference(self, grads: list) -> float:
         """The largest relative difference between ``grads`` (replayed) and an eager pass's on the last batch."""
-        import torch
-
         replayed = [g.detach().clone() for g in grads]
         expected = torch.autograd.grad(self.plain(self.last), self.params)
         return max(float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(replayed, expected))
 
 
 def peak_reserved() -> float:
-    import torch
-
     torch.cuda.synchronize()
     return torch.cuda.max_memory_reserved() / GIB
 
 
 def run_case(case: str, args) -> dict:
-    import torch
-
     bench = Bench(args)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -207,8 +191,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
-
     if not torch.cuda.is_available():
         print("graph_memory.py: error: needs a CUDA device (CUDA graphs); torch.cuda.is_available() is False",
               file=sys.stderr)
