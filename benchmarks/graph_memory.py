@@ -1,5 +1,5 @@
 """Peak GPU memory of a training step replayed as CUDA graphs when an epoch's last batch is smaller: what
-``--cuda-graphs`` costs today, and whether capturing the last batch's shape too would bring it back to eager's.
+``--cuda-graphs`` costs against eager training, and what its capture of the last batch's shape into the same pool saves.
 
     python benchmarks/graph_memory.py [--cfg models/yolov5s.yaml] [--imgsz 640] [--batch-size 64] [--last 40]
         [--device cuda:0] [--json]
@@ -9,17 +9,19 @@ eagerly beside it, in the ordinary allocator: BCCD x8 (1,640 images) at batch 64
 which may cost ~1.6x the eager run's peak (issue 48 allows 1.1x). Capturing that shape into the same pool would
 reuse the pool's memory, but only on the stream the pool's blocks were freed on (the caching allocator reuses a
 freed block on its own stream), and ``torch.cuda.make_graphed_callables`` captures each call on a new stream.
-Before the project builds a capture of its own (STYLE.md: a second implementation needs a measured reason), this
-measures the four ways on the GPU:
+This measured the reason for a capture of the project's own (STYLE.md: a second implementation needs one) and keeps
+measuring it, four ways on the GPU:
 
 - ``eager``: 3 steps of the full batch, then one of the last (a run without ``--cuda-graphs``);
 - ``graphs, last batch eager``: ``make_graphed_callables`` at the full batch (3 warm-up passes), 3 replays, then
-  the last batch eagerly (``--cuda-graphs`` as it is);
+  the last batch eagerly (``--cuda-graphs`` until 2026-11-28);
 - ``graphs, last batch by a second make_graphed_callables``: the last shape graphed by a second call into the first
   call's pool (with its own warm-up passes and its own stream);
-- ``one stream and pool``: both shapes captured by ``capture`` below on one side stream into one pool, the full
-  batch after 3 warm-up passes and the last batch with none (its capture is its first pass, so nothing runs outside
-  the pool). This case also checks that the last batch's replayed gradients equal an eager pass's.
+- ``one stream and pool``: both shapes captured on one side stream into one pool, the full batch after 3 warm-up
+  passes and the last batch with none (its capture is its first pass, so nothing runs outside the pool). Since the
+  2026-11-28 H200 lease measured this way at 1.04x eager's peak (a sketch of it here then), it is ``--cuda-graphs``'
+  own capture, utils/trainer/graph_capture.py, which this case now runs. It also checks that the last batch's
+  replayed gradients equal an eager pass's.
 
 Each case runs in a process of its own, so the allocator's peak starts from nothing. The step is the model's forward
 and backward under fp16 autocast (its weight cache off, as graphs need), channels_last, BatchNorm in training mode,
@@ -45,24 +47,6 @@ WARMUP = 3  # make_graphed_callables' default, and the first capture's here
 GIB = 1024 ** 3
 CASES = ("eager", "graphs, last batch eager", "graphs, last batch by a second make_graphed_callables",
          "one stream and pool")
-
-
-def capture(module, sample, params: list, stream, pool, warmup: int):
-    """The forward and backward of ``module`` on ``sample`` as two CUDA graphs captured on ``stream`` into ``pool``,
-    after ``warmup`` eager passes on that stream: (forward graph, backward graph, static output, static gradients of
-    ``params``); the caller keeps the static tensors alive, so that no later capture into the pool takes their memory.
-    A sketch of what ``--cuda-graphs`` would need to share one pool across shapes, for this measurement only."""
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            torch.autograd.grad(module(sample), params)
-    torch.cuda.synchronize()
-    forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(forward, pool=pool, stream=stream):
-        output = module(sample)
-    with torch.cuda.graph(backward, pool=pool, stream=stream):
-        grads = torch.autograd.grad(output, params)
-    return forward, backward, output, grads
 
 
 class Bench:
@@ -122,18 +106,20 @@ class Bench:
         self.backward_and_clear(second(self.last))
 
     def one_pool(self, result: dict) -> list:
-        """Both shapes captured on one stream into one pool (``capture``); the last batch's static gradients."""
-        stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
-        static_full = self.full.clone()
-        forward, backward, *self.kept = capture(self.plain, static_full, self.params, stream, pool, WARMUP)
+        """Both shapes captured by ``--cuda-graphs``' own capture (utils/trainer/graph_capture.py: one stream, one pool),
+        the last batch without warm-up passes; its replayed gradients (the static buffers, as a parameter takes them)."""
+        from utils.trainer.graph_capture import SharedPoolCapture
+
+        capture = SharedPoolCapture()
+        graphed = capture(self.Step(), (self.full.clone(),), num_warmup_iters=WARMUP)
         for _ in range(3):
-            static_full.copy_(self.full)
-            forward.replay()
-            backward.replay()
+            self.backward_and_clear(graphed(self.full)[0])
         result["before last"] = peak_reserved()
-        forward_last, backward_last, _, grads = capture(self.plain, self.last.clone(), self.params, stream, pool, 0)
-        forward_last.replay()
-        backward_last.replay()
+        last = capture(self.Step(), (self.last.clone(),), num_warmup_iters=0)
+        last(self.last)[0].backward()
+        grads = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
         return grads
 
     def validation_pass(self) -> None:

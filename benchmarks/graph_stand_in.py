@@ -1,4 +1,5 @@
-"""A stand-in for ``torch.cuda.make_graphed_callables`` on the CPU (tests/test_cuda_graphs.py, benchmarks/step_ops.py).
+"""A stand-in for ``--cuda-graphs``' capture on the CPU (tests/test_cuda_graphs.py, benchmarks/step_ops.py): called as
+utils/trainer/graph_capture.py's SharedPoolCapture and ``torch.cuda.make_graphed_callables`` are.
 
 It does to the model what the real capture does (warm-up iterations in training mode, which move BatchNorm's
 statistics, and gradients taken with autograd.grad, not accumulated) and returns what the graphs do: the module's
@@ -66,12 +67,14 @@ class StandInCapture:
 
     def __init__(self):
         self.calls, self.cache_enabled, self.graphs = 0, [], []
+        self.warmups = []  # num_warmup_iters of each capture
         self.locked = []  # whether the capture lock (utils/cuda_capture.py) was held at each capture
 
     def __call__(self, module, sample_args, num_warmup_iters=3, allow_unused_input=False):
         self.calls += 1
         self.cache_enabled.append(torch.is_autocast_cache_enabled())
         self.locked.append(CUDA_CAPTURE_LOCK.locked())
+        self.warmups.append(num_warmup_iters)
         parameters = [p for p in module.parameters() if p.requires_grad]
         for _ in range(num_warmup_iters):
             outputs = module(*sample_args)

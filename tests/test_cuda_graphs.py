@@ -1,6 +1,6 @@
 """--cuda-graphs (utils/trainer/cuda_graphs.py): which runs use it, and that its capture changes nothing a run computes.
 
-On the CPU the capture is a stand-in (benchmarks/graph_stand_in.py) that does what torch.cuda.make_graphed_callables does to the model (warm-up
+On the CPU the capture is a stand-in (benchmarks/graph_stand_in.py) that does what the capture does to the model (warm-up
 iterations in training mode, which move BatchNorm's statistics, and gradients taken with autograd.grad, not
 accumulated) and returns what the graphs do: the model's outputs, and from the backward the gradients written into
 static buffers that it hands to autograd detached (which a parameter without a gradient takes as it is). The ``cuda``
@@ -16,7 +16,7 @@ import torch
 from benchmarks.graph_stand_in import StandInCapture
 from tests.test_host_reads import batches, tiny_step
 from utils.cuda_capture import CUDA_CAPTURE_LOCK
-from utils.trainer.cuda_graphs import GraphedModel, graphed_model, pad_targets, target_capacity
+from utils.trainer.cuda_graphs import GraphedModel, captures, graphed_model, pad_targets, target_capacity
 from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
 
@@ -51,21 +51,25 @@ def test_the_flag_is_used_on_one_cuda_process_only(caplog):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2, 4])
-def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly(accumulate):
+def test_the_capture_leaves_the_run_as_it_was_and_a_smaller_last_batch_replays_too(accumulate):
     """A run whose forward goes through GraphedModel (the stand-in capture) ends with the weights, BatchNorm statistics
     and EMA of the same run without it, to the bit, with optimizer steps of 1, 2 and 4 micro-steps (the replays'
-    gradient buffers must not be overwritten within a window); full batches replay, a smaller one and eval mode do
-    not."""
+    gradient buffers must not be overwritten within a window). The full batch is captured after warm-up passes, a
+    smaller batch of the same images (an epoch's last) once more without any; images of another size and eval mode
+    run eagerly."""
     plain, graphed = tiny_step(), tiny_step()
     capture = StandInCapture()
     graphed.runner = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
     loader = batches(7)
     smaller = [(images[:1], targets[targets[:, 0] == 0], paths[:1], shapes) for images, targets, paths, shapes
                in batches(1)]
+    cropped = [(images[..., :32, :32], targets, paths, shapes) for images, targets, paths, shapes in batches(1)]
     for step in (plain, graphed):
-        train_one_epoch(step, loader + smaller + loader[:2], RunState(), 1, CPU, lambda *args: accumulate)
-    assert capture.calls == 1 and capture.cache_enabled == [True]  # fp32 here: no autocast, so its default
-    assert (graphed.runner.replays, graphed.runner.eager) == (9, 1)
+        train_one_epoch(step, loader + smaller + cropped + smaller + loader[:2], RunState(), 1, CPU,
+                        lambda *args: accumulate)
+    assert capture.calls == 2 and capture.warmups == [3, 0] and capture.cache_enabled == [True, True]  # fp32: no autocast
+    assert [key[0] for key in graphed.runner.graphs] == [(2, 3, 64, 64), (1, 3, 64, 64)]
+    assert (graphed.runner.replays, graphed.runner.eager) == (11, 1)
     for name, module in (("model", lambda s: s.model), ("EMA", lambda s: s.ema.ema)):
         for (key, a), (_, b) in zip(module(plain).state_dict().items(), module(graphed).state_dict().items()):
             assert torch.equal(a, b), (name, key)
@@ -73,6 +77,20 @@ def test_the_capture_leaves_the_run_as_it_was_and_other_shapes_run_eagerly(accum
     with torch.no_grad():
         graphed.runner(loader[0][0].float() / 255)
     assert graphed.runner.eager == 2
+
+
+@pytest.mark.parametrize(("shape", "captured", "expected"), [
+    ((4, 3, 64, 64), [], True), ((2, 3, 64, 64), [], False),  # first the run's full batch
+    ((2, 3, 64, 64), [(4, 3, 64, 64)], True),  # then one smaller batch of the same images
+    ((2, 3, 32, 32), [(4, 3, 64, 64)], False), ((6, 3, 64, 64), [(4, 3, 64, 64)], False),
+    ((1, 3, 64, 64), [(4, 3, 64, 64), (2, 3, 64, 64)], False)])  # at most MAX_SHAPES
+def test_which_batches_are_captured(shape, captured, expected):
+    def key(dims):
+        return dims, torch.empty(dims).stride(), torch.float32
+
+    assert captures(key(shape), [key(c) for c in captured], 4) is expected
+    if expected and captured:  # the same shape in another dtype is other images
+        assert not captures((shape, torch.empty(shape).stride(), torch.float16), [key(c) for c in captured], 4)
 
 
 def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
@@ -142,19 +160,21 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate, with_loss):
         step.runner = GraphedModel(model, precision, batch_size=2,
                                    compute_loss=step.compute_loss if with_loss else None) if graphs else None
         images, targets = tiny_batch(device)
+        smaller = images[:1], targets[targets[:, 0] == 0]
         for micro_step in range(8):
             stepping = (micro_step + 1) % accumulate == 0
-            if graphs and micro_step >= accumulate:  # captured, stepped once: from here on nothing may wait
+            batch = smaller if micro_step in (4, 5) else (images, targets)
+            if graphs and micro_step >= accumulate and micro_step != 4:  # captured, stepped once: nothing may wait
                 torch.cuda.set_sync_debug_mode("error")
             try:
-                step.forward_backward(images, targets, sync=stepping)
+                step.forward_backward(*batch, sync=stepping)
                 if stepping:
                     step.optimizer_step()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             step.counters.global_step += 1
         steps.append(step)
-    assert steps[1].runner.replays == 8 and steps[1].runner.eager == 0
+    assert steps[1].runner.replays == 8 and steps[1].runner.eager == 0 and len(steps[1].runner.graphs) == 2
     assert (steps[1].runner.compute_loss is not None) == with_loss
     for a, b in zip(steps[0].model.state_dict().values(), steps[1].model.state_dict().values()):
         if a.dtype.is_floating_point:
@@ -230,8 +250,8 @@ def test_the_loss_graphed_with_the_model_trains_as_the_eager_step(accumulate, ca
             train_one_epoch(step, loader + crowded + smaller + loader[:2], RunState(), 1, CPU,
                             lambda *args: accumulate)
     runner = graphed.runner
-    assert capture.calls == 1 and runner.capacity == 256
-    assert (runner.replays, runner.eager, runner.overflows) == (7, 3, 2)
+    assert capture.calls == 2 and runner.capacity == 256 and list(runner.capacities.values()) == [256, 256]
+    assert (runner.replays, runner.eager, runner.overflows) == (8, 2, 2)
     said = [r.getMessage() for r in caplog.records if "more than the 256" in r.getMessage()]
     assert said == ["--cuda-graphs: a batch with 300 targets, more than the 256 the loss was captured for, runs "
                     "eagerly (as will any other such batch)"]
@@ -248,7 +268,7 @@ def test_the_loss_graphed_with_the_model_trains_as_the_eager_step(accumulate, ca
         for _ in range(3):
             graphed.forward_backward(images, targets)
             graphed.optimizer_step()
-    assert reads.total() == 0 and runner.replays == 10, reads.by_place()
+    assert reads.total() == 0 and runner.replays == 11, reads.by_place()
     graphed.model.eval()
     assert runner.loss_of(images, targets) is None  # eval mode: eager
 
@@ -270,7 +290,7 @@ def test_a_loss_with_data_dependent_shapes_stays_out_of_the_graphs():
 def test_train_py_captures_while_the_loader_pins_batches(extra, tmp_path):
     """train.py --cuda-graphs with 2 loader workers: the capture at the first full batch runs while the DataLoader's
     pin-memory thread pins the next batches (which, unguarded, invalidates a global-mode capture and ends the run:
-    utils/cuda_capture.py). 10 images in batches of 4: a smaller last batch runs eagerly; 2 epochs finish."""
+    utils/cuda_capture.py). 10 images in batches of 4: the smaller last batch is captured too; 2 epochs finish."""
     import subprocess
     import sys
 
@@ -284,6 +304,7 @@ def test_train_py_captures_while_the_loader_pins_batches(extra, tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "--cuda-graphs: forward, loss (up to 256 targets) and backward captured for batches of 4x3x64x64" in output
+    assert "captured for batches of 2x3x64x64 (into the same memory)" in output
     assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()
 
 
@@ -291,7 +312,7 @@ def test_train_py_captures_while_the_loader_pins_batches(extra, tmp_path):
 def test_train_py_with_the_capture_stood_in_trains_as_without(tmp_path, monkeypatch):
     """train.py --cuda-graphs through the whole trainer on the CPU: the capture a stand-in (graphed_model's CUDA check
     bypassed) and CUDA's step (deferred checks, the fixed-shape loss graphed with the model). 3 epochs of 10 images
-    in batches of 4 (the last batch of 2 eager), --nbs 64: warmup raises the micro-steps a step from 1 to 2 by the 5th
+    in batches of 4 (the last batch of 2 captured too, without warm-up passes), --nbs 64: warmup raises the micro-steps a step from 1 to 2 by the 5th
     batch (the replays' gradient buffers must then not be overwritten within a step, also across an epoch's end).
     results.csv and last.pt end as the same run's without the flag, within float rounding."""
     import numpy as np
@@ -324,7 +345,8 @@ def test_train_py_with_the_capture_stood_in_trains_as_without(tmp_path, monkeypa
         weights.append(load_checkpoint(folder / "weights" / "last.pt")["model"]["state_dict"])
     runner = runners[0]
     assert len(runners) == 1 and runner.compute_loss is not None and runner.capacity == 256
-    assert (runner.replays, runner.eager, runner.overflows) == (6, 3, 0)  # 2 full batches and the last, 3 times
+    assert (runner.replays, runner.eager, runner.overflows) == (9, 0, 0)  # 2 full batches and the last, 3 times
+    assert [key[0][0] for key in runner.graphs] == [4, 2]
     for column, plain in results[0].items():
         assert np.allclose(results[1][column], plain, rtol=1e-4, atol=1e-6), column
     for key, plain in weights[0].items():

@@ -13,9 +13,10 @@ How the batch is chosen:
    memory while measuring caps the choice at the largest measured batch below it.
 
 With ``--cuda-graphs`` (one process) the target is half that fraction (``GRAPHS_FRACTION``): the captured graphs
-keep a memory pool of their own, holding one step's activations, beside the ordinary allocator's, in which every
-batch of another shape runs eagerly (a smaller last batch: up to one step's activations again). The capture itself
-needs no more: torch empties the allocator's cache of the warm-up passes before it captures.
+keep a memory pool of their own, holding one step's activations, beside the ordinary allocator's. An epoch's smaller
+last batch is captured into the same pool, but a batch of another image size (``--multi-scale``) or with more targets
+than the graphed loss was captured for runs eagerly in the ordinary allocator: up to one step's activations again.
+The capture itself needs no more: torch empties the allocator's cache of the warm-up passes before it captures.
 
 The decision is printed as one line. Under torchrun the main process measures on its own GPU and decides with
 the smallest free memory of all processes; every process receives that decision (total batch = per-process
@@ -45,7 +46,7 @@ from utils.limits import MAX_BATCH_SIZE
 LOGGER = logging.getLogger(__name__)
 
 FREE_FRACTION = 0.8
-GRAPHS_FRACTION = FREE_FRACTION / 2  # --cuda-graphs: its pool and an eager last batch each hold a step's activations
+GRAPHS_FRACTION = FREE_FRACTION / 2  # --cuda-graphs: its pool and an eager batch each hold a step's activations
 PROBE_BATCHES = (1, 2, 4, 8, 16)
 OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
 GIB = 1 << 30

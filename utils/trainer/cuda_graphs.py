@@ -5,10 +5,12 @@ benchmarks/results/gpu_check_2026-11-27_h100_throughput.md): its host spends ~80
 (cudaLaunchKernel alone 15 ms), while the kernels take at most ~45 ms, and yolov5n (a quarter of the arithmetic)
 steps no faster: the GPU waits for the host. A CUDA graph issues a whole captured sequence in one launch.
 
-How: ``torch.cuda.make_graphed_callables`` captures the model's forward and its backward once, for the shape of the
-first full batch (after warm-up iterations on a side stream, as capture needs). Batches of that shape then replay
-the two graphs; any other shape (a smaller last batch, ``--multi-scale``, ``--rect``) runs the model itself.
-GradScaler, gradient clipping, the optimizer step and the EMA stay eager, and the graphed backward hands its
+How: utils/trainer/graph_capture.py captures the model's forward and its backward as two graphs for the shape of the
+first full batch (after warm-up iterations on a side stream, as capture needs), and once more for an epoch's smaller
+last batch when it comes, on the same stream into the same memory pool (so both shapes share one step's activation
+memory: 1.04x eager training's peak on an H200 where a last batch run eagerly beside the graphs took 1.63x).
+Batches of a captured shape replay their two graphs; any other shape (``--multi-scale``, ``--rect``) runs the model
+itself. GradScaler, gradient clipping, the optimizer step and the EMA stay eager, and the graphed backward hands its
 gradients to autograd as the model's would, so accumulation and ``zero_grad(set_to_none=True)`` work as before.
 
 The loss is captured with the model when it has fixed shapes (utils/loss.py: CUDA's form, with the deferred step
@@ -34,7 +36,8 @@ What the capture must not change:
   no CUDA call meanwhile (one would invalidate the capture and end the run: utils/cuda_capture.py).
 
 Not used (with a warning): on a CPU (no graphs there) and under DDP (DistributedDataParallel's gradient hooks are not
-captured here). The graphs keep their own memory pool: a run that also steps other shapes eagerly holds both.
+captured here). The graphs keep their own memory pool: a run that also steps other shapes eagerly (or a batch with
+more targets than the loss's capacity) holds that memory beside it.
 """
 from __future__ import annotations
 
@@ -44,9 +47,11 @@ import torch
 from torch import nn
 
 from utils.cuda_capture import CUDA_CAPTURE_LOCK
+from utils.trainer.graph_capture import SharedPoolCapture
 
 LOGGER = logging.getLogger(__name__)
-WARMUP_ITERATIONS = 3  # make_graphed_callables' warm-up runs before the capture (its default)
+WARMUP_ITERATIONS = 3  # eager passes before the run's first capture (make_graphed_callables' default)
+MAX_SHAPES = 2  # the full batch and an epoch's smaller last batch
 TARGETS_PER_IMAGE = 32  # the graphed loss's least target capacity per image of the batch
 TARGET_HEADROOM = 2  # and at least this many times the targets of the batch it is captured with
 CAPACITY_STEP = 256  # capacities are whole multiples of this
@@ -65,8 +70,9 @@ def pad_targets(targets: torch.Tensor, capacity: int) -> torch.Tensor:
 
 
 class _Forward(nn.Module):
-    """The model as the one module make_graphed_callables graphs: it patches this wrapper's forward, never the
-    model's (which checkpoints, the EMA and validation keep using as it is)."""
+    """The model as the one module a capture graphs: a wrapper, so that a capture that patches the forward of the
+    module it is given (make_graphed_callables, which the tests' stand-in imitates) never patches the model's, which
+    checkpoints, the EMA and validation keep using as it is."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -88,56 +94,61 @@ class _ForwardLoss(nn.Module):
 
 
 class GraphedModel:
-    """``model``'s training forward for TrainStep: replayed graphs for batches of the captured shape, the model
-    itself for the others (see the module docstring). ``batch_size``: the per-process batch whose shape is captured.
-    ``compute_loss``: the run's loss; one with fixed shapes is captured with the model (``loss_of``)."""
+    """``model``'s training forward for TrainStep: replayed graphs for batches of a captured shape, the model itself
+    for the others (see the module docstring). ``batch_size``: the per-process batch whose shape is captured first.
+    ``compute_loss``: the run's loss; one with fixed shapes is captured with the model (``loss_of``). ``capture``:
+    make_graphed_callables' signature (tests give a stand-in); by default a SharedPoolCapture."""
 
     def __init__(self, model: nn.Module, precision, batch_size: int, capture=None, compute_loss=None):
         self.model, self.precision, self.batch_size = model, precision, batch_size
-        self._capture_function = capture or torch.cuda.make_graphed_callables
+        self._capture_function = capture or SharedPoolCapture()
         self.compute_loss = compute_loss if getattr(compute_loss, "fixed_shapes", False) else None
-        self.graphed = None
-        self.key = None  # (shape, strides, dtype) of the captured input
-        self.capacity = 0  # the target rows of the graphed loss
+        self.graphs = {}  # (shape, strides, dtype) of a captured input -> its graphed callable, the first batch's first
+        self.capacities = {}  # the same keys -> the target rows of that graph's loss
         self.replays = self.eager = self.overflows = 0
         self.replayed = False  # the last call replayed the graphs (its gradients may be the graph's buffers)
 
+    @property
+    def graphed(self):
+        """The first capture's graphed callable (the full batch's), or None before it."""
+        return next(iter(self.graphs.values()), None)
+
+    @property
+    def capacity(self) -> int:
+        """The target rows of the first capture's loss (0 before it, or with the model alone graphed)."""
+        return next(iter(self.capacities.values()), 0)
+
     def __call__(self, images: torch.Tensor):
         """The model's outputs: replayed when the graphs are the model's alone, else eager."""
-        key = (tuple(images.shape), images.stride(), images.dtype)
-        if self.compute_loss is None:
-            if self.graphed is None and images.shape[0] == self.batch_size and self.model.training:
-                self._capture(images, key)
-            self.replayed = key == self.key and self.model.training
-            if self.replayed:
-                self.replays += 1
-                with self.precision.autocast(cache=False):
-                    return list(self.graphed(images))
-        self.replayed = False
+        graphed = self._graphs_for(images) if self.compute_loss is None else None
+        self.replayed = graphed is not None
+        if self.replayed:
+            self.replays += 1
+            with self.precision.autocast(cache=False):
+                return list(graphed(images))
         self.eager += 1
         with self.precision.autocast():
             return self.model(images)
 
     def loss_of(self, images: torch.Tensor, targets: torch.Tensor):
-        """(loss, items) from the graphs of the model and its loss, or None where this batch runs eagerly (another
-        shape, eval mode, more targets than the capacity, or a loss that is not graphed)."""
-        if self.compute_loss is None or not self.model.training:
+        """(loss, items) from the graphs of the model and its loss, or None where this batch runs eagerly (a shape not
+        captured, eval mode, more targets than the capacity, or a loss that is not graphed)."""
+        if self.compute_loss is None:
             return None
-        key = (tuple(images.shape), images.stride(), images.dtype)
-        if self.graphed is None and images.shape[0] == self.batch_size:
-            self._capture(images, key, targets)
-        if key != self.key:
+        graphed = self._graphs_for(images, targets)
+        if graphed is None:
             return None
-        if targets.shape[0] > self.capacity:
+        capacity = self.capacities[batch_key(images)]
+        if targets.shape[0] > capacity:
             if not self.overflows:
                 LOGGER.info("--cuda-graphs: a batch with %d targets, more than the %d the loss was captured for, runs "
-                            "eagerly (as will any other such batch)", targets.shape[0], self.capacity)
+                            "eagerly (as will any other such batch)", targets.shape[0], capacity)
             self.overflows += 1
             return None
         self.replayed = True
         self.replays += 1
         with self.precision.autocast(cache=False):
-            loss, items = self.graphed(images, pad_targets(targets, self.capacity))
+            loss, items = graphed(images, pad_targets(targets, capacity))
         return loss, items.detach()
 
     def own_gradients(self) -> None:
@@ -150,24 +161,48 @@ class GraphedModel:
         for parameter, copy in zip(parameters, torch._foreach_mul([p.grad for p in parameters], 1.0)):
             parameter.grad = copy
 
+    def _graphs_for(self, images: torch.Tensor, targets: torch.Tensor | None = None):
+        """The graphed callable for this batch's shape, captured now where ``captures`` wants it; None: eager."""
+        if not self.model.training:
+            return None
+        key = batch_key(images)
+        if key not in self.graphs and captures(key, list(self.graphs), self.batch_size):
+            self._capture(images, key, targets)
+        return self.graphs.get(key)
+
     def _capture(self, images: torch.Tensor, key, targets: torch.Tensor | None = None) -> None:
+        warmup = 0 if self.graphs else WARMUP_ITERATIONS  # a later shape's capture is its first pass (module docstring)
         saved = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()}
         if targets is None:
             module, sample = _Forward(self.model), (images.detach().clone(),)
         else:
-            self.capacity = target_capacity(targets.shape[0], images.shape[0])
+            self.capacities[key] = target_capacity(targets.shape[0], images.shape[0])
             module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
-                                                                           pad_targets(targets, self.capacity))
+                                                                           pad_targets(targets, self.capacities[key]))
         with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
-            self.graphed = self._capture_function(module, sample, num_warmup_iters=WARMUP_ITERATIONS,
-                                                  allow_unused_input=True)
+            self.graphs[key] = self._capture_function(module, sample, num_warmup_iters=warmup, allow_unused_input=True)
         with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
             for name, buffer in self.model.named_buffers():
                 buffer.copy_(saved[name])
-        self.key = key
-        what = "forward and backward" if targets is None else f"forward, loss (up to {self.capacity} targets) and backward"
-        LOGGER.info("--cuda-graphs: %s captured for batches of %s; other shapes run eagerly", what,
-                    "x".join(map(str, key[0])))
+        what = ("forward and backward" if targets is None
+                else f"forward, loss (up to {self.capacities[key]} targets) and backward")
+        LOGGER.info("--cuda-graphs: %s captured for batches of %s%s", what, "x".join(map(str, key[0])),
+                    "; other shapes run eagerly" if len(self.graphs) == 1 else " (into the same memory)")
+
+
+def batch_key(images: torch.Tensor) -> tuple:
+    """What a graph's input must match: shape, strides (memory format) and dtype."""
+    return tuple(images.shape), images.stride(), images.dtype
+
+
+def captures(key: tuple, captured: list[tuple], batch_size: int) -> bool:
+    """Whether a batch of ``key`` is captured, given the keys ``captured`` so far: first the run's full batch, then one
+    smaller batch of the same images (an epoch's last); any other shape (--multi-scale, --rect) runs eagerly."""
+    if not captured:
+        return key[0][0] == batch_size
+    first = captured[0]
+    return (len(captured) < MAX_SHAPES and key[0][0] < first[0][0] and key[0][1:] == first[0][1:]
+            and key[2] == first[2])
 
 
 def graphed_model(enabled: bool, model: nn.Module, precision, batch_size: int, device: torch.device,
