@@ -15,7 +15,7 @@ from utils.data import dataset as dataset_module
 from utils.data.dataset import (CacheError, LabelSet, YoloDataset, collate, read_jpeg, reduce_factor,
                                 rect_batch_shapes)
 from utils.data.images import read_image
-from utils.data.loader import EpochSampler, create_dataloader, set_loader_epoch, set_loader_image_weights
+from utils.data.loader import EpochSampler, create_dataloader, epoch_sampler, set_loader_epoch, set_loader_image_weights
 
 COLOURS_RGB = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0]], np.uint8)
 SIZES = [(160, 120), (120, 160), (200, 100), (128, 128), (100, 180), (150, 90)]  # (w, h)
@@ -253,7 +253,7 @@ def test_image_weights_sampling(split):
     loader, data = create_dataloader(None, 64, 2, 32, workers=0, shuffle=True, labels=split)
     weights = np.array([0.0, 0.0, 0.0, 1.0])  # only class 3 counts: images 1 and 4 have it (2 + i % 3 == 4)
     set_loader_image_weights(loader, weights)
-    drawn = set(loader.sampler.indices().tolist())
+    drawn = set(epoch_sampler(loader).indices().tolist())
     assert drawn == {i for i, lb in enumerate(data.labels) if (lb[:, 0] == 3).any()}
 
 

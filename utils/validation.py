@@ -150,7 +150,9 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     result = _summarise(acc, plots and save_dir is not None, save_dir, verbose)
     result.losses = (losses.cpu() / max(batches, 1)).numpy()
     result.speed = tuple(t.total / max(acc.seen, 1) * 1e3 for t in timers)
-    shape = (getattr(dataloader, "batch_size", 1), 3, getattr(dataset, "imgsz", 0), getattr(dataset, "imgsz", 0))
+    batch_size = getattr(dataloader, "batch_size", None) or getattr(getattr(dataloader, "batch_sampler", None),
+                                                                    "batch_size", 1)  # a batch sampler holds it
+    shape = (batch_size, 3, getattr(dataset, "imgsz", 0), getattr(dataset, "imgsz", 0))
     level = logging.DEBUG if compute_loss is not None else logging.INFO
     LOGGER.log(level, "Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape %s",
                *result.speed, shape)

@@ -15,7 +15,7 @@ from utils.checkpoint import previous_path, strip_checkpoint
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
-from utils.data.loader import create_dataloader, set_loader_epoch, set_loader_image_weights
+from utils.data.loader import EpochStream, create_dataloader, set_loader_image_weights
 from utils.data.transforms import multi_scale_size
 from utils.device import compute_fills_cpus
 from utils.trainer.setup import check_img_size, resolve_data
@@ -37,11 +37,17 @@ class RunData:
     image_labels: object  # per training image, (n, 5) like labels (AutoAnchor): a list-like view
     image_shapes: np.ndarray  # (N, 2) width, height of each training image
     class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
+    stream: EpochStream | None = None  # the training loader's iterator across epochs (utils.data.loader)
+    batches: object = None  # the current epoch's training batches (set_epoch)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, through: int | None = None) -> None:
         """Start (or, from ``start_batch``, continue) ``epoch``: sampler order, augmentation and the
-        --multi-scale sizes are those of an uninterrupted run."""
-        set_loader_epoch(self.train_loader, epoch, start_batch)
+        --multi-scale sizes are those of an uninterrupted run; ``batches`` holds the epoch's batches, from an
+        iterator that may go on into the epochs up to ``through`` (EpochStream: the workers build the next epoch's
+        first batches while this one ends)."""
+        if self.stream is None:
+            self.stream = EpochStream(self.train_loader)
+        self.batches = self.stream.epoch(epoch, start_batch, through)
         self._rng = np.random.default_rng((self.seed, epoch))
         for _ in range(start_batch):
             self.multi_scale_size()

@@ -265,14 +265,15 @@ class Trainer:
         """Train, validate and record one epoch; True when early stopping or the --time budget ends the run."""
         config, state, step = self.config, self.state, self.step
         state.start_epoch(epoch)
-        self.data.set_epoch(epoch, state.batch)
+        # the loader's iterator goes on into the run's later epochs, but not past changing image weights
+        self.data.set_epoch(epoch, state.batch, through=epoch if config.image_weights else self.epochs - 1)
         if config.image_weights:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
         batch_hook = _batch_plotter(self.save_dir, self.data.names) if self.main and not config.noplots else None
         transforms = [DeviceAugment(self.device) if config.augment_device else None,  # plans -> images first
                       QuadBatches(config.seed, self.info.rank) if config.quad else None]
-        stats = train_one_epoch(step, self.data.train_loader, state, self._epochs_shown(), self.device, self.warmup,
+        stats = train_one_epoch(step, self.data.batches, state, self._epochs_shown(), self.device, self.warmup,
                                 self._at_step_boundary, multi_scale, batch_hook, chained(transforms))
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
