@@ -656,6 +656,10 @@ def profiled_variants(context: Context, variants, limit: float = 180) -> dict:
         if result.get("gpu_ms_per_step_by_kernel_family"):
             figures[f"{label}: GPU ms per step by kernel family"] = "; ".join(
                 f"{family} {ms:.1f}" for family, ms in result["gpu_ms_per_step_by_kernel_family"].items())
+        if result.get("gpu_ms_per_step_top_kernels"):
+            figures[f"{label}: costliest kernels of the open families, GPU ms per step"] = " | ".join(
+                f"{family}: " + "; ".join(f"{name} {ms:.2f}" for name, ms in listed)
+                for family, listed in result["gpu_ms_per_step_top_kernels"].items())
     return figures
 
 

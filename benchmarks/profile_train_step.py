@@ -71,16 +71,40 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
-def kernel_time_by_family(events, steps: int) -> dict:
-    """{family: GPU ms per step} over the profiler's device-side events (kernels, copies, fills), largest first."""
+def device_events(events):
+    """(name, microseconds) of the profiler's device-side events (kernels, copies, fills)."""
     from torch.autograd import DeviceType
 
-    spent = defaultdict(float)
     for event in events:
         if getattr(event, "device_type", None) == DeviceType.CUDA:
             micros = getattr(event, "self_device_time_total", None)
-            spent[kernel_family(event.key)] += micros if micros is not None else event.self_cuda_time_total
+            yield event.key, micros if micros is not None else event.self_cuda_time_total
+
+
+def kernel_time_by_family(events, steps: int) -> dict:
+    """{family: GPU ms per step} over the profiler's device-side events, largest first."""
+    spent = defaultdict(float)
+    for name, micros in device_events(events):
+        spent[kernel_family(name)] += micros
     return {label: us / 1e3 / steps for label, us in sorted(spent.items(), key=lambda item: -item[1])}
+
+
+EXAMINED_FAMILIES = ("copies / fills", "other", "other elementwise")  # families whose kernels a name alone leaves open
+
+
+def top_kernels(events, steps: int, families=EXAMINED_FAMILIES, count: int = 4, width: int = 90) -> dict:
+    """{family: [(kernel name cut to ``width``, GPU ms per step)]}: the ``count`` costliest kernels of each of
+    ``families`` (what the 2026-11-28 H200 profile's 5 ms a step of copies and fills are, for one)."""
+    kernels = defaultdict(float)
+    for name, micros in device_events(events):
+        if kernel_family(name) in families:
+            kernels[name] += micros
+    found = {family: [] for family in families}
+    for name, micros in sorted(kernels.items(), key=lambda item: -item[1]):
+        listed = found[kernel_family(name)]
+        if len(listed) < count:
+            listed.append((name[:width], micros / 1e3 / steps))
+    return {family: listed for family, listed in found.items() if listed}
 
 
 def parse_args():
@@ -275,11 +299,14 @@ def profile_steps(step, accumulate, source, args, device) -> dict:
         syncs = {e.key: e.count / args.steps for e in events if "Synchronize" in e.key}
         by_family = kernel_time_by_family(events, args.steps)
         figures.update(kernels_per_step=kernels / args.steps, syncs_per_step=syncs,
-                       gpu_ms_per_step_by_kernel_family=by_family)
+                       gpu_ms_per_step_by_kernel_family=by_family,
+                       gpu_ms_per_step_top_kernels=top_kernels(events, args.steps))
         print(f"\nper step: {kernels / args.steps:.0f} kernels launched; synchronisations: "
               + (", ".join(f"{name} {count:.1f}" for name, count in syncs.items()) or "none"))
         print(f"GPU time by kernel family ({sum(by_family.values()):.1f} ms per step): "
               + ", ".join(f"{label} {ms:.1f}" for label, ms in by_family.items()))
+        for kind, listed in figures["gpu_ms_per_step_top_kernels"].items():
+            print(f"  {kind}: " + "; ".join(f"{name} {ms:.2f}" for name, ms in listed))
     print("host reads of tensor values per step: " + (", ".join(
         f"{place} {count:.1f}" for place, count in figures["host_reads_per_step"].items()) or "none"))
     total = sum(e.self_cpu_time_total for e in events)

@@ -767,7 +767,10 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
                 (0.3, "1 failed, 36 deselected in 3.1s")])
         figures = {"images_per_s": 900.0, "step_ms": 71.1, "phases": {"forward": {"host_ms": 14.5, "gpu_ms": 16.0}},
                    "kernels_per_step": 1770.0,
-                   "gpu_ms_per_step_by_kernel_family": {"convolution": 12.25, "BatchNorm": 6.5}}
+                   "gpu_ms_per_step_by_kernel_family": {"convolution": 12.25, "BatchNorm": 6.5},
+                   "gpu_ms_per_step_top_kernels": {"copies / fills": [["direct_copy_kernel_cuda", 3.0],
+                                                                      ["Memset (Device)", 0.5]],
+                                                   "other": [["some_kernel", 0.25]]}}
         if "--sync-debug" in command:
             figures["sync_sites_per_step"] = {"utils/loss.py:257 <- utils/loss.py:226": 3.0}
         Path(command[command.index("--json") + 1]).write_text(json.dumps(figures))
@@ -787,6 +790,8 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
     assert graphs["--cuda-graphs: syncs per step by site"].startswith("3.00 ")
     assert graphs["yolov5s b64 held, --cuda-graphs"].startswith("900 img/s, 71.1 ms/step (host/GPU ms: forward 14.5/16.0)")
     assert graphs["eager: GPU ms per step by kernel family"] == "convolution 12.2; BatchNorm 6.5"
+    assert graphs["eager: costliest kernels of the open families, GPU ms per step"] == (
+        "copies / fills: direct_copy_kernel_cuda 3.00; Memset (Device) 0.50 | other: some_kernel 0.25")
     profiled = [command for name, command in commands if "pytest" not in command]
     assert [command[command.index("--json") + 1:] for command in profiled] == [
         [str(tmp_path / "logs" / "sync_sites.json"), "--sync-debug", "10"],

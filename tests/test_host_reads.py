@@ -133,3 +133,24 @@ def test_kernel_time_is_summed_per_family_from_device_events_only():
               SimpleNamespace(device_type=DeviceType.CUDA, key="sm90_xmma_fprop_b", self_device_time_total=1000.0)]
     figures = kernel_time_by_family(events, steps=2)  # the operators' CUDA time would count the kernels twice
     assert figures == {"convolution": 2.0, "BatchNorm": 0.5} and list(figures) == ["convolution", "BatchNorm"]
+
+
+def test_the_costliest_kernels_of_the_open_families_are_named():
+    """profile_train_step lists the costliest kernels of the families a name leaves open (copies and fills, other
+    elementwise, other), each summed over its events, ms per step, largest first."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.profile_train_step import top_kernels
+
+    def event(key, micros):
+        return SimpleNamespace(device_type=DeviceType.CUDA, key=key, self_device_time_total=micros)
+
+    events = [event("void at::native::direct_copy_kernel_cuda", 4000.0), event("Memset (Device)", 1000.0),
+              event("void at::native::direct_copy_kernel_cuda", 2000.0), event("sm90_xmma_fprop_a", 9000.0),
+              event("some_kernel_nobody_named", 500.0), event("Memcpy HtoD (Pinned -> Device)", 200.0),
+              SimpleNamespace(device_type=DeviceType.CPU, key="aten::copy_", self_device_time_total=9e9)]
+    found = top_kernels(events, steps=2, count=2, width=30)
+    assert found == {"copies / fills": [("void at::native::direct_copy_k", 3.0), ("Memset (Device)", 0.5)],
+                     "other": [("some_kernel_nobody_named", 0.25)]}

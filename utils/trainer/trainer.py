@@ -265,8 +265,8 @@ class Trainer:
         """Train, validate and record one epoch; True when early stopping or the --time budget ends the run."""
         config, state, step = self.config, self.state, self.step
         state.start_epoch(epoch)
-        # the loader's iterator goes on into the run's later epochs, but not past changing image weights
-        self.data.set_epoch(epoch, state.batch, through=epoch if config.image_weights else self.epochs - 1)
+        ahead = loader_runs_ahead(self.device, config.image_weights)
+        self.data.set_epoch(epoch, state.batch, through=self.epochs - 1 if ahead else epoch)
         if config.image_weights:
             self.data.update_image_weights(state.maps)
         multi_scale = self.data.multi_scale_size if config.multi_scale else None
@@ -444,6 +444,13 @@ class Trainer:
                         len(gathered), *gathered[0])
         else:
             LOGGER.warning("WARNING: DDP processes ended with different weights (checksums per rank: %s)", gathered)
+
+
+def loader_runs_ahead(device, image_weights: bool) -> bool:
+    """Whether the training loader's iterator goes on into the run's later epochs (utils.data.loader.EpochStream):
+    on CUDA, unless image weights change the sampling after each epoch; not on the CPU, where the workers would build
+    the next epoch's batches on the cores that validate (measured slower there: see EpochStream)."""
+    return torch.device(device).type == "cuda" and not image_weights
 
 
 def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precision):
