@@ -126,9 +126,10 @@ def plot_label_correlogram(labels: np.ndarray, save_dir, filename: str = "labels
     from matplotlib.figure import Figure
 
     single, pairs, ceilings = correlogram_histograms(labels)
-    figure = Figure(figsize=(10, 10), tight_layout=True)
+    figure = Figure(figsize=(10, 10))  # fixed margins: tight_layout's measuring pass took a third of the time
     FigureCanvasAgg(figure)
-    axes = figure.subplots(4, 4)
+    axes = figure.subplots(4, 4, gridspec_kw={"left": 0.07, "right": 0.985, "bottom": 0.06, "top": 0.985,
+                                              "wspace": 0.22, "hspace": 0.12})
     centres = (np.arange(CORRELOGRAM_BINS) + 0.5) / CORRELOGRAM_BINS
     for row in range(4):
         for column in range(4):
