@@ -122,7 +122,8 @@ def step_cuda_graphs(context: Context) -> dict:
     """This tree without and with --cuda-graphs (the forward, loss and backward replayed as CUDA graphs) at batch 64,
     --cache ram, 8 workers: yolov5s eager, graphed, and graphed with --augment-device (4 OpenCV workers made 425
     images/s on the 2026-11-27 H100 node, so 8 make ~850 at most, under what a graphed step may take); yolov5n graphed
-    with --augment-device (the issue: at least as fast as yolov5s)."""
+    with --augment-device (the issue: at least as fast as yolov5s); yolov5s at batch 16 eager and graphed (the issue's
+    800 images/s: the host's launches weigh most on a small batch)."""
     figures = _compare(context, "cuda_graphs_yolov5s", (
         ("yolov5s eager", ROOT, ()), ("yolov5s --cuda-graphs", ROOT, ("--cuda-graphs",)),
         ("yolov5s --cuda-graphs --augment-device", ROOT, ("--cuda-graphs", "--augment-device"))),
@@ -130,6 +131,9 @@ def step_cuda_graphs(context: Context) -> dict:
     figures.update(_compare(context, "cuda_graphs_yolov5n", (
         ("yolov5n --cuda-graphs --augment-device", ROOT, ("--cuda-graphs", "--augment-device")),),
         "yolov5n", 64, "ram", 8))
+    small = _compare(context, "cuda_graphs_yolov5s_b16", (  # the issue's batch-16 target: where launches weigh most
+        ("yolov5s b16 eager", ROOT, ()), ("yolov5s b16 --cuda-graphs", ROOT, ("--cuda-graphs",))), "yolov5s", 16, "ram", 8)
+    figures.update({key.replace("yolov5s setting", "yolov5s b16 setting"): value for key, value in small.items()})
     return figures
 
 

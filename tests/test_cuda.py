@@ -646,7 +646,7 @@ def test_gpu_check_throughput_steps_compare_a_baseline_tree_on_a_repeated_datase
 def test_gpu_check_compile_step_projects_each_run_to_ten_epochs(tmp_path, monkeypatch):
     """gpu_check's compile step, train.py faked: images/s over epochs 2-4 leaves the first epoch's compiling out, and
     each run's wall is projected to the 10 epochs the decision on --compile asks for (its wall, then 6 more epochs at
-    its rate)."""
+    its rate); the cuda_graphs step's batch-64 and batch-16 rows keep their settings apart."""
     import sys
     from types import SimpleNamespace
 
@@ -676,6 +676,12 @@ def test_gpu_check_compile_step_projects_each_run_to_ten_epochs(tmp_path, monkey
     assert figures["yolov5s eager: wall projected to 10 epochs"] == "120 s"  # 60 + 6 x 1640 / 164
     assert figures["yolov5s --compile: wall projected to 10 epochs"] == "158 s"  # 110 + 6 x 1640 / 205
     assert figures["yolov5s --compile / yolov5s eager (img/s)"] == "1.25"
+    graphs = gpu_throughput.step_cuda_graphs(context)  # batch 64 and batch 16 rows, each setting under its own name
+    assert graphs["yolov5s --cuda-graphs"].startswith("164 img/s") and graphs["yolov5s b16 --cuda-graphs"].startswith(
+        "164 img/s")
+    assert graphs["yolov5s setting"].startswith("batch 64 at 640") and graphs["yolov5s b16 setting"].startswith(
+        "batch 16 at 640")
+    assert graphs["yolov5s b16 --cuda-graphs / yolov5s b16 eager (img/s)"] == "1.00"
 
 
 def test_gpu_check_times_each_validation_during_training_from_the_log():
