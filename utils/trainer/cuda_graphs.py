@@ -35,6 +35,9 @@ What the capture must not change:
 - the capture holds ``CUDA_CAPTURE_LOCK``, so the DataLoader's pin-memory thread, which pins the next batches, makes
   no CUDA call meanwhile (one would invalidate the capture and end the run: utils/cuda_capture.py).
 
+A capture that raises (CUDA refuses an operation while capturing, or memory runs out) is one warning; BatchNorm is
+put back and the run trains on without graphs (``failed``).
+
 Not used (with a warning): on a CPU (no graphs there) and under DDP (DistributedDataParallel's gradient hooks are not
 captured here). The graphs keep their own memory pool: a run that also steps other shapes eagerly (or a batch with
 more targets than the loss's capacity) holds that memory beside it.
@@ -106,6 +109,7 @@ class GraphedModel:
         self.graphs = {}  # (shape, strides, dtype) of a captured input -> its graphed callable, the first batch's first
         self.capacities = {}  # the same keys -> the target rows of that graph's loss
         self.replays = self.eager = self.overflows = 0
+        self.failed = False  # a capture raised: every batch runs eagerly from then on
         self.replayed = False  # the last call replayed the graphs (its gradients may be the graph's buffers)
 
     @property
@@ -163,7 +167,7 @@ class GraphedModel:
 
     def _graphs_for(self, images: torch.Tensor, targets: torch.Tensor | None = None):
         """The graphed callable for this batch's shape, captured now where ``captures`` wants it; None: eager."""
-        if not self.model.training:
+        if not self.model.training or self.failed:
             return None
         key = batch_key(images)
         if key not in self.graphs and captures(key, list(self.graphs), self.batch_size):
@@ -179,11 +183,21 @@ class GraphedModel:
             self.capacities[key] = target_capacity(targets.shape[0], images.shape[0])
             module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
                                                                            pad_targets(targets, self.capacities[key]))
-        with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
-            self.graphs[key] = self._capture_function(module, sample, num_warmup_iters=warmup, allow_unused_input=True)
-        with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
-            for name, buffer in self.model.named_buffers():
-                buffer.copy_(saved[name])
+        try:
+            with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
+                graphed = self._capture_function(module, sample, num_warmup_iters=warmup, allow_unused_input=True)
+        except RuntimeError as error:  # CUDA's capture errors and out-of-memory: the run goes on without graphs
+            self.failed = True
+            self.graphs.clear()
+            self.capacities.clear()
+            LOGGER.warning("WARNING: --cuda-graphs: the capture for batches of %s failed (%s); training on without "
+                           "graphs", "x".join(map(str, key[0])), (str(error).strip().splitlines() or ["?"])[0][:200])
+            return
+        finally:
+            with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
+                for name, buffer in self.model.named_buffers():
+                    buffer.copy_(saved[name])
+        self.graphs[key] = graphed
         what = ("forward and backward" if targets is None
                 else f"forward, loss (up to {self.capacities[key]} targets) and backward")
         LOGGER.info("--cuda-graphs: %s captured for batches of %s%s", what, "x".join(map(str, key[0])),
