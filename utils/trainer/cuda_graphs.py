@@ -73,9 +73,9 @@ def pad_targets(targets: torch.Tensor, capacity: int) -> torch.Tensor:
 
 
 class _Forward(nn.Module):
-    """The model as the one module a capture graphs: a wrapper, so that a capture that patches the forward of the
-    module it is given (make_graphed_callables, which the tests' stand-in imitates) never patches the model's, which
-    checkpoints, the EMA and validation keep using as it is."""
+    """The model as the one module a capture graphs, its outputs as a tuple (the form a graphed callable returns); a
+    wrapper, so that nothing a capture does to the module it is given reaches the model, which checkpoints, the EMA
+    and validation keep using as it is."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
