@@ -10,9 +10,12 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("YOLO_TRAINER_SHARED") or ROOT.parent / "shared")
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
+CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]  # a GPU test's marks
 
 
 def shared_path(*parts: str, why: str = "") -> Path:

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.conftest import NO_CUDA, ROOT
 from tests.test_host_reads import batches, tiny_step
 from utils.data.cache_folders import CacheFolderError
 from utils.trainer.compiled import CACHE_VARIABLE, CompiledModel, compiled_model, private_compiler_cache
@@ -21,7 +21,6 @@ from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
 
 CPU = torch.device("cpu")
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,9 @@ import torch.distributed as torch_dist
 import yaml
 from torch import nn
 
-from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset, make_tiny_run
+from tests.conftest import CUDA_ONLY, NO_CUDA, TINY_MODEL_YAML, make_tiny_dataset, make_tiny_run
 from utils import dist
 
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
-CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_ONLY)]
 HALF_TOLERANCE = {"confidence": 2e-2, "box_px": 0.5, "map": 0.01}  # fp16 against fp32, see the half test
 

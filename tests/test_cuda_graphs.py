@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks.graph_stand_in import StandInCapture
+from tests.conftest import NO_CUDA
 from tests.test_host_reads import batches, tiny_step
 from utils.cuda_capture import CUDA_CAPTURE_LOCK
 from utils.trainer.cuda_graphs import GraphedModel, captures, graphed_model, pad_targets, target_capacity
@@ -21,7 +22,6 @@ from utils.trainer.loop import train_one_epoch
 from utils.trainer.state import RunState
 
 CPU = torch.device("cpu")
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
 
 
 def buffers(model) -> dict:

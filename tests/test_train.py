@@ -144,13 +144,14 @@ def test_loader_workers_train_exactly_like_the_main_process(tiny):
 
 
 @pytest.mark.slow
-def test_a_loader_running_ahead_across_epochs_trains_exactly_the_same(tmp_path, monkeypatch):
-    """CUDA's loader, forced on the CPU: one iterator across the run's epochs (the workers build the next epoch's first
-    batches while an epoch ends and is validated) trains 3 epochs of 10 images (batches of 4: each epoch ends with 2)
-    with 2 workers to the same results.csv and last.pt as one iterator per epoch (the CPU's)."""
+def test_cudas_data_path_on_the_cpu_trains_exactly_the_same(tmp_path, monkeypatch):
+    """CUDA's data path, forced on the CPU: one loader iterator across the run's epochs (the workers build the next
+    epoch's first batches while an epoch ends and is validated) and each batch's copy issued before the one before
+    it trains (utils/trainer/feed.py) train 3 epochs of 10 images (batches of 4: each epoch ends with 2) with 2
+    workers to the same results.csv and last.pt as the CPU's way: one iterator per epoch, one batch at a time."""
     from utils.checkpoint import load_checkpoint
     from utils.data.loader import EpochStream
-    from utils.trainer import trainer
+    from utils.trainer import loop, trainer
 
     root = tmp_path
     tiny = (root, *make_tiny_run(root, num_train=10))
@@ -162,11 +163,12 @@ def test_a_loader_running_ahead_across_epochs_trains_exactly_the_same(tmp_path, 
         restart(self)
 
     monkeypatch.setattr(EpochStream, "restart", counted)
-    for name, ahead in (("per_epoch", False), ("ahead", True)):
+    for name, ahead in (("cpu", False), ("cuda", True)):
         monkeypatch.setattr(trainer, "loader_runs_ahead", lambda device, image_weights, ahead=ahead: ahead)
+        monkeypatch.setattr(loop, "copies_run_ahead", lambda device, ahead=ahead: ahead)
         assert run_train(tiny, "--noplots", "--workers", "2", "--cache", "off", "--epochs", "3", "--name", name) == 0
     assert len(starts) == 3 + 1  # a new iterator each epoch, then one for the whole run
-    folders = [root / "runs" / name for name in ("per_epoch", "ahead")]
+    folders = [root / "runs" / name for name in ("cpu", "cuda")]
     assert folders[0].joinpath("results.csv").read_text() == folders[1].joinpath("results.csv").read_text()
     weights = [load_checkpoint(folder / "weights" / "last.pt")["model"]["state_dict"] for folder in folders]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])

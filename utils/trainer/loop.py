@@ -26,6 +26,7 @@ from tqdm import tqdm
 from utils import dist
 from utils.loggers import memory_string
 from utils.errors import TrainingDiverged
+from utils.trainer.feed import BatchFeed, copies_run_ahead
 from utils.trainer.optim import apply_warmup
 from utils.trainer.state import RunState, StepCounters
 from utils.trainer.step_checks import StepChecks
@@ -262,25 +263,21 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     stats = EpochStats(mean_losses=totals)
     shown = None  # the mean losses last read for the progress bar
     LOGGER.info(("\n" + "%11s" * 7), "Epoch", "Mem", "box_loss", "obj_loss", "cls_loss", "Instances", "Size")
-    bar = tqdm(enumerate(loader, start=first_batch), total=num_batches, initial=first_batch,
+    feed = BatchFeed(loader, device, _preparer(epoch, batch_transform, batch_hook), first_batch,
+                     ahead=copies_run_ahead(device))
+    bar = tqdm(enumerate(feed, start=first_batch), total=num_batches, initial=first_batch,
                disable=not dist.is_main_process(), bar_format="{l_bar}{bar:10}{r_bar}", leave=True)
     step.optimizer.zero_grad(set_to_none=True)
     tick = time.perf_counter()
-    for batch_index, (images, targets, _paths, _shapes) in bar:
+    for batch_index, (images, targets, _paths, _shapes) in bar:  # on the device, images in [0, 1] (utils/trainer/feed.py)
         stats.data_time += time.perf_counter() - tick
         step.mark("data")
-        if batch_transform is not None:
-            images, targets, _paths = batch_transform(epoch, batch_index, images, targets, _paths)
-        if batch_hook is not None:
-            batch_hook(epoch, batch_index, images, targets, _paths)
         counters = step.counters
         accumulate = warmup(counters.global_step, epoch)
         stepping = counters.global_step - counters.last_optimizer_step >= accumulate
-        images = images.to(device, non_blocking=True).float().div_(255)  # one new tensor, not two
         if multi_scale_size is not None:
             size, stride = multi_scale_size()
             images = scale_batch(images, size, stride)
-        targets = targets.to(device, non_blocking=True)
         step.mark("copy")
         compute_start = time.perf_counter()
         items, finite = step.forward_backward(images, targets, sync=stepping)
@@ -315,6 +312,21 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     state.loss_sums = totals.tolist()
     stats.mean_losses = totals.cpu() / max(state.loss_batches, 1)
     return stats
+
+
+def _preparer(epoch: int, batch_transform, batch_hook):
+    """BatchFeed's ``prepare``: the batch transform, then the hook, on each batch as it leaves the loader."""
+    if batch_transform is None and batch_hook is None:
+        return None
+
+    def prepare(batch_index: int, batch: tuple) -> tuple:
+        images, targets, paths, shapes = batch
+        if batch_transform is not None:
+            images, targets, paths = batch_transform(epoch, batch_index, images, targets, paths)
+        if batch_hook is not None:
+            batch_hook(epoch, batch_index, images, targets, paths)
+        return images, targets, paths, shapes
+    return prepare
 
 
 def make_warmup(optimizer, warmup_iters: int, lr_lambda, hyp, batch_size: int, nominal_batch: int):
