@@ -25,12 +25,22 @@ LOGGER = logging.getLogger("train")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from utils import cli  # every bound below is also applied to a resumed checkpoint's options (TrainConfig)
-    from utils.cli import (ArgumentParser, add_device_flag, add_run_folder_flags, add_tracker_flags, image_size,
-                           non_negative_int, positive_int, train_batch_size, workers)
-    from utils.config import TIME_HOURS
+    """train.py's flags, YOLOv5's names and defaults, in the order --help lists them. Every bound a ``type=`` checks
+    is also applied to a resumed checkpoint's options (TrainConfig)."""
+    from utils.cli import ArgumentParser
 
     parser = ArgumentParser(prog="train.py", description="Train a YOLOv5-style detector")
+    for add in (_what_and_how_long, _outputs, _evolution, _data_pipeline, _device_and_speed, _training_options):
+        add(parser)
+    return parser
+
+
+def _what_and_how_long(parser) -> None:
+    """The weights, model, data and hyperparameters to train, for how long and in what batches."""
+    from utils import cli
+    from utils.cli import image_size, positive_int, train_batch_size
+    from utils.config import TIME_HOURS
+
     parser.add_argument("--weights", type=str, default=None,
                         help="initial weights: a path, a URL or a YOLOv5 release name (default: yolov5s.pt when "
                              "--data is given, fetched if missing, as YOLOv5; '' trains from --cfg)")
@@ -52,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rect", action="store_true", help="rectangular training")
     parser.add_argument("--resume", nargs="?", const=True, default=False,
                         help="resume the newest run under --project, or the given last.pt / run folder")
+
+
+def _outputs(parser) -> None:
+    """What a run does and writes besides training: saving, validation, AutoAnchor, plots, TensorBoard, JSON lines,
+    trackers."""
+    from utils.cli import add_tracker_flags
+
     parser.add_argument("--nosave", action="store_true", help="only save final checkpoint")
     parser.add_argument("--noval", action="store_true", help="only validate final epoch")
     parser.add_argument("--noautoanchor", action="store_true", help="disable AutoAnchor")
@@ -63,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ndjson-file", action="store_true",
                         help="append each epoch's results.csv row as a JSON line to results.ndjson (YOLOv5's flag)")
     add_tracker_flags(parser)
+
+
+def _evolution(parser) -> None:
+    """--evolve, and YOLOv5's later evolution flags that are refused."""
+    from utils.cli import positive_int
+
     parser.add_argument("--evolve", type=positive_int, nargs="?", const=300, help="evolve hyperparameters for x generations")
     parser.add_argument("--evolve-space", type=str, default="data/hyps/evolve-space.yaml",
                         help="--evolve search space: which hyperparameters evolve, with their bounds")
@@ -75,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bucket", type=str, default="",
                         help="refused unless '': YOLOv5 syncs evolve.csv with this Google Cloud Storage bucket through "
                              "gsutil; this project runs no external commands")
+
+
+def _data_pipeline(parser) -> None:
+    """Caching, sampling and where the augmentation's pixel work runs."""
+    from utils import cli
+    from utils.cli import workers
+
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
                         choices=cli.CACHE_MODES,
                         help="cache images in 'ram' (the flag alone) or 'disk'; default 'auto': RAM when memory is to spare")
@@ -93,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --augment-device: the training device also decodes the JPEG images that are not "
                              "cached (torchvision's nvJPEG on CUDA, one batched call a batch), the workers only read "
                              "the files (docs/device-augmentation.md)")
+
+
+def _device_and_speed(parser) -> None:
+    """--device and the opt-in ways to a faster CUDA step."""
+    from utils.cli import add_device_flag
+
     add_device_flag(parser)
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="CUDA: replay the model's forward and backward as CUDA graphs, captured for the first "
@@ -101,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true",
                         help="CUDA: compile the model's forward and backward with torch.compile (fused kernels; the "
                              "first step compiles, a minute or more; not with --sync-bn; utils/trainer/compiled.py)")
+
+
+def _training_options(parser) -> None:
+    """The rest of YOLOv5's training flags: schedule, optimizer, run folder, freezing, saving, seeds, precision."""
+    from utils import cli
+    from utils.cli import add_run_folder_flags, non_negative_int, workers
+
     parser.add_argument("--multi-scale", action="store_true", help="vary img-size +/- 50%%")
     parser.add_argument("--single-cls", action="store_true", help="train multi-class data as single-class")
     parser.add_argument("--optimizer", type=str, choices=cli.OPTIMIZER_NAMES, default="SGD", help="optimizer")
@@ -123,8 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mixed precision: auto = fp16 on CUDA (after a self-check), bf16 on CPUs with AMX or AVX512-BF16, else fp32")
     parser.add_argument("--channels-last", default="auto", choices=cli.CHANNELS_LAST_MODES,
                         help="channels_last memory format for conv weights and inputs")
-    return parser
-
 
 DEFAULT_EPOCHS = 100
 DEFAULT_WEIGHTS = "yolov5s.pt"  # --data without --weights fine-tunes it (fetched from YOLOv5's v7.0 release if missing)

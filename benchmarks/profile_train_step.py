@@ -130,6 +130,10 @@ def parse_args():
     runner.add_argument("--compile", action="store_true",
                         help="the forward and backward compiled by torch.compile (train.py --compile); the timed "
                              "steps start after the warm-up steps, which compile")
+    parser.add_argument("--copies", default="as-trained", choices=("as-trained", "ahead", "inline"),
+                        help="each batch's copy to the device: as training does it (ahead on CUDA: issued on a side "
+                             "stream while the batch before trains, utils/trainer/feed.py), or forced 'ahead' or "
+                             "'inline' (on the training stream, between two steps: as before 8d3a8ea)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms per shape)")
     parser.add_argument("--hold", type=int, default=8, help="batches held in memory (--source memory)")
@@ -368,6 +372,12 @@ def sync_sites(step, accumulate, source, count: int, device) -> dict:
     return per_step
 
 
+def loop_copies_ahead(device) -> bool:
+    from utils.trainer import loop
+
+    return loop.copies_run_ahead(device)
+
+
 def main():
     args = parse_args()
     import json
@@ -389,6 +399,10 @@ def main():
     print(f"torch {torch.__version__}, {where}; {Path(args.cfg).stem} {args.imgsz} px, batch {args.batch_size}, "
           f"amp {args.amp}, channels_last {args.channels_last}, batches from {args.source}, cudnn.benchmark "
           f"{args.cudnn_benchmark}")
+    if args.copies != "as-trained":
+        from utils.trainer import loop
+
+        loop.copies_run_ahead = lambda device, ahead=args.copies == "ahead": ahead
     step, accumulate, source = build(args, device)
     run_steps(step, accumulate, source, 3, device)  # warm-up (cuDNN's algorithm search, the allocator)
     if device.type == "cuda":
@@ -402,6 +416,7 @@ def main():
               "cuda_graphs": (args.cuda_graphs or args.cuda_graphs_model) and step.runner is not None,
               "loss_graphed": getattr(step.runner, "compute_loss", None) is not None,
               "compile": args.compile and step.runner is not None,
+              "copies_ahead": loop_copies_ahead(device),
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
     if device.type == "cuda":

@@ -275,7 +275,7 @@ def test_the_loss_graphed_with_the_model_trains_as_the_eager_step(accumulate, ca
             train_one_epoch(step, loader + crowded + smaller + loader[:2], RunState(), 1, CPU,
                             lambda *args: accumulate)
     runner = graphed.runner
-    assert capture.calls == 2 and runner.capacity == 256 and list(runner.capacities.values()) == [256, 256]
+    assert capture.calls == 2 and runner.capacity == 256 and [captured.capacity for captured in runner.graphs.values()] == [256, 256]
     assert (runner.replays, runner.eager, runner.overflows) == (8, 2, 2)
     said = [r.getMessage() for r in caplog.records if "more than the 256" in r.getMessage()]
     assert said == ["--cuda-graphs: a batch with 300 targets, more than the 256 the loss was captured for, runs "

@@ -45,6 +45,7 @@ more targets than the loss's capacity) holds that memory beside it.
 from __future__ import annotations
 
 import logging
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -96,6 +97,12 @@ class _ForwardLoss(nn.Module):
         return self.compute_loss([p.float() for p in self.model(images)], targets)
 
 
+class Captured(NamedTuple):
+    """One capture: its graphed callable, and the target rows its loss takes (0 with the model alone graphed)."""
+    graphed: Callable
+    capacity: int = 0
+
+
 class GraphedModel:
     """``model``'s training forward for TrainStep: replayed graphs for batches of a captured shape, the model itself
     for the others (see the module docstring). ``batch_size``: the per-process batch whose shape is captured first.
@@ -106,8 +113,7 @@ class GraphedModel:
         self.model, self.precision, self.batch_size = model, precision, batch_size
         self._capture_function = capture or SharedPoolCapture()
         self.compute_loss = compute_loss if getattr(compute_loss, "fixed_shapes", False) else None
-        self.graphs = {}  # (shape, strides, dtype) of a captured input -> its graphed callable, the first batch's first
-        self.capacities = {}  # the same keys -> the target rows of that graph's loss
+        self.graphs: dict[tuple, Captured] = {}  # batch_key of a captured input -> its capture, the full batch's first
         self.replays = self.eager = self.overflows = 0
         self.failed = False  # a capture raised: every batch runs eagerly from then on
         self.replayed = False  # the last call replayed the graphs (its gradients may be the graph's buffers)
@@ -115,21 +121,22 @@ class GraphedModel:
     @property
     def graphed(self):
         """The first capture's graphed callable (the full batch's), or None before it."""
-        return next(iter(self.graphs.values()), None)
+        first = next(iter(self.graphs.values()), None)
+        return first.graphed if first is not None else None
 
     @property
     def capacity(self) -> int:
         """The target rows of the first capture's loss (0 before it, or with the model alone graphed)."""
-        return next(iter(self.capacities.values()), 0)
+        return next(iter(self.graphs.values()), Captured(None)).capacity
 
     def __call__(self, images: torch.Tensor):
         """The model's outputs: replayed when the graphs are the model's alone, else eager."""
-        graphed = self._graphs_for(images) if self.compute_loss is None else None
-        self.replayed = graphed is not None
+        captured = self._graphs_for(images) if self.compute_loss is None else None
+        self.replayed = captured is not None
         if self.replayed:
             self.replays += 1
             with self.precision.autocast(cache=False):
-                return list(graphed(images))
+                return list(captured.graphed(images))
         self.eager += 1
         with self.precision.autocast():
             return self.model(images)
@@ -139,10 +146,10 @@ class GraphedModel:
         captured, eval mode, more targets than the capacity, or a loss that is not graphed)."""
         if self.compute_loss is None:
             return None
-        graphed = self._graphs_for(images, targets)
-        if graphed is None:
+        captured = self._graphs_for(images, targets)
+        if captured is None:
             return None
-        capacity = self.capacities[batch_key(images)]
+        capacity = captured.capacity
         if targets.shape[0] > capacity:
             if not self.overflows:
                 LOGGER.info("--cuda-graphs: a batch with %d targets, more than the %d the loss was captured for, runs "
@@ -152,7 +159,7 @@ class GraphedModel:
         self.replayed = True
         self.replays += 1
         with self.precision.autocast(cache=False):
-            loss, items = graphed(images, pad_targets(targets, capacity))
+            loss, items = captured.graphed(images, pad_targets(targets, capacity))
         return loss, items.detach()
 
     def own_gradients(self) -> None:
@@ -166,7 +173,7 @@ class GraphedModel:
             parameter.grad = copy
 
     def _graphs_for(self, images: torch.Tensor, targets: torch.Tensor | None = None):
-        """The graphed callable for this batch's shape, captured now where ``captures`` wants it; None: eager."""
+        """The capture for this batch's shape, made now where ``captures`` wants it; None: eager."""
         if not self.model.training or self.failed:
             return None
         key = batch_key(images)
@@ -177,19 +184,18 @@ class GraphedModel:
     def _capture(self, images: torch.Tensor, key, targets: torch.Tensor | None = None) -> None:
         warmup = 0 if self.graphs else WARMUP_ITERATIONS  # a later shape's capture is its first pass (module docstring)
         saved = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()}
+        capacity = 0 if targets is None else target_capacity(targets.shape[0], images.shape[0])
         if targets is None:
             module, sample = _Forward(self.model), (images.detach().clone(),)
         else:
-            self.capacities[key] = target_capacity(targets.shape[0], images.shape[0])
             module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
-                                                                           pad_targets(targets, self.capacities[key]))
+                                                                           pad_targets(targets, capacity))
         try:
             with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
                 graphed = self._capture_function(module, sample, num_warmup_iters=warmup, allow_unused_input=True)
         except RuntimeError as error:  # CUDA's capture errors and out-of-memory: the run goes on without graphs
             self.failed = True
             self.graphs.clear()
-            self.capacities.clear()
             LOGGER.warning("WARNING: --cuda-graphs: the capture for batches of %s failed (%s); training on without "
                            "graphs", "x".join(map(str, key[0])), (str(error).strip().splitlines() or ["?"])[0][:200])
             return
@@ -197,9 +203,9 @@ class GraphedModel:
             with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(saved[name])
-        self.graphs[key] = graphed
+        self.graphs[key] = Captured(graphed, capacity)
         what = ("forward and backward" if targets is None
-                else f"forward, loss (up to {self.capacities[key]} targets) and backward")
+                else f"forward, loss (up to {capacity} targets) and backward")
         LOGGER.info("--cuda-graphs: %s captured for batches of %s%s", what, "x".join(map(str, key[0])),
                     "; other shapes run eagerly" if len(self.graphs) == 1 else " (into the same memory)")
 
