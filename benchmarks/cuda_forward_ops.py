@@ -10,11 +10,10 @@ The backward is not run: torch's autograd engine needs a real CUDA device for CU
 has a cast of the same size back in the backward (its gradient), and a tensor read by two layers has its two
 gradients added, in its dtype.
 
-``--upsample-input-dtype`` shows the forward with nearest upsampling left in its input's dtype (CUDA's autocast runs
-``upsample_nearest2d`` in float32: a float32 copy of the fp16 input, float32 outputs, then float32 concatenations that
-the next layers cast back). Nearest upsampling copies values, so the forward's values would not change; the backward
-would add the gradients of the two layers reading each concatenation in fp16 instead of float32 (docs/benchmarks.md,
-2026-11-28 "Copies beside the step").
+``--upsample-float32`` shows the forward as it was before the models' ``Upsample`` kept its input's dtype
+(models/common.py): CUDA's autocast runs ``upsample_nearest2d`` in float32, so a float32 copy of the fp16 input,
+float32 outputs, then float32 concatenations that the next layers cast back (docs/benchmarks.md, 2026-11-28 "Copies
+beside the step").
 
     python benchmarks/cuda_forward_ops.py --cfg models/yolov5s.yaml --batch-size 64 --imgsz 640
 """
@@ -43,14 +42,14 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--amp", default="fp16", choices=("fp16", "bf16"), help="CUDA autocast's dtype")
     parser.add_argument("--channels-last", default="on", choices=("on", "off"))
-    parser.add_argument("--upsample-input-dtype", action="store_true",
-                        help="nearest upsampling outside autocast, in its input's dtype (see the docstring)")
+    parser.add_argument("--upsample-float32", action="store_true",
+                        help="nearest upsampling as torch's autocast runs it, in float32 (see the docstring)")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     return parser.parse_args(argv)
 
 
 def forward_operations(cfg: str, batch: int, imgsz: int, dtype, channels_last: bool = True,
-                       upsample_input_dtype: bool = False) -> dict:
+                       upsample_float32: bool = False) -> dict:
     """{"kinds": {kind: [operations, bytes]}, "casts": [(layer, "from->to", shape, bytes)], "bytes": total} of one
     training forward of ``cfg`` on fake CUDA tensors under CUDA autocast to ``dtype`` (the module docstring)."""
     import torch
@@ -104,7 +103,7 @@ def forward_operations(cfg: str, batch: int, imgsz: int, dtype, channels_last: b
         model.train()
         images = torch.empty((batch, 3, imgsz, imgsz), dtype=torch.uint8, device="cuda")
         images = images.contiguous(memory_format=memory_format)
-        upsampling = _nearest_in_input_dtype() if upsample_input_dtype else contextlib.nullcontext()
+        upsampling = _autocast_policy_upsampling() if upsample_float32 else contextlib.nullcontext()
         with Record(), upsampling:
             unit = images.div(255)  # the loop's conversion (utils/trainer/feed.py), outside autocast
             with _cuda_autocast(dtype):
@@ -131,24 +130,18 @@ def _cuda_autocast(dtype):
 
 
 @contextlib.contextmanager
-def _nearest_in_input_dtype():
-    """nn.Upsample's nearest mode run with autocast off (its input's dtype), for the call inside."""
-    import torch
+def _autocast_policy_upsampling():
+    """The models' Upsample as torch's nn.Upsample, autocast's policy applying to it, for the call inside."""
     from torch import nn
 
-    forward = nn.Upsample.forward
+    from models.common import Upsample
 
-    def in_input_dtype(self, x):
-        if self.mode != "nearest":
-            return forward(self, x)
-        with torch.autocast("cuda", enabled=False):
-            return forward(self, x)
-
-    nn.Upsample.forward = in_input_dtype
+    forward = Upsample.forward
+    Upsample.forward = nn.Upsample.forward
     try:
         yield
     finally:
-        nn.Upsample.forward = forward
+        Upsample.forward = forward
 
 
 def main(argv=None):
@@ -157,9 +150,9 @@ def main(argv=None):
     args = parse_args(argv)
     dtype = torch.float16 if args.amp == "fp16" else torch.bfloat16
     result = forward_operations(args.cfg, args.batch_size, args.imgsz, dtype, args.channels_last == "on",
-                                args.upsample_input_dtype)
+                                args.upsample_float32)
     print(f"{Path(args.cfg).stem}, batch {args.batch_size} at {args.imgsz}, CUDA autocast {args.amp}, channels_last "
-          f"{args.channels_last}{', nearest upsampling in its input dtype' if args.upsample_input_dtype else ''}: "
+          f"{args.channels_last}{', nearest upsampling in float32 (autocast policy)' if args.upsample_float32 else ''}: "
           f"one training forward reads and writes {result['bytes'] / 1e9:.2f} GB")
     print(f"\n{'operation':28s} {'calls':>6s} {'GB':>8s}")
     for kind, (calls, moved) in sorted(result["kinds"].items(), key=lambda item: -item[1][1]):

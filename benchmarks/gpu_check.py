@@ -615,15 +615,16 @@ def step_sync_sites(context: Context) -> dict:
 def step_graphs_step(context: Context) -> dict:
     """--cuda-graphs on the step: the cuda tests of the graphed step (train.py's too, capturing while the loader's
     pin thread pins), of a step that never waits (set_sync_debug_mode), of the pinned loader's reused buffers (every
-    CUDA run loads through them), of the JPEG decode's stream and of the batches' side-stream copies; then yolov5s at
+    CUDA run loads through them), of the JPEG decode's stream, of the batches' side-stream copies and of fp16
+    upsampling; then yolov5s at
     batch 64 eager, with the model and loss graphed and with the model alone graphed, phases and host operators each,
     the graphed one also tallying any synchronisation by site (profile_train_step.py --cuda-graphs --sync-debug); and
     eager with each batch copied on the training stream between two steps, as before the side-stream copies (the
     phases only)."""
     figures = cuda_tests(context, "graphs_test",
-                         "graphs or steady_state_step or pins_memory or never_writes or side_stream",
+                         "graphs or steady_state_step or pins_memory or never_writes or side_stream or fp16_upsampling",
                          "tests/test_cuda_graphs.py", "tests/test_cuda.py", "tests/test_decode_device.py",
-                         "tests/test_feed.py",
+                         "tests/test_feed.py", "tests/test_amp.py",
                          limit=270)  # with two short train.py runs (the capture beside the pin thread)
     figures.update(profiled_variants(context, (("eager", "graphs_step_eager", ()),
                                                ("--cuda-graphs", "graphs_step_graphs", ("--cuda-graphs", "--sync-debug",

@@ -391,6 +391,25 @@ class Concat(nn.Module):
         return torch.cat(x, self.d)
 
 
+class Upsample(nn.Upsample):
+    """``nn.Upsample`` (the YAML's ``nn.Upsample``), whose nearest mode keeps its input's dtype under CUDA's autocast.
+
+    CUDA's autocast runs ``upsample_nearest2d`` in float32: in a fp16 step each of the head's two upsamplings copied
+    its input to float32 and wrote float32, the concatenation after it was float32, and both 1x1 convolutions of the
+    C3 reading it cast it back to fp16, with the same casts again in the backward (2.7 GB of a yolov5s forward's 27.5
+    at batch 64 and 640: benchmarks/cuda_forward_ops.py). Nearest upsampling copies values, so the forward is the same
+    to the bit; in the backward the two gradients reaching such a concatenation are added in fp16 instead of float32,
+    as every other tensor read by two layers already has its gradients added in its dtype (a C3's input in the
+    backbone). The CPU's autocast does not cast it, and the CPU runs torch's forward as before. Other modes keep
+    autocast's policy."""
+
+    def forward(self, x):
+        if self.mode == "nearest" and x.is_cuda and torch.is_autocast_enabled("cuda"):
+            with torch.autocast("cuda", enabled=False):
+                return super().forward(x)
+        return super().forward(x)
+
+
 class BatchNormRow:
     """YAML rule for nn.BatchNorm2d: its only argument is the input channels."""
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+from tests.conftest import NO_CUDA, TINY_MODEL_YAML, make_tiny_dataset
 from utils import precision
 from utils.precision import cpu_bf16_choice, inference_autocast, inference_dtype
 from utils.trainer import amp
@@ -218,3 +218,68 @@ def test_exported_models_run_without_autocast(cpu_with, caplog):
     assert "Inference: torchscript runs in the precision it was exported in (no autocast) on cpu" in caplog.text
     with inference_autocast("cpu", amp="bf16"):
         assert conv(torch.rand(1, 3, 8, 8)).dtype == torch.bfloat16
+
+
+def autocast_step(model, images, device_type: str, dtype):
+    """A training forward under autocast and a backward of its outputs' sum: (outputs, {name: gradient})."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=dtype):
+        outputs = model(images)
+    sum(output.float().sum() for output in outputs).backward()
+    return [o.detach() for o in outputs], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def with_torch_upsampling(model):
+    """A copy of ``model`` whose upsamplings are torch's nn.Upsample (autocast's policy applies to them)."""
+    from models.common import Upsample
+
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, Upsample):
+            module.__class__ = torch.nn.Upsample
+    return twin
+
+
+def yolov5n(device):
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(0)
+    return DetectionModel("models/yolov5n.yaml", nc=3).to(device).train()
+
+
+def test_upsampling_on_the_cpu_is_torchs_to_the_bit_under_autocast():
+    """models.common.Upsample steps out of CUDA's autocast in nearest mode (which would run it in float32; its CUDA
+    dispatch is tests/test_cuda_forward_ops.py's). On the CPU, whose autocast runs it in the input's dtype anyway, a
+    bf16 training step of yolov5n is the same to the bit as with torch's nn.Upsample; other modes are left to
+    autocast."""
+    from models.common import Upsample
+
+    x = torch.randn(2, 4, 5, 6).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = Upsample(None, 2, "nearest")(x)
+        bilinear = Upsample(None, 2, "bilinear")(x.float())
+        expected_bilinear = torch.nn.Upsample(None, 2, "bilinear")(x.float())
+    assert out.dtype == torch.bfloat16 and torch.equal(out, x.repeat_interleave(2, 2).repeat_interleave(2, 3))
+    assert bilinear.dtype == expected_bilinear.dtype and torch.equal(bilinear, expected_bilinear)
+    model = yolov5n(CPU)
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    outputs, grads = autocast_step(model, images, "cpu", torch.bfloat16)
+    outputs_torch, grads_torch = autocast_step(with_torch_upsampling(model), images, "cpu", torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, outputs_torch))
+    assert grads.keys() == grads_torch.keys() and all(torch.equal(grads[k], grads_torch[k]) for k in grads)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_on_cuda_fp16_upsampling_gives_the_same_forward_and_gradients_within_fp16_rounding():
+    """CUDA fp16: the forward with nearest upsampling in fp16 equals autocast's float32 upsampling to the bit (the
+    values are copies); the gradients differ only where the two gradients of a concatenation are added in fp16."""
+    device = torch.device("cuda", 0)
+    model = yolov5n(device).to(memory_format=torch.channels_last)
+    images = torch.rand(4, 3, 128, 128, device=device).contiguous(memory_format=torch.channels_last)
+    outputs, grads = autocast_step(model, images, "cuda", torch.float16)
+    outputs_torch, grads_torch = autocast_step(with_torch_upsampling(model), images, "cuda", torch.float16)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, outputs_torch))
+    for name in grads:
+        difference = (grads[name] - grads_torch[name]).norm() / grads_torch[name].norm().clamp_min(1e-12)
+        assert difference < 1e-2, name
