@@ -801,7 +801,8 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
         [str(tmp_path / "logs" / "sync_sites.json"), "--sync-debug", "10"],
         [str(tmp_path / "logs" / "graphs_step_eager.json")],
         [str(tmp_path / "logs" / "graphs_step_graphs.json"), "--cuda-graphs", "--sync-debug", "10"],
-        [str(tmp_path / "logs" / "graphs_step_model.json"), "--cuda-graphs-model"]]
+        [str(tmp_path / "logs" / "graphs_step_model.json"), "--cuda-graphs-model"],
+        [str(tmp_path / "logs" / "graphs_step_inline.json"), "--copies", "inline", "--no-profile"]]
     assert all(command[command.index("--data") + 1] == str(tmp_path / "dataset_x8" / "data.yaml") for command in profiled)
     commands.clear()
     compiled = gpu_check.step_compile_step(context)
