@@ -64,6 +64,9 @@ def parse_args():
     parser.add_argument("--extra", nargs="*", action="extend", default=[],
                         help="more arguments for our train.py (label them: --commit); repeatable, and a value that "
                         "starts with - as --extra=--cache=off")
+    parser.add_argument("--train-script", default="train.py",
+                        help="our training script, relative to the repository (benchmarks/train_upsample_float32.py: "
+                             "train.py with nearest upsampling in float32 under autocast; label it: --commit)")
     parser.add_argument("--csv", default="")
     parser.add_argument("--commit", default="", help="label for our code's version (e.g. a commit hash)")
     parser.add_argument("--amp", default="", choices=("", "auto", "bf16", "off"),
@@ -92,12 +95,13 @@ def cpu_name() -> str:
 def command(side: str, seed: int, args, project: Path) -> list[str]:
     amp = ["--amp", args.amp] if args.amp else []
     if args.preset in PRESETS:
-        return [sys.executable, str(ROOT / "train.py"), *PRESETS[args.preset][0], "--seed", str(seed),
+        return [sys.executable, str(ROOT / args.train_script), *PRESETS[args.preset][0], "--seed", str(seed),
                 "--project", str(project), "--name", "exp", *amp, *args.extra]
     common = ["--imgsz", "320", "--batch-size", "16", "--epochs", str(args.epochs), "--workers", "2",
               "--device", "cpu", "--seed", str(seed), "--project", str(project), "--name", "exp"]
     if side == "ours":
-        return [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--cfg", str(ROOT / "models/yolov5n.yaml"),
+        return [sys.executable, str(ROOT / args.train_script), "--data", args.data, "--cfg",
+                str(ROOT / "models/yolov5n.yaml"),
                 "--weights", "", *common, *amp, *args.extra]
     return [args.yolov5_python, "-m", "yolov5.train", "--data", args.yolov5_data or args.data, "--cfg", "yolov5n.yaml",
             "--weights", "", *common]

@@ -271,15 +271,20 @@ def test_upsampling_on_the_cpu_is_torchs_to_the_bit_under_autocast():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-def test_on_cuda_fp16_upsampling_gives_the_same_forward_and_gradients_within_fp16_rounding():
+def test_on_cuda_fp16_upsampling_gives_the_same_forward_and_gradients_within_fp16s_own_error():
     """CUDA fp16: the forward with nearest upsampling in fp16 equals autocast's float32 upsampling to the bit (the
-    values are copies); the gradients differ only where the two gradients of a concatenation are added in fp16."""
+    values are copies); the gradients differ only where the two gradients of a concatenation are added in fp16, by a
+    small part of what fp16 itself changes against float32 (all gradients as one vector). On the CPU in bf16 the
+    same comparison gave 1.7% against bf16's own 57% (yolov5n at init, the outputs' sum as the loss: much
+    cancellation), so a quarter leaves a wide margin."""
     device = torch.device("cuda", 0)
     model = yolov5n(device).to(memory_format=torch.channels_last)
     images = torch.rand(4, 3, 128, 128, device=device).contiguous(memory_format=torch.channels_last)
     outputs, grads = autocast_step(model, images, "cuda", torch.float16)
     outputs_torch, grads_torch = autocast_step(with_torch_upsampling(model), images, "cuda", torch.float16)
+    model.zero_grad(set_to_none=True)
+    sum(output.sum() for output in model(images)).backward()
+    reference = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     assert all(torch.equal(a, b) for a, b in zip(outputs, outputs_torch))
-    for name in grads:
-        difference = (grads[name] - grads_torch[name]).norm() / grads_torch[name].norm().clamp_min(1e-12)
-        assert difference < 1e-2, name
+    flat = [torch.cat([g[name].flatten() for name in sorted(reference)]) for g in (grads, grads_torch, reference)]
+    assert (flat[0] - flat[1]).norm() <= 0.25 * (flat[1] - flat[2]).norm()
