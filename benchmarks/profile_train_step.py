@@ -372,12 +372,6 @@ def sync_sites(step, accumulate, source, count: int, device) -> dict:
     return per_step
 
 
-def loop_copies_ahead(device) -> bool:
-    from utils.trainer import loop
-
-    return loop.copies_run_ahead(device)
-
-
 def main():
     args = parse_args()
     import json
@@ -399,9 +393,9 @@ def main():
     print(f"torch {torch.__version__}, {where}; {Path(args.cfg).stem} {args.imgsz} px, batch {args.batch_size}, "
           f"amp {args.amp}, channels_last {args.channels_last}, batches from {args.source}, cudnn.benchmark "
           f"{args.cudnn_benchmark}")
-    if args.copies != "as-trained":
-        from utils.trainer import loop
+    from utils.trainer import loop
 
+    if args.copies != "as-trained":  # train_one_epoch reads it from its module
         loop.copies_run_ahead = lambda device, ahead=args.copies == "ahead": ahead
     step, accumulate, source = build(args, device)
     run_steps(step, accumulate, source, 3, device)  # warm-up (cuDNN's algorithm search, the allocator)
@@ -416,7 +410,7 @@ def main():
               "cuda_graphs": (args.cuda_graphs or args.cuda_graphs_model) and step.runner is not None,
               "loss_graphed": getattr(step.runner, "compute_loss", None) is not None,
               "compile": args.compile and step.runner is not None,
-              "copies_ahead": loop_copies_ahead(device),
+              "copies_ahead": loop.copies_run_ahead(device),
               "step_ms": seconds * 1000 / args.steps, "images_per_s": args.batch_size * args.steps / seconds,
               "phases": phases}
     if device.type == "cuda":
