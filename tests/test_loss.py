@@ -370,3 +370,57 @@ def test_loss_ops_counts_both_forms_and_the_fixed_one_runs_fewer_operations():
     assert (compact, fixed) == ("compact", "fixed shapes")
     assert float(fixed_loss) == pytest.approx(float(compact_loss), rel=1e-5)
     assert sum(map(int, fixed_ops)) < 0.6 * sum(map(int, compact_ops))  # 411 against 755 on this head
+
+
+def host_copies_to_cuda(compute, batch_sizes, grids=(8, 4), nc=3, targets=20):
+    """The copies from a host tensor to a CUDA one that the fixed-shape loss dispatches for each batch size in turn,
+    run on fake CUDA tensors (FakeTensorMode: no GPU needed): what a CUDA graph's capture would refuse."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostCopies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.copies = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in ("_to_copy", "copy_"):  # _to_copy(source), copy_(destination, source)
+                source, result = (args[0], out) if name == "_to_copy" else (args[1], args[0])
+                if source.device.type == "cpu" and result.device.type == "cuda":
+                    self.copies.append(f"{name} {tuple(source.shape)}")
+            return out
+
+    copies = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        compute.detect.anchors = torch.empty_like(compute.detect.anchors, device="cuda")
+        compute.cls_loss, compute.obj_loss = compute.cls_loss.to("cuda"), compute.obj_loss.to("cuda")
+        compute.device = torch.device("cuda")
+        for batch in batch_sizes:
+            preds = [torch.empty(batch, 3, g, g, 5 + nc, device="cuda") for g in grids]
+            with HostCopies() as recorded:  # the forward only: autograd's engine needs a real device for CUDA
+                compute(preds, torch.empty(targets, 6, device="cuda"))
+            copies.append(recorded.copies)
+    return copies
+
+
+def test_a_new_batch_size_makes_the_fixed_shape_losss_constants_without_a_copy_from_the_host():
+    """--cuda-graphs captures an epoch's smaller last batch with the loss as its first pass (no eager warm-up: its
+    memory would sit beside the graphs' pool), and a capture refuses a copy from the host: the constants that depend
+    on the batch size are fills on the device; those of the grids are copied once, at the run's first batch."""
+    compute = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64, fixed_shapes=True)
+    first, smaller, again = host_copies_to_cuda(compute, (4, 2, 4))
+    assert first and not smaller and not again
+
+
+def test_the_fixed_shape_losss_constants_of_another_batch_size_give_the_same_loss():
+    """The batch-size constants made by fills for a second batch size equal those a new loss makes for it first."""
+    model = FakeModel(ANCHORS, (8, 16), nc=3)
+    preds, targets = random_case(11, 30, nc=3, batch=2)
+    warmed = ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
+    loss_and_grads(warmed, *random_case(12, 30, nc=3, batch=4))
+    a_total, a_items, a_grads = loss_and_grads(warmed, preds, targets)
+    b_total, b_items, b_grads = loss_and_grads(ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True), preds, targets)
+    assert torch.equal(a_total, b_total) and torch.equal(a_items, b_items)
+    assert all(torch.equal(a, b) for a, b in zip(a_grads, b_grads))

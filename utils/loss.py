@@ -34,7 +34,7 @@ from utils.config import Hyp
 # Per-level objectness weights: YOLOv5's values for P3-P5 and for P3-P7 heads.
 BALANCE_THREE_LEVELS = (4.0, 1.0, 0.4)
 BALANCE_MANY_LEVELS = (4.0, 1.0, 0.25, 0.06, 0.02)
-MAX_LEVEL_CONSTANTS = 64  # grid sizes kept (--multi-scale makes ~20); more start the cache anew
+MAX_LEVEL_CONSTANTS = 64  # (grids, batch size) kept (--multi-scale makes ~20); more start the cache anew
 NEIGHBOUR_OFFSET = 0.5  # a centre within 0.5 of a cell edge also claims the neighbouring cell
 # Centre cell, then the cells left, up, right and down of it; multiplied by NEIGHBOUR_OFFSET.
 CELL_OFFSETS = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))
@@ -135,17 +135,20 @@ def objectness_target_fixed(num_cells: int, cell: torch.Tensor, iou: torch.Tenso
 
 
 class LevelConstants(NamedTuple):
-    """What the fixed-shape form needs of the levels' grid sizes, made once per (device, grids, batch size): a
-    tensor made from host values is a copy that waits for the device on CUDA."""
+    """What the fixed-shape form needs of the levels' grid sizes and the batch size. Those of the grids are made once
+    per (device, grids) from host values (a copy, which waits for the device on CUDA); those of the batch size once
+    per (device, grids, batch size) by fills on the device, so that a CUDA graph's capture of a new batch size (an
+    epoch's smaller last batch, utils/trainer/cuda_graphs.py) can make them: a capture refuses a copy from the host."""
     scale: torch.Tensor  # (nl, 1, 1, 7): a target row [image, class, cx, cy, w, h, anchor] to grid units
     grid: torch.Tensor  # (nl, 1, 1, 2): the grid's width and height
     last_cell: torch.Tensor  # (nl, 1, 2) long: the largest gi and gj
     grid_long: torch.Tensor  # (nl, 1, 2) long: nx, ny
-    first_cell: torch.Tensor  # (nl, 1) long: where each level's cells start in the levels' cells one after another
     level: torch.Tensor  # (nl, 1) long: 0 .. nl - 1
     anchor_index: torch.Tensor  # (na, 1, 1) float: 0 .. na - 1
     offsets: torch.Tensor  # (5, 2): CELL_OFFSETS * NEIGHBOUR_OFFSET
     placeholder: torch.Tensor  # (4,): an invalid candidate's box
+    # of the batch size too:
+    first_cell: torch.Tensor  # (nl, 1) long: where each level's cells start in the levels' cells one after another
     obj_weight: torch.Tensor  # (cells,): each cell's objectness weight, its level's balance / its level's cells
     num_cells: int
 
@@ -187,7 +190,8 @@ class ComputeLoss:
         self.obj_loss = obj_loss.to(self.device)
         self.world_size, self.reduce_counts = world_size, reduce_counts
         self.fixed_shapes = fixed_shapes
-        self._made: dict = {}  # _level_constants
+        self._made: dict = {}  # _level_constants: by (device, grids, batch size)
+        self._of_grids: dict = {}  # and the part of them made from host values, by (device, grids)
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor):
         device = preds[0].device
@@ -347,31 +351,40 @@ class ComputeLoss:
         return cls, box, (image, anchor, gj, gi), anchors[const.level, anchor], valid
 
     def _level_constants(self, preds: list[torch.Tensor]) -> LevelConstants:
-        """The LevelConstants of these predictions' grids, made on their first use (a few per run: the training
-        size, the last batch's size, --multi-scale's sizes)."""
+        """The LevelConstants of these predictions' grids and batch size, made on their first use (a few per run:
+        the training size, the last batch's size, --multi-scale's sizes). Inside a CUDA graph's capture those of a
+        new batch size are made and not kept: the graph's fills make them at each replay, and an eager call could
+        otherwise read memory that only a replay writes."""
         batch_size, device = preds[0].shape[0], preds[0].device
         grids = tuple((int(p.shape[2]), int(p.shape[3])) for p in preds)
         key = (device, grids, batch_size)
-        if key not in self._made:
-            if len(self._made) >= MAX_LEVEL_CONSTANTS:
-                self._made.clear()
-            sizes = [batch_size * self.num_anchors * ny * nx for ny, nx in grids]
-            first = [sum(sizes[:level]) for level in range(len(sizes))]
-            weight = torch.cat([torch.full((n,), balance / n) for n, balance in zip(sizes, self.balance)])
-            made = LevelConstants(
-                scale=torch.tensor([[1, 1, nx, ny, nx, ny, 1] for ny, nx in grids],
-                                   dtype=torch.float32).view(-1, 1, 1, 7),
-                grid=torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32).view(-1, 1, 1, 2),
-                last_cell=torch.tensor([[nx - 1, ny - 1] for ny, nx in grids]).view(-1, 1, 2),
-                grid_long=torch.tensor([[nx, ny] for ny, nx in grids]).view(-1, 1, 2),
-                first_cell=torch.tensor(first).view(-1, 1),
-                level=torch.arange(len(grids)).view(-1, 1),
-                anchor_index=torch.arange(self.num_anchors, dtype=torch.float32).view(-1, 1, 1),
-                offsets=torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET,
-                placeholder=torch.tensor([0.5, 0.5, 1.0, 1.0]),
-                obj_weight=weight, num_cells=sum(sizes))
-            self._made[key] = LevelConstants(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in made))
-        return self._made[key]
+        if key in self._made:
+            return self._made[key]
+        if len(self._made) >= MAX_LEVEL_CONSTANTS:
+            self._made.clear()
+        of_grids = self._of_grids.get((device, grids))
+        if of_grids is None:
+            if len(self._of_grids) >= MAX_LEVEL_CONSTANTS:
+                self._of_grids.clear()
+            made = (torch.tensor([[1, 1, nx, ny, nx, ny, 1] for ny, nx in grids],
+                                 dtype=torch.float32).view(-1, 1, 1, 7),
+                    torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32).view(-1, 1, 1, 2),
+                    torch.tensor([[nx - 1, ny - 1] for ny, nx in grids]).view(-1, 1, 2),
+                    torch.tensor([[nx, ny] for ny, nx in grids]).view(-1, 1, 2),
+                    torch.arange(len(grids)).view(-1, 1),
+                    torch.arange(self.num_anchors, dtype=torch.float32).view(-1, 1, 1),
+                    torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET,
+                    torch.tensor([0.5, 0.5, 1.0, 1.0]))
+            of_grids = self._of_grids[(device, grids)] = tuple(t.to(device) for t in made)
+        sizes = [batch_size * self.num_anchors * ny * nx for ny, nx in grids]
+        first_cell = torch.cat([torch.full((1, 1), sum(sizes[:level]), dtype=torch.long, device=device)
+                                for level in range(len(sizes))])
+        obj_weight = torch.cat([torch.full((n,), balance / n, device=device)
+                                for n, balance in zip(sizes, self.balance)])
+        made = LevelConstants(*of_grids, first_cell=first_cell, obj_weight=obj_weight, num_cells=sum(sizes))
+        if not (device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            self._made[key] = made
+        return made
 
     def _match_level(self, paired: torch.Tensor, anchors: torch.Tensor, grid_size: torch.Tensor,
                      offsets: torch.Tensor):
