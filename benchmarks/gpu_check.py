@@ -578,6 +578,14 @@ def cuda_tests(context: Context, name: str, keyword: str, *files: str, limit: fl
     return figures
 
 
+def tests_passed(figures: dict) -> dict:
+    """``figures`` of a step that ran cuda_tests before measuring; StepFailed with them when a test failed."""
+    if "cuda tests: where" in figures:
+        summary = next(value for key, value in figures.items() if key.startswith("cuda tests ("))
+        raise StepFailed(f"cuda tests: {summary}", figures)
+    return figures
+
+
 def sites(result: dict) -> str:
     return "; ".join(f"{n:.2f} {site}" for site, n in result.get("sync_sites_per_step", {}).items()) or "none"
 
@@ -633,7 +641,7 @@ def step_graphs_step(context: Context) -> dict:
                                                 ("--cuda-graphs-model",)),
                                                ("eager, each batch copied between two steps (as before 8d3a8ea)",
                                                 "graphs_step_inline", ("--copies", "inline", "--no-profile")))))
-    return figures
+    return tests_passed(figures)
 
 
 def step_compile_step(context: Context) -> dict:
@@ -643,7 +651,7 @@ def step_compile_step(context: Context) -> dict:
     figures = cuda_tests(context, "compile_test", "inductor", "tests/test_compiled.py")
     figures.update(profiled_variants(context, (("eager", "compile_step_eager", ()),
                                                ("--compile", "compile_step_compiled", ("--compile",))), limit=420))
-    return figures
+    return tests_passed(figures)
 
 
 def profiled_variants(context: Context, variants, limit: float = 180) -> dict:
@@ -768,7 +776,7 @@ def run_step(context: Context, name: str) -> StepResult:
     try:
         result.figures = STEPS[name](context) or {}
     except StepFailed as error:
-        result.status, result.detail = "fail", str(error)
+        result.status, result.detail, result.figures = "fail", str(error), error.figures
     except StepSkipped as error:
         result.status, result.detail = "skip", str(error)
     except Exception as error:  # a bug in one step must not hide the others' results

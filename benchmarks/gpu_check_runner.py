@@ -33,7 +33,12 @@ class StepResult:
 
 
 class StepFailed(Exception):
-    """A check inside a step did not hold; the message is the one-line reason."""
+    """A check inside a step did not hold; the message is the one-line reason, ``figures`` what the step measured
+    before (reported with the failure)."""
+
+    def __init__(self, message: str, figures: dict | None = None):
+        super().__init__(message)
+        self.figures = figures or {}
 
 
 class StepSkipped(Exception):

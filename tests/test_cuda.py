@@ -556,6 +556,27 @@ def test_gpu_check_state_and_deadline_for_short_leases(tmp_path, capsys, monkeyp
     assert (tmp_path / "out" / "gpu_check2.md").is_file()
 
 
+def test_gpu_check_a_step_whose_cuda_tests_fail_fails_with_what_it_measured(tmp_path, monkeypatch):
+    """graphs_step and compile_step run their cuda tests, then measure: a failed test fails the step (the state then
+    runs it again in the next lease), and the report keeps both the failure and the measured figures."""
+    from benchmarks import gpu_check
+
+    def step(context):
+        figures = {"cuda tests (graphs)": "1 failed, 6 passed in 5s", "cuda tests: where": "tests/test_x.py:1",
+                   "yolov5s b64 held, eager": "1480 img/s"}
+        return gpu_check.tests_passed(figures)
+
+    monkeypatch.setattr(gpu_check, "STEPS", {"environment": lambda context: {}, "cuda": None, "graphs_step": step})
+    monkeypatch.setattr(gpu_check, "no_cuda_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "cuda_device_name", lambda: "cuda:0 Fake GPU")
+    assert gpu_check.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == gpu_check.EXIT_FAILED
+    report = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| graphs_step | fail |" in report and "yolov5s b64 held, eager: 1480 img/s" in report
+    assert "## graphs_step: failed" in report and "cuda tests: 1 failed, 6 passed in 5s" in report
+    assert gpu_check.tests_passed({"cuda tests (graphs)": "7 passed", "a": "b"}) == {"cuda tests (graphs)": "7 passed",
+                                                                                    "a": "b"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_steady_state_step_with_deferred_checks_never_waits_for_the_device(device):
     """The step CUDA trains with (deferred checks, the fixed-shape loss, fp16 + GradScaler, EMA): on CUDA five steps
@@ -789,7 +810,9 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
     assert sync["cuda tests: where"] == ("utils/loss.py:257: in class_targets | E   RuntimeError: called a "
                                          "synchronizing CUDA op")
     assert sync["syncs per step by site"] == "3.00 utils/loss.py:257 <- utils/loss.py:226"
-    graphs = gpu_check.step_graphs_step(context)
+    with pytest.raises(gpu_check.StepFailed, match="cuda tests: 1 failed") as failed:  # measured, then failed
+        gpu_check.step_graphs_step(context)
+    graphs = failed.value.figures
     assert "eager: syncs per step by site" not in graphs
     assert graphs["--cuda-graphs: syncs per step by site"].startswith("3.00 ")
     assert graphs["yolov5s b64 held, --cuda-graphs"].startswith("900 img/s, 71.1 ms/step (host/GPU ms: forward 14.5/16.0)")
@@ -805,7 +828,9 @@ def test_gpu_check_profile_steps_run_profile_train_step_and_name_a_failing_cuda_
         [str(tmp_path / "logs" / "graphs_step_inline.json"), "--copies", "inline", "--no-profile"]]
     assert all(command[command.index("--data") + 1] == str(tmp_path / "dataset_x8" / "data.yaml") for command in profiled)
     commands.clear()
-    compiled = gpu_check.step_compile_step(context)
+    with pytest.raises(gpu_check.StepFailed) as failed:
+        gpu_check.step_compile_step(context)
+    compiled = failed.value.figures
     assert compiled["cuda tests (inductor)"] == "1 failed, 36 deselected in 3.1s"
     assert compiled["yolov5s b64 held, --compile"].startswith("900 img/s, 71.1 ms/step")
     assert compiled["--compile: GPU ms per step by kernel family"] == "convolution 12.2; BatchNorm 6.5"
