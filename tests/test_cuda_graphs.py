@@ -114,15 +114,19 @@ def test_the_capture_puts_batchnorm_back_and_turns_autocast_cache_off():
     assert all(torch.equal(expected[name], after[name]) for name in expected)
 
 
-def test_a_failed_capture_leaves_the_run_training_eagerly(caplog):
+def test_a_failed_capture_leaves_the_run_training_eagerly(caplog, monkeypatch):
     """A capture that raises (CUDA refuses an operation while capturing, or memory runs out) after its warm-up passes:
-    one warning naming the shape and the reason, BatchNorm put back, this batch and every later one eager, no second
-    attempt, and the run's values those of the eager step."""
+    one warning naming the shape and the reason, BatchNorm put back, the captures' cached memory released, this batch
+    and every later one eager, no second attempt, and the run's values those of the eager step."""
     class Refusing(StandInCapture):
         def __call__(self, module, sample_args, num_warmup_iters=3, allow_unused_input=False):
             super().__call__(module, sample_args, num_warmup_iters, allow_unused_input)
             raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors ...")
 
+    import utils.trainer.cuda_graphs as cuda_graphs
+
+    released = []
+    monkeypatch.setattr(cuda_graphs, "release_cached_memory", lambda: released.append(len(graphed.runner.graphs)))
     plain, graphed = tiny_step(), tiny_step()
     capture = Refusing()
     graphed.runner = GraphedModel(graphed.model, graphed.precision, batch_size=2, capture=capture)
@@ -134,6 +138,7 @@ def test_a_failed_capture_leaves_the_run_training_eagerly(caplog):
     assert said == ["WARNING: --cuda-graphs: the capture for batches of 2x3x64x64 failed (operation not permitted when "
                     "stream is capturing); training on without graphs"]
     assert capture.calls == 1 and graphed.runner.failed and not graphed.runner.graphs
+    assert released == [0]  # once, after the captures were dropped: their pool goes back to the device
     assert (graphed.runner.replays, graphed.runner.eager) == (0, 4)
     for (key, a), (_, b) in zip(plain.model.state_dict().items(), graphed.model.state_dict().items()):
         assert torch.equal(a, b), key

@@ -190,24 +190,34 @@ class GraphedModel:
         else:
             module, sample = _ForwardLoss(self.model, self.compute_loss), (images.detach().clone(),
                                                                            pad_targets(targets, capacity))
+        reason = None
         try:
             with CUDA_CAPTURE_LOCK, self.precision.autocast(cache=False):  # the pin thread waits (utils/cuda_capture.py)
                 graphed = self._capture_function(module, sample, num_warmup_iters=warmup, allow_unused_input=True)
         except RuntimeError as error:  # CUDA's capture errors and out-of-memory: the run goes on without graphs
-            self.failed = True
-            self.graphs.clear()
-            LOGGER.warning("WARNING: --cuda-graphs: the capture for batches of %s failed (%s); training on without "
-                           "graphs", "x".join(map(str, key[0])), (str(error).strip().splitlines() or ["?"])[0][:200])
-            return
+            reason = (str(error).strip().splitlines() or ["?"])[0][:200]
         finally:
             with torch.no_grad():  # the warm-up's BatchNorm statistics and counts are not the run's
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(saved[name])
+        if reason is not None:
+            self.failed = True
+            self.graphs.clear()
+            release_cached_memory()  # the graphs' pool, else held beside the eager steps (26.0 GB against 13.1 seen)
+            LOGGER.warning("WARNING: --cuda-graphs: the capture for batches of %s failed (%s); training on without "
+                           "graphs", "x".join(map(str, key[0])), reason)
+            return
         self.graphs[key] = Captured(graphed, capacity)
         what = ("forward and backward" if targets is None
                 else f"forward, loss (up to {capacity} targets) and backward")
         LOGGER.info("--cuda-graphs: %s captured for batches of %s%s", what, "x".join(map(str, key[0])),
                     "; other shapes run eagerly" if len(self.graphs) == 1 else " (into the same memory)")
+
+
+def release_cached_memory() -> None:
+    """CUDA memory that no tensor holds any more (a dropped capture's pool) back to the device, for the eager steps."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def batch_key(images: torch.Tensor) -> tuple:
