@@ -118,3 +118,29 @@ def test_on_cuda_a_uint8_batch_in_one_pass_equals_float_then_divide_to_the_bit()
     the CPU's to the last bit (on an H200 a batch's sum differed from the CPU's by 4e-8, relative)."""
     values = torch.arange(256, dtype=torch.uint8, device="cuda")
     assert torch.equal(to_unit_range(values), values.float().div_(255))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_on_cuda_a_batch_waits_for_its_own_copy_not_for_the_next_ones():
+    """Batch 0 is taken after batch 1's copy is queued on the side stream: the training stream must wait for batch
+    0's copy alone. Batch 1's copy is held back here by a long sleep on the side stream before it; the training
+    stream, given batch 0, finishes while that sleep still runs (waiting for the side stream as a whole, it would not:
+    the copy would run between two steps again)."""
+    device = torch.device("cuda", 0)
+    batches = [(torch.full((2, 3, 8, 8), i, dtype=torch.uint8).pin_memory(), torch.zeros(1, 6).pin_memory(), [], None)
+               for i in range(3)]
+
+    class HeldBack(BatchFeed):
+        def _copy(self, batch):
+            if batch is batches[1]:
+                torch.cuda._sleep(1_000_000_000)  # on the side stream: about half a second before batch 1's copy
+            return super()._copy(batch)
+
+    feed = HeldBack(batches, device, ahead=True)
+    taken = iter(feed)
+    images, _, _, _ = next(taken)  # batch 1's copy is queued behind the sleep by now
+    torch.cuda.current_stream(device).synchronize()
+    still_copying = not feed.stream.query()
+    assert still_copying and torch.equal(images.cpu(), torch.zeros(2, 3, 8, 8))
+    assert [round(float(images[0, 0, 0, 0]) * 255) for images, _, _, _ in taken] == [1, 2]

@@ -7,9 +7,11 @@ stream, as before, the copy ran between two steps with the GPU's compute waiting
 was 1.8 ms of GPU time out of 39 (yolov5s, batch 64 at 640, fp16, an H200; the 2026-11-28 profile in
 benchmarks/results/gpu_profile_2026-11-28_h200.json), most of it the host-to-device copy of 64 uint8 images.
 
-The training stream waits for a copy with ``wait_stream`` (no host synchronisation), and the copied tensors are
-marked as used on the training stream (``record_stream``), so their memory is not reused while a step still reads
-them. The conversion to floats runs on the training stream when the batch is taken: done ahead, it would hold one
+The training stream waits for each batch's own copy with an event (no host synchronisation; waiting for the side
+stream as a whole would wait for the next batch's copy too, queued by then: the H200 profile of 8a68420, which did,
+still had the 1.9 ms wait in its "data" phase), and the copied tensors are marked as used on the training stream
+(``record_stream``), so their memory is not reused while a step still reads them. The side stream does not wait for
+the training stream: a batch from the host depends on nothing queued there. The conversion to floats runs on the training stream when the batch is taken: done ahead, it would hold one
 float batch more (315 MB at 64 x 640 x 640, against the uint8 batch's 79 MB). Nothing a run computes changes: the
 same tensors reach the step in the same order (the loader's order; each batch's transform and hook called once, in
 order, with its own index).
@@ -59,33 +61,38 @@ class BatchFeed:
             if not self.ahead:
                 yield self._take(self._copy(batch))
                 continue
-            copied = self._issue(batch)
+            issued = self._issue(batch)
             if pending is not None:
-                yield self._take(pending)
-            pending = copied
+                yield self._take(*pending)
+            pending = issued
         if pending is not None:
-            yield self._take(pending)
+            yield self._take(*pending)
 
     def _copy(self, batch) -> tuple:
         images, targets, paths, shapes = batch
         return images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True), paths, shapes
 
     def _issue(self, batch) -> tuple:
-        """Queue ``batch``'s copy: on the side stream, after what the training stream has queued so far (a batch
-        that a transform made on the device is read there)."""
-        if self.stream is None:
-            return self._copy(batch)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        """(the batch's copy, the event its copy ends with): a batch from the host is copied on the side stream, at
+        once (the host's pinned memory is kept until its copy has run: torch's pinned allocator records the copy);
+        a batch that a transform made on the device (--augment-device) has nothing to copy ahead, so it is taken in
+        the training stream's order (event None)."""
+        if self.stream is None or not all(tensor.device.type == "cpu" for tensor in batch[:2]):
+            return self._copy(batch), None
         with torch.cuda.stream(self.stream):
-            return self._copy(batch)
+            copied = self._copy(batch)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return copied, done
 
-    def _take(self, copied: tuple) -> tuple:
-        """The batch to train: the training stream waits for its copy (its tensors marked as used there), then the
-        images are converted there."""
+    def _take(self, copied: tuple, done=None) -> tuple:
+        """The batch to train: the training stream waits for its own copy (``done``; not for the side stream, where
+        the next batch's copy is queued already), its tensors marked as used there, then the images are converted
+        there."""
         images, targets, paths, shapes = copied
-        if self.stream is not None:
+        if done is not None:
             training = torch.cuda.current_stream(self.device)
-            training.wait_stream(self.stream)
+            training.wait_event(done)
             images.record_stream(training)
             targets.record_stream(training)
         return to_unit_range(images), targets, paths, shapes
