@@ -462,7 +462,8 @@ def step_loader(context: Context) -> dict:
 
 def step_render_ops(context: Context) -> dict:
     """--augment-device's rendering on the GPU, the tiles written one copy each against all at once (CUDA's default):
-    operations and ms per batch of 64 mosaics at 640 (benchmarks/render_ops.py), and whether the images are equal."""
+    operations, bytes moved and ms per batch of 64 mosaics at 640 (benchmarks/render_ops.py), and whether the images
+    are equal."""
     command = python_command("benchmarks/render_ops.py", "--data", context.data, "--imgsz", IMGSZ_RENDER,
                              "--batch-size", 64, "--batches", 4, "--rounds", 5, "--device", "cuda:0")
     completed = checked(run_command(context, "render_ops", command, 300), "render_ops.py")
@@ -473,6 +474,9 @@ def step_render_ops(context: Context) -> dict:
     figures = {f"render b64 640, {name}": f"{ms} ms a batch, {operations.split(',')[0]} operations"
                for name, operations, ms, _ in rows}
     figures["render b64 640, images equal"] = "yes" if rows[0][3] == rows[1][3] else "NO"
+    moved = re.findall(r"read and written per batch: ([\d.]+) GB", "\n".join(text for _, text in completed.fragments))
+    if len(moved) == 2:
+        figures["render b64 640, GB read and written a batch (per tile, at once)"] = ", ".join(moved)
     return figures
 
 

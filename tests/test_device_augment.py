@@ -331,3 +331,20 @@ def test_rendering_on_cuda_matches_the_opencv_path_and_never_waits_for_the_gpu(s
             torch.cuda.set_sync_debug_mode("default")
         for got, want in zip(rendered.cpu(), collate(expected)[0]):
             assert_close(got, want)
+
+
+def test_render_ops_counts_operations_and_the_bytes_they_move(split):
+    """benchmarks/render_ops.py's counter: every operation, and per kind of non-view operation its tensors' bytes in and
+    out (an add of two 1,000-float tensors moves 12,000 bytes); a rendering's canvas warp is there, and the whole
+    rendering moves more than its images."""
+    from benchmarks.dispatch_count import OperationCount
+
+    with OperationCount() as count:
+        torch.ones(1000).add(torch.ones(1000)).view(10, 100)
+    assert count.bytes_by_kind["add"] == [1, 12000] and "view" not in count.bytes_by_kind
+    assert count.operations == 4  # two ones, the add, the view
+    _, planned = both_paths(split, *CASES["mosaic"], epoch=0)
+    with OperationCount() as count:
+        rendered = render_plans(collate_plans(planned)[0])
+    assert count.bytes_by_kind["grid_sampler_2d"][0] >= 1
+    assert count.total_bytes() > 10 * rendered.numel()

@@ -11,10 +11,10 @@ The training stream waits for each batch's own copy with an event (no host synch
 stream as a whole would wait for the next batch's copy too, queued by then: the H200 profile of 8a68420, which did,
 still had the 1.9 ms wait in its "data" phase), and the copied tensors are marked as used on the training stream
 (``record_stream``), so their memory is not reused while a step still reads them. The side stream does not wait for
-the training stream: a batch from the host depends on nothing queued there. The conversion to floats runs on the training stream when the batch is taken: done ahead, it would hold one
-float batch more (315 MB at 64 x 640 x 640, against the uint8 batch's 79 MB). Nothing a run computes changes: the
-same tensors reach the step in the same order (the loader's order; each batch's transform and hook called once, in
-order, with its own index).
+the training stream: a batch from the host depends on nothing queued there. The conversion to floats runs on the
+training stream when the batch is taken: done ahead, it would hold one float batch more (315 MB at 64 x 640 x 640,
+against the uint8 batch's 79 MB). Nothing a run computes changes: the same tensors reach the step in the same order
+(the loader's order; each batch's transform and hook called once, in order, with its own index).
 
 Going ahead means asking the loader for batch i+1 before batch i trains. On the CPU that gains nothing (the copy is
 the identity), so the CPU goes one batch at a time as before (``copies_run_ahead``); the tests force the other way on
