@@ -17,7 +17,7 @@ Steps, most valuable first (``--only`` / ``--skip`` take these names, ``train`` 
   augment_device  yolov5s b64 with 4 workers, --cache ram and off: the OpenCV workers, then --augment-device
   decode_device yolov5s b64 with 4 workers, --cache off, --augment-device: the workers decode, then the GPU
                 (--decode-device)
-  render_ops    --augment-device's rendering of 64 mosaics at 640 on the GPU, tiles one copy each and all at once
+  render_ops    --augment-device's rendering of 64 mosaics at 640 on the GPU: operations, bytes, ms a batch
   loss_ops      the loss's two forms (compact; fixed shapes, all levels at once) at b64/640 on the GPU:
                 operations and ms per forward and backward
   channels_last yolov5n and yolov5s b64 runs of this tree with --channels-last off, then with its default
@@ -461,23 +461,18 @@ def step_loader(context: Context) -> dict:
 
 
 def step_render_ops(context: Context) -> dict:
-    """--augment-device's rendering on the GPU, the tiles written one copy each against all at once (CUDA's default):
-    operations, bytes moved and ms per batch of 64 mosaics at 640 (benchmarks/render_ops.py), and whether the images
-    are equal."""
+    """--augment-device's rendering on the GPU: operations, bytes moved and ms per batch of 64 mosaics at 640
+    (benchmarks/render_ops.py)."""
     command = python_command("benchmarks/render_ops.py", "--data", context.data, "--imgsz", IMGSZ_RENDER,
                              "--batch-size", 64, "--batches", 4, "--rounds", 5, "--device", "cuda:0")
     completed = checked(run_command(context, "render_ops", command, 300), "render_ops.py")
-    rows = re.findall(r"^(.+?): operations per batch \[([\d, ]+)\]; ([\d.]+) ms a batch .*digest (\w+)$",
-                      "\n".join(text for _, text in completed.fragments), re.MULTILINE)
-    if len(rows) != 2:
-        raise StepFailed("render_ops.py printed no two rows")
-    figures = {f"render b64 640, {name}": f"{ms} ms a batch, {operations.split(',')[0]} operations"
-               for name, operations, ms, _ in rows}
-    figures["render b64 640, images equal"] = "yes" if rows[0][3] == rows[1][3] else "NO"
-    moved = re.findall(r"read and written per batch: ([\d.]+) GB", "\n".join(text for _, text in completed.fragments))
-    if len(moved) == 2:
-        figures["render b64 640, GB read and written a batch (per tile, at once)"] = ", ".join(moved)
-    return figures
+    text = "\n".join(text for _, text in completed.fragments)
+    row = re.search(r"^render: operations per batch \[([\d, ]+)\]; ([\d.]+) ms a batch", text, re.MULTILINE)
+    moved = re.search(r"read and written per batch: ([\d.]+) GB", text)
+    if row is None or moved is None:
+        raise StepFailed("render_ops.py printed no row")
+    return {"render b64 640": f"{row.group(2)} ms a batch, {row.group(1).split(',')[0]} operations, "
+                              f"{moved.group(1)} GB read and written"}
 
 
 IMGSZ_RENDER = 640
@@ -729,7 +724,7 @@ STEPS = {  # most valuable first: a short lease runs the head of this list (see 
     "augment_device": step_augment_device,  # the pixel work on the GPU against the OpenCV workers, 4 workers
     "augment_device_all_cores": step_augment_device_all_cores,  # the same with every core, 8 workers, --cache ram
     "decode_device": step_decode_device,  # --cache off, 4 workers: JPEGs decoded by the workers, then on the GPU
-    "render_ops": step_render_ops,  # the rendering's tiles one copy each against all at once, on the GPU
+    "render_ops": step_render_ops,  # --augment-device's rendering on the GPU: operations, bytes moved, time
     "loss_ops": step_loss_ops,  # the loss's two forms, operations and time per call, on the GPU
     "channels_last": step_channels_last,  # re-measured on CUDA: on by default there
     "throughput_generated": step_generated,  # 10,000 distinct generated images, --cache off (generated here first)

@@ -1,9 +1,8 @@
-"""--augment-device's rendering (utils/data/device_augment.py, ``render_plans``) on ``--device`` (the CPU by default),
-in both ways of writing the tiles onto the canvases (``paste_tiles``: one copy per tile, the CPU's; all at once,
-CUDA's): torch operations per batch (every operation through the dispatcher, counted with a TorchDispatchMode: on
-CUDA each costs host time, and most launch a kernel), the bytes they read and write (what bounds the rendering's
-kernels, which are memory-bound), wall time per batch, and a digest of the rendered images (equal digests: equal
-images). A timing: run it on an otherwise idle machine. On CUDA each timed render ends with a synchronisation, and
+"""--augment-device's rendering (utils/data/device_augment.py, ``render_plans``) on ``--device`` (the CPU by default):
+torch operations per batch (every operation through the dispatcher, counted with a TorchDispatchMode: on CUDA each
+costs host time, and most launch a kernel), the bytes they read and write (what bounds the rendering's kernels, which
+are memory-bound), wall time per batch, and a digest of the rendered images (equal digests: equal images). A timing:
+run it on an otherwise idle machine. On CUDA each timed render ends with a synchronisation, and
 the plans are copied to the device inside the timing, as in training.
 
     python benchmarks/render_ops.py --data ../shared/datasets/bccd/data.yaml [--imgsz 320] [--batch-size 32]
@@ -43,7 +42,6 @@ def main() -> None:
     from utils.data.dataset_yaml import load_data_config
     from utils.data.plans import collate_plans
 
-
     config = load_data_config(args.data)
     cell = {"images": config.split("train")[0], "nc": len(config.names), "imgsz": args.imgsz,
             "batch_size": args.batch_size, "hyp": args.hyp, "cache": "ram", "workers": 0}
@@ -56,28 +54,26 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"# {where}; {args.data} train, {args.imgsz} px, batches of {size}, {args.hyp}; tiles per batch: "
           f"{[len(batch.tiles) for batch in batches]}")
-    for name, devices in (("one copy per tile (the CPU's)", ()), ("all at once (CUDA's)", (device.type,))):
-        device_augment.ONE_WRITE_DEVICES = devices
-        digest, operations, seconds, traffic = hashlib.sha256(), [], [], []
+    digest, operations, seconds, traffic = hashlib.sha256(), [], [], []
+    for batch in batches:
+        with OperationCount() as count:
+            rendered = device_augment.render_plans(batch, device)
+        operations.append(count.operations)
+        traffic.append(count)
+        digest.update(rendered.contiguous().cpu().numpy().tobytes())
+    for _ in range(args.rounds):
         for batch in batches:
-            with OperationCount() as count:
-                rendered = device_augment.render_plans(batch, device)
-            operations.append(count.operations)
-            traffic.append(count)
-            digest.update(rendered.contiguous().cpu().numpy().tobytes())
-        for _ in range(args.rounds):
-            for batch in batches:
-                start = time.perf_counter()
-                device_augment.render_plans(batch, device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                seconds.append(time.perf_counter() - start)
-        print(f"{name}: operations per batch {operations}; {statistics.median(seconds) * 1e3:.1f} ms a batch (median "
-              f"of {len(seconds)}); images digest {digest.hexdigest()[:16]}")
-        print(f"  read and written per batch: {statistics.mean(c.total_bytes() for c in traffic) / 1e9:.2f} GB "
-              f"(the images: {rendered.numel() / 1e9:.3f} GB); by operation, the first batch: " + "; ".join(
-                  f"{kind} {count} x {moved / 1e9:.2f} GB" for kind, (count, moved)
-                  in sorted(traffic[0].bytes_by_kind.items(), key=lambda item: -item[1][1])[:args.kinds]))
+            start = time.perf_counter()
+            device_augment.render_plans(batch, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - start)
+    print(f"render: operations per batch {operations}; {statistics.median(seconds) * 1e3:.1f} ms a batch (median "
+          f"of {len(seconds)}); images digest {digest.hexdigest()[:16]}")
+    print(f"  read and written per batch: {statistics.mean(c.total_bytes() for c in traffic) / 1e9:.2f} GB "
+          f"(the images: {rendered.numel() / 1e9:.3f} GB); by operation, the first batch: " + "; ".join(
+              f"{kind} {count} x {moved / 1e9:.2f} GB" for kind, (count, moved)
+              in sorted(traffic[0].bytes_by_kind.items(), key=lambda item: -item[1][1])[:args.kinds]))
 
 
 if __name__ == "__main__":

@@ -68,11 +68,9 @@ def named(split, name: str) -> int:
 
 
 @pytest.mark.parametrize("hyp", list(HYPS))
-@pytest.mark.parametrize("at_once", [False, True])
-def test_the_device_decodes_the_same_images_to_the_bit(split, hyp, at_once, monkeypatch):
+def test_the_device_decodes_the_same_images_to_the_bit(split, hyp):
     """Decoded on the device (the CPU's torchvision), the batches render the images the worker-decoded plans render,
-    to the bit, with the tiles written one copy each and all at once; the targets are the same objects' values."""
-    monkeypatch.setattr(device_augment, "ONE_WRITE_DEVICES", ("cpu",) if at_once else ())
+    to the bit; the targets are the same objects' values."""
     for epoch in (0, 1):
         worker, device = plans(split, HYPS[hyp], False, epoch), plans(split, HYPS[hyp], True, epoch)
         decoded = 0

@@ -137,34 +137,30 @@ def test_small_rendering_steps_give_the_same_images(split, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["mosaic, mixup", "letterbox (mosaic 0)", "rect (letterbox resizes)"])
-def test_tiles_written_at_once_equal_one_copy_per_tile(split, segmented, monkeypatch, case):
-    """The form CUDA uses (every tile written in a few operations, in groups of PASTE_PIXELS) renders the same images
-    to the bit as the per-tile copies, with copy-paste too, in steps of any size; and it runs a fixed number of
-    operations, not ~7 per tile."""
+def test_the_tiles_of_a_canvas_step_are_pasted_in_one_call(split, segmented, monkeypatch, case):
+    """paste_tiles writes a canvas step's tiles with one ``torch._foreach_copy_`` of views (nothing computed per pixel,
+    no operation per tile but its two views), and the images are the same to the bit in steps of any size (every image
+    in one step, or one image a step), with copy-paste and mixup."""
     hyp, rect = (SCRATCH.replace(copy_paste=0.5, mixup=0.5), False) if case == "mosaic, mixup" else CASES[case]
     data = segmented if case == "mosaic, mixup" else split
     _, planned = both_paths(data, hyp, rect, epoch=1)
     batches = [collate_plans(planned[first:first + 3])[0] for first in range(0, len(planned), 3)]
     expected = [render_plans(batch) for batch in batches]
     tiles = sum(len(batch.tiles) for batch in batches)
-    monkeypatch.setattr(device_augment, "ONE_WRITE_DEVICES", ("cpu",))
-    calls = []
-    index_copy = torch.Tensor.index_copy_
+    calls, foreach_copy = [], torch._foreach_copy_
 
-    def counted(self, *args):
-        calls.append(1)
-        return index_copy(self, *args)
+    def counted(destinations, sources):
+        calls.append(len(destinations))
+        return foreach_copy(destinations, sources)
 
-    monkeypatch.setattr(torch.Tensor, "index_copy_", counted)
-    for pixels, canvas_bytes in ((1 << 22, 256 << 20), (97, 1)):  # a few groups / many groups and one image a step
-        monkeypatch.setattr(device_augment, "PASTE_PIXELS", pixels)
+    monkeypatch.setattr(torch, "_foreach_copy_", counted)
+    for canvas_bytes in (256 << 20, 1):
         monkeypatch.setattr(device_augment, "CANVAS_BYTES", canvas_bytes)
         calls.clear()
         for batch, want in zip(batches, expected):
             assert torch.equal(render_plans(batch), want)
-        if pixels > 1000:  # one write per canvas step (a step per canvas size), however many tiles
-            steps = sum(len(list(device_augment.canvas_steps(batch.canvases, canvas_bytes))) for batch in batches)
-            assert len(calls) == steps < tiles
+        steps = sum(len(list(device_augment.canvas_steps(batch.canvases, canvas_bytes))) for batch in batches)
+        assert len(calls) == steps and sum(calls) == tiles
 
 
 @pytest.mark.parametrize("projective", [False, True])

@@ -39,8 +39,6 @@ CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at mos
 # rendering's other buffers are freed before the forward pass, whose peak is larger, and reused by it)
 RESIDENT_BYTES = (256 ** 3 + 180 * 256 ** 2) * 4
 COLOUR_STEP = 16  # images per HSV step (its index tensors: 12 bytes per pixel)
-ONE_WRITE_DEVICES = ("cuda",)  # where a canvas's tiles are written in one operation (paste_tiles)
-PASTE_PIXELS = 1 << 22  # pixels written at once at most (their indices: ~5 int64 each, ~160 MiB, while writing)
 _TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 _TABLES_LOCK = threading.Lock()
 
@@ -195,7 +193,7 @@ def build_canvases(batch, pixels: torch.Tensor, members: torch.Tensor, device) -
     lies, so that ``grid_sample``'s zero padding is the grey border."""
     width, height = (max(int(v), 2) for v in batch.canvases[members[0]])
     canvas = torch.zeros((len(members), height, width, 3), dtype=torch.float32, device=device)
-    paste_tiles(canvas, batch.tiles, pixels, members, device)
+    paste_tiles(canvas, batch.tiles, pixels, members)
     place = {int(image): k for k, image in enumerate(members.tolist())} if len(batch.pastes) else {}
     for image, x, y, w, h, offset in batch.pastes.tolist():  # copy-paste: mirrored pixels under the mask
         if image in place:
@@ -206,63 +204,25 @@ def build_canvases(batch, pixels: torch.Tensor, members: torch.Tensor, device) -
     return canvas.permute(0, 3, 1, 2)
 
 
-def paste_tiles(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor, members: torch.Tensor,
-                device) -> None:
+def paste_tiles(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor, members: torch.Tensor) -> None:
     """Every tile of images ``members`` (rows of ``tiles``: image, x, y, w, h, byte offset in ``pixels``, row stride
-    in pixels) minus the grey into its place on ``canvas`` (n, H, W, 3) float32: on the devices of ONE_WRITE_DEVICES
-    all at once (``_paste_at_once``), elsewhere one copy per tile (``_paste_each``). The values are the same to the
-    bit."""
-    if torch.device(device).type in ONE_WRITE_DEVICES:
-        _paste_at_once(canvas, tiles, pixels, members, device)
-    else:
-        _paste_each(canvas, tiles, pixels, members)
-
-
-def _paste_each(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor, members: torch.Tensor) -> None:
-    """One copy and one subtraction per tile: memory copies, the faster form on the CPU (a batch of 32 mosaics of
-    BCCD at 320 rendered in 136 ms this way, 272 ms at once, on a 2-core EPYC), ~7 operations a tile."""
+    in pixels) minus the grey into its place on ``canvas`` (n, H, W, 3) float32, in two calls: a view of each tile's
+    rows in ``pixels`` copied onto a view of its place (``torch._foreach_copy_``), then the grey taken from those
+    places (``torch._foreach_sub_``); nothing computed per pixel but the values. The form that wrote all tiles through
+    per-pixel indices (CUDA's until 2026-11-28) read and wrote 28.1 GB for a batch of 64 BCCD mosaics at 640, and one
+    copy and one subtraction per tile (the CPU's) 14.0 GB in ~7 operations a tile; this way 14.0 GB in 2 operations a
+    tile, both views (benchmarks/render_ops.py)."""
     place = {image: k for k, image in enumerate(members.tolist())}
+    _, height, width, _ = canvas.shape
+    destinations, sources = [], []
     for image, x, y, w, h, offset, stride in tiles.tolist():
-        if image in place:
-            tile = pixels.as_strided((h, w, 3), (stride * 3, 3, 1), pixels.storage_offset() + offset)
-            canvas[place[image], y:y + h, x:x + w].copy_(tile).sub_(FILL)
-
-
-def _paste_at_once(canvas: torch.Tensor, tiles: torch.Tensor, pixels: torch.Tensor, members: torch.Tensor,
-                   device) -> None:
-    """The tiles in a fixed number of operations per PASTE_PIXELS pixels, however many tiles there are (one copy per
-    tile is ~7 operations and two kernel launches on CUDA, where a step's host time is the bound: ~800 of a batch of 32
-    mosaics' ~1,000 rendering operations; 228 this way): each source pixel's place on the canvas is computed on the
-    device from a small table of the tiles, then all are written at once. An image's tiles never overlap (a mosaic's
-    four lie in the four quadrants around its centre), so the order of the writes does not matter."""
-    count, height, width, _ = canvas.shape
-    place = torch.full((int(tiles[:, 0].max()) + 1 if len(tiles) else 1,), -1, dtype=torch.int64)
-    place[members] = torch.arange(count)
-    mine = tiles[place[tiles[:, 0]] >= 0] if len(tiles) else tiles
-    image, x, y, w, h, offset, stride = mine.unbind(1)
-    sizes = w * h  # pixels per tile
-    # per tile: its first pixel's place on the canvas and in the source, its width, where its pixels begin in a group
-    first = (place[image] * height + y) * width + x
-    group_of = torch.div(torch.cumsum(sizes, 0) - sizes, PASTE_PIXELS, rounding_mode="floor")
-    for group in torch.unique(group_of).tolist():
-        tiles_in = (group_of == group).nonzero().flatten()
-        counts = sizes[tiles_in]
-        total = int(counts.sum())
-        if not total:
-            continue
-        starts = torch.cumsum(counts, 0) - counts
-        table = to_device(torch.stack((first[tiles_in], offset[tiles_in] // 3, w[tiles_in], starts, stride[tiles_in])),
-                          device)
-        tile = torch.repeat_interleave(torch.arange(len(tiles_in), device=device), to_device(counts, device),
-                                       output_size=total)  # the tile of each pixel written (nothing read back)
-        written = torch.arange(total, device=device)
-        canvas_first, source_first, tile_w, start, source_w = table[:, tile]
-        local = written - start  # the pixel's index inside its tile, row by row
-        row = torch.div(local, tile_w, rounding_mode="floor")
-        column = local - row * tile_w
-        destination = canvas_first + row * width + column
-        values = pixels.view(-1, 3)[source_first + row * source_w + column].to(torch.float32).sub_(FILL)
-        canvas.view(-1, 3).index_copy_(0, destination, values)
+        if image in place:  # one view each (as_strided), where indexing the canvas would take three operations
+            sources.append(pixels.as_strided((h, w, 3), (stride * 3, 3, 1), pixels.storage_offset() + offset))
+            first = canvas.storage_offset() + ((place[image] * height + y) * width + x) * 3
+            destinations.append(canvas.as_strided((h, w, 3), (width * 3, 3, 1), first))
+    if destinations:
+        torch._foreach_copy_(destinations, sources)
+        torch._foreach_sub_(destinations, FILL)
 
 
 def sampling_grid(batch, members: torch.Tensor, height: int, width: int, canvas_h: int, canvas_w: int,
