@@ -366,22 +366,23 @@ class ComputeLoss:
         if of_grids is None:
             if len(self._of_grids) >= MAX_LEVEL_CONSTANTS:
                 self._of_grids.clear()
-            made = (torch.tensor([[1, 1, nx, ny, nx, ny, 1] for ny, nx in grids],
-                                 dtype=torch.float32).view(-1, 1, 1, 7),
-                    torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32).view(-1, 1, 1, 2),
-                    torch.tensor([[nx - 1, ny - 1] for ny, nx in grids]).view(-1, 1, 2),
-                    torch.tensor([[nx, ny] for ny, nx in grids]).view(-1, 1, 2),
-                    torch.arange(len(grids)).view(-1, 1),
-                    torch.arange(self.num_anchors, dtype=torch.float32).view(-1, 1, 1),
-                    torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET,
-                    torch.tensor([0.5, 0.5, 1.0, 1.0]))
-            of_grids = self._of_grids[(device, grids)] = tuple(t.to(device) for t in made)
+            made = dict(
+                scale=torch.tensor([[1, 1, nx, ny, nx, ny, 1] for ny, nx in grids],
+                                   dtype=torch.float32).view(-1, 1, 1, 7),
+                grid=torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32).view(-1, 1, 1, 2),
+                last_cell=torch.tensor([[nx - 1, ny - 1] for ny, nx in grids]).view(-1, 1, 2),
+                grid_long=torch.tensor([[nx, ny] for ny, nx in grids]).view(-1, 1, 2),
+                level=torch.arange(len(grids)).view(-1, 1),
+                anchor_index=torch.arange(self.num_anchors, dtype=torch.float32).view(-1, 1, 1),
+                offsets=torch.tensor(CELL_OFFSETS, dtype=torch.float32) * NEIGHBOUR_OFFSET,
+                placeholder=torch.tensor([0.5, 0.5, 1.0, 1.0]))
+            of_grids = self._of_grids[(device, grids)] = {name: t.to(device) for name, t in made.items()}
         sizes = [batch_size * self.num_anchors * ny * nx for ny, nx in grids]
         first_cell = torch.cat([torch.full((1, 1), sum(sizes[:level]), dtype=torch.long, device=device)
                                 for level in range(len(sizes))])
         obj_weight = torch.cat([torch.full((n,), balance / n, device=device)
                                 for n, balance in zip(sizes, self.balance)])
-        made = LevelConstants(*of_grids, first_cell=first_cell, obj_weight=obj_weight, num_cells=sum(sizes))
+        made = LevelConstants(**of_grids, first_cell=first_cell, obj_weight=obj_weight, num_cells=sum(sizes))
         if not (device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
             self._made[key] = made
         return made
