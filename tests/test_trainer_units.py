@@ -184,3 +184,39 @@ def test_cuda_graphs_and_compile_take_the_batch_the_model_sees(tmp_path, monkeyp
             (name, enabled, batch_size)))
     tiny_step(tmp_path, quad=quad, **{flag: True})
     assert (builder, True, captured) in asked and all(enabled == (name == builder) for name, enabled, _ in asked)
+
+
+@pytest.mark.parametrize("best_is_last", [True, False])
+def test_last_and_best_are_stripped_once_when_best_is_last(tmp_path, monkeypatch, best_is_last):
+    """At the end of a run whose last epoch was its best, best.pt is a link to last.pt's file: that file is stripped
+    once and best.pt holds exactly the bytes a second strip would have written."""
+    import shutil
+    import yaml
+
+    from models.yolo import DetectionModel
+    from tests.conftest import TINY_MODEL_YAML
+    from utils.checkpoint import copy_checkpoint, model_state, save_checkpoint, strip_checkpoint
+    from utils.trainer import stages
+
+    def training_file(path, seed):
+        torch.manual_seed(seed)
+        model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML))
+        save_checkpoint({"model": model_state(model), "ema": model_state(model), "epoch": 1, "date": "2026-11-28",
+                         "training": {"version": 1}}, path)
+
+    weights = tmp_path / "weights"
+    training_file(weights / "last.pt", seed=0)
+    if best_is_last:
+        copy_checkpoint(weights / "last.pt", weights / "best.pt")
+    else:
+        training_file(weights / "best.pt", seed=1)
+    for name in ("last", "best"):  # what stripping each file on its own writes
+        shutil.copy(weights / f"{name}.pt", tmp_path / f"{name}-alone.pt")
+        strip_checkpoint(tmp_path / f"{name}-alone.pt")
+    calls = []
+    monkeypatch.setattr(stages, "strip_checkpoint", lambda path: calls.append(path.name) or strip_checkpoint(path))
+    stages.strip_last_and_best(weights / "last.pt", weights / "best.pt")
+    assert calls == (["last.pt"] if best_is_last else ["last.pt", "best.pt"])
+    for name in ("last", "best"):
+        assert (weights / f"{name}.pt").read_bytes() == (tmp_path / f"{name}-alone.pt").read_bytes()
+        assert torch.load(weights / f"{name}.pt", weights_only=True)["finished"]

@@ -3,6 +3,7 @@ a run (stripping the checkpoints, the final validation of best.pt)."""
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from utils import dist
-from utils.checkpoint import previous_path, strip_checkpoint
+from utils.checkpoint import copy_checkpoint, previous_path, strip_checkpoint
 from utils.config import ConfigError, Hyp, TrainConfig
 from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
@@ -151,6 +152,21 @@ def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plo
                         first_batch=first_batch)
 
 
+def strip_last_and_best(last: Path, best: Path) -> None:
+    """Strip the run's last.pt and best.pt. When the last epoch was the best, best.pt is a link to last.pt's file
+    (``copy_checkpoint``): that file is stripped once and best.pt linked to the result, which is the file stripping
+    it again would write (the same content, byte for byte), without a second load and save."""
+    same = last.exists() and best.exists() and os.path.samefile(last, best)
+    if last.exists():
+        strip_checkpoint(last)
+    if same:
+        copy_checkpoint(last, best)
+        LOGGER.info("Optimizer stripped from %s, %.1fMB (the same file as %s)", best, best.stat().st_size / 1e6,
+                    last.name)
+    elif best.exists():
+        strip_checkpoint(best)
+
+
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
                      distributed: bool = False, precision=None):
     """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
@@ -162,9 +178,7 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
     last, best = weights_dir / "last.pt", weights_dir / "best.pt"
     entry = None
     if dist.is_main_process():
-        for path in (last, best):
-            if path.exists():
-                strip_checkpoint(path)
+        strip_last_and_best(last, best)
         previous_path(last).unlink(missing_ok=True)  # kept only while the run could be resumed
         entry = model_entry(load_checkpoint(best)) if best.exists() else None
     if distributed:
