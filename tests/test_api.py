@@ -139,6 +139,22 @@ def test_api_call_restores_logging_threads_rng_and_switches():
     assert process_state() == before
 
 
+def test_an_api_call_imports_no_compiler():
+    """An API call that changed none of torch's deterministic switches leaves them alone on its way out: torch's
+    setter imports torch._inductor and torch._dynamo (~3 s on a 2-core Zen 3, on the first val.run of a process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from utils.api import api_call\n"
+            "with api_call():\n"
+            "    torch.backends.cudnn.deterministic = True\n"
+            "print(torch.backends.cudnn.deterministic, 'torch._inductor' in sys.modules, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "False"]
+
+
 @pytest.fixture
 def callers_pyplot():
     """A caller's pyplot: its own backend (a notebook's stands here as pdf) and an open figure."""

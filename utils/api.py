@@ -126,7 +126,11 @@ def api_call(trains: bool = False, step: bool = False):
             for name, quiet_level in quiet.items():
                 logging.getLogger(name).setLevel(quiet_level)
             torch.set_num_threads(threads)
-            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+            if (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled()) != deterministic[:2]:
+                # only when the call changed them (--deterministic): torch's setter imports torch._inductor (~3 s
+                # here, and the compiler into a process that never compiles) and sets its config as well
+                torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
             torch.backends.cudnn.deterministic = deterministic[2]
             for name, text in environment.items():
                 if text is None:
