@@ -7,12 +7,22 @@ as a fresh clone would).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fresh_python(code: str, timeout: int = 120) -> list[str]:
+    """The lines ``code`` prints when a fresh interpreter runs it in the repository (what a process imports is seen
+    only in a new one); the test fails with the interpreter's stderr when it exits non-zero."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
 SHARED = Path(os.environ.get("YOLO_TRAINER_SHARED") or ROOT.parent / "shared")
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
 CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]  # a GPU test's marks

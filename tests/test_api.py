@@ -17,7 +17,7 @@ from tqdm._monitor import TMonitor  # tqdm's one progress-bar monitor thread per
 import detect
 import train as train_script
 import val
-from tests.conftest import ROOT, make_tiny_run, save_random_checkpoint
+from tests.conftest import ROOT, fresh_python, make_tiny_run, save_random_checkpoint
 from utils.api import keyword_argv
 from utils.errors import ArgumentError, UserError
 
@@ -142,17 +142,12 @@ def test_api_call_restores_logging_threads_rng_and_switches():
 def test_an_api_call_imports_no_compiler():
     """An API call that changed none of torch's deterministic switches leaves them alone on its way out: torch's
     setter imports torch._inductor and torch._dynamo (~3 s on a 2-core Zen 3, on the first val.run of a process)."""
-    import subprocess
-    import sys
-
     code = ("import sys, torch\n"
             "from utils.api import api_call\n"
             "with api_call():\n"
             "    torch.backends.cudnn.deterministic = True\n"
             "print(torch.backends.cudnn.deterministic, 'torch._inductor' in sys.modules, 'torch._dynamo' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False", "False"]
+    assert fresh_python(code) == ["False False False"]
 
 
 @pytest.fixture

@@ -7,13 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import NO_CUDA, ROOT
+from tests.conftest import NO_CUDA, ROOT, fresh_python
 from tests.test_host_reads import batches, tiny_step
 from utils.data.cache_folders import CacheFolderError
 from utils.trainer.compiled import CACHE_VARIABLE, CompiledModel, compiled_model, private_compiler_cache
@@ -84,9 +82,7 @@ def test_the_cpu_path_never_imports_the_compiler():
             "step = tiny_step()\n"
             "runner = compiled_model(True, step.model, step.precision, 2, torch.device('cpu'), False)\n"
             "print(runner is None, 'torch._dynamo' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False"]
+    assert fresh_python(code) == ["True False"]
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])

@@ -3,10 +3,8 @@ function or under ``__main__`` (``python models/yolo.py`` would load yolo.py twi
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fresh_python
 
 
 def project_modules() -> dict:
@@ -44,6 +42,4 @@ def test_models_yolo_as_a_script_is_loaded_once():
             "try:\n    runpy.run_path('models/yolo.py', run_name='__main__')\n"
             "except SystemExit as end:\n    assert end.code == 0, end.code\n"
             "print('models.yolo' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert fresh_python(code, timeout=300)[-1] == "False"

@@ -2,19 +2,15 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from tests.conftest import fresh_python
 from utils.config import ConfigError
 from utils.trainer.optim import build_optimizer
 from utils.trainer.sgd import SGD
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_model() -> nn.Module:
@@ -314,9 +310,7 @@ def test_training_step_does_not_import_torch_dynamo():
             "torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)\n"
             "optimizer.step(); optimizer.zero_grad(); optimizer.state_dict()\n"
             "print('torch._dynamo' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert fresh_python(code) == ["False"]
 
 
 def test_build_optimizer_sgd_is_ours_adam_stays_torchs():
