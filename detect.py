@@ -494,4 +494,6 @@ def interrupts_noted() -> Iterator[threading.Event]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from utils.errors import exit_process
+
+    exit_process(main())

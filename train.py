@@ -426,4 +426,6 @@ def _shared(decide):
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record  # torchrun reports a failed rank's traceback
 
-    sys.exit(record(main)())
+    from utils.errors import exit_process
+
+    exit_process(record(main)())

@@ -330,4 +330,6 @@ def _main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from utils.errors import exit_process
+
+    exit_process(main())

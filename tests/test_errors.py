@@ -136,3 +136,27 @@ def test_shorten_is_bounded_for_hostile_values():
 def test_one_line():
     assert one_line("a\n  b\r\nc") == "a b c"
     assert one_line("z" * 50, limit=10) == "zzzzzzz..."
+
+
+def test_exit_process_keeps_the_exit_code_and_runs_the_exit_finalizers(tmp_path):
+    """exit_process freezes the objects still alive before the interpreter's shutdown; what a process registered to
+    run at exit still runs: atexit functions and weakref.finalize finalizers, also of an object in a reference cycle
+    (which the shutdown's collection would otherwise have been the one to free)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    log = tmp_path / "exit.log"
+    code = ("import atexit, weakref\n"
+            "from utils.errors import exit_process\n"
+            f"log = open({str(log)!r}, 'a', buffering=1)\n"
+            "class Node:\n    pass\n"
+            "node = Node(); node.itself = node\n"
+            "weakref.finalize(node, log.write, 'finalized\\n')\n"
+            "atexit.register(log.write, 'atexit\\n')\n"
+            "del node\n"
+            "exit_process(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert sorted(log.read_text().split()) == ["atexit", "finalized"]

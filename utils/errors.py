@@ -44,13 +44,14 @@ import builtins
 import collections
 import contextlib
 import errno
+import gc
 import itertools
 import os
 import reprlib
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 MESSAGE_LIMIT = 2000  # characters of one error line
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
@@ -304,6 +305,17 @@ def run_main(prog: str, main: Callable, argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last resort that asks for a bug report
         return _internal_error(prog, error)
     return 0 if code is None else int(code)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a command-line process with ``code`` (``sys.exit``), after moving every object still alive into the
+    garbage collector's permanent generation (``gc.freeze``). The interpreter's shutdown then frees them without
+    walking them in its collections: detect.py's exit, from main's return to the shell's prompt, took 1.0-1.35 s
+    on a 2-core Zen 3, ~0.45 s so. What the command wrote is closed by then (its files by their ``with`` blocks,
+    its writers by the run); ``atexit`` functions and ``weakref.finalize`` finalizers (the shared image caches')
+    run as before. Only for a script's ``__main__``: a process that goes on would never collect what is frozen."""
+    gc.freeze()
+    sys.exit(code)
 
 
 def _internal_error(prog: str, error: BaseException) -> int:
