@@ -17,12 +17,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fresh_python(code: str, timeout: int = 120) -> list[str]:
+def fresh_python(code: str, timeout: int = 120, exit_code: int = 0) -> list[str]:
     """The lines ``code`` prints when a fresh interpreter runs it in the repository (what a process imports is seen
-    only in a new one); the test fails with the interpreter's stderr when it exits non-zero."""
+    only in a new one); the test fails with the interpreter's stderr when it exits with another code than
+    ``exit_code``."""
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == exit_code, done.stderr[-2000:]
     return done.stdout.strip().splitlines()
+
+
 SHARED = Path(os.environ.get("YOLO_TRAINER_SHARED") or ROOT.parent / "shared")
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False (python benchmarks/gpu_check.py runs these on a GPU)"
 CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]  # a GPU test's marks

@@ -142,10 +142,7 @@ def test_exit_process_keeps_the_exit_code_and_runs_the_exit_finalizers(tmp_path)
     """exit_process freezes the objects still alive before the interpreter's shutdown; what a process registered to
     run at exit still runs: atexit functions and weakref.finalize finalizers, also of an object in a reference cycle
     (which the shutdown's collection would otherwise have been the one to free)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
+    from tests.conftest import fresh_python
 
     log = tmp_path / "exit.log"
     code = ("import atexit, weakref\n"
@@ -157,6 +154,5 @@ def test_exit_process_keeps_the_exit_code_and_runs_the_exit_finalizers(tmp_path)
             "atexit.register(log.write, 'atexit\\n')\n"
             "del node\n"
             "exit_process(3)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 3, done.stderr
+    fresh_python(code, timeout=60, exit_code=3)
     assert sorted(log.read_text().split()) == ["atexit", "finalized"]
