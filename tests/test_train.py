@@ -81,6 +81,31 @@ def test_last_epoch_draws_the_plots_when_best_pt_may_be_missing(tiny, monkeypatc
 
 
 @pytest.mark.slow
+def test_noval_never_stops_early_and_best_is_the_newest_epoch(tiny):
+    """--noval leaves the epochs before the last unvalidated (fitness 0): as in YOLOv5 they tie with the best, so
+    --patience does not stop the run at epoch patience + 1 with best.pt from epoch 0."""
+    assert run_train(tiny, "--noval", "--patience", "1", "--epochs", "3", "--noplots", "--name", "noval") == 0
+    save_dir = tiny[0] / "runs" / "noval"
+    assert len((save_dir / "results.csv").read_text().splitlines()) == 4  # header + 3 epochs: not stopped early
+    assert torch.load(save_dir / "weights/best.pt", weights_only=True)["epoch"] == 2  # the last finished epoch
+
+
+@pytest.mark.slow
+def test_an_early_stop_under_nosave_keeps_the_stopping_epochs_weights(tiny, monkeypatch):
+    """--patience ends the run after an epoch that may be its last: under --nosave that epoch is saved as the final
+    one is (YOLOv5's possible_stop), instead of leaving weights/ empty."""
+    from utils.trainer import trainer
+
+    falling = iter([0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
+    monkeypatch.setattr(trainer, "fitness_of", lambda values: next(falling))
+    assert run_train(tiny, "--nosave", "--patience", "2", "--epochs", "6", "--noplots", "--name", "stopped") == 0
+    save_dir = tiny[0] / "runs" / "stopped"
+    assert len((save_dir / "results.csv").read_text().splitlines()) == 4  # epochs 0-2: stopped after epoch 2
+    assert torch.load(save_dir / "weights/last.pt", weights_only=True)["epoch"] == 2
+    assert not (save_dir / "weights/best.pt").exists()  # epoch 0, the best, was not saved (--nosave; it could not end)
+
+
+@pytest.mark.slow
 def test_cpu_bf16_autocast_run_trains_and_saves_float_weights(tiny):
     root = tiny[0]
     assert run_train(tiny, "--epochs", "1", "--noplots", "--amp", "bf16", "--name", "bf16") == 0

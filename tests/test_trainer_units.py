@@ -38,6 +38,20 @@ def test_run_state_tracks_best_and_patience():
     assert [row["epoch"] for row in state.results] == [0, 1, 2, 3]
 
 
+def test_a_tie_is_an_improvement_and_the_epoch_before_a_stop_may_be_the_last():
+    """As YOLOv5's EarlyStopping: an epoch as good as the best counts as an improvement (epochs of zero fitness, left
+    unvalidated by --noval, never run down --patience), and the epoch after which no improvement would stop the run
+    is known as it starts (validated under --noval and saved under --nosave, as the final one is)."""
+    state, possible = RunState(), []
+    for epoch, fitness in enumerate([0.0, 0.0, 0.3, 0.3, 0.2, 0.1]):
+        state.start_epoch(epoch)
+        possible.append(state.stop_possible(patience=2))
+        assert state.end_epoch({}, fitness) == (epoch < 4)
+    assert state.best_epoch == 3 and state.epochs_without_improvement() == 2  # patience 2 stops after epoch 5
+    assert possible == [False, False, False, False, False, True]
+    assert not RunState().stop_possible(patience=1) and not state.stop_possible(patience=0)
+
+
 def test_run_state_round_trips_as_plain_data(tmp_path):
     state = RunState(epoch=3, batch=5, best_fitness=0.25, best_epoch=1, maps=[0.1, 0.2], loss_sums=[1.5, 2.0, 0.25],
                      loss_batches=5, world_size=2)

@@ -50,9 +50,11 @@ class RunState:
             self.loss_sums, self.loss_batches = [0.0, 0.0, 0.0], 0
 
     def end_epoch(self, values: dict[str, float], fitness: float) -> bool:
-        """Record the finished epoch's results row; returns True when its fitness is a new best."""
+        """Record the finished epoch's results row; returns True when its fitness is at least the best so far. A tie
+        counts, as in YOLOv5: best.pt is then the later epoch, and epochs of equal fitness (zero while --noval leaves
+        them unvalidated, or early in a run from scratch) never count towards --patience."""
         self.results.append({"epoch": self.epoch, **values})
-        improved = fitness > self.best_fitness
+        improved = fitness >= self.best_fitness
         if improved:
             self.best_fitness, self.best_epoch = float(fitness), self.epoch
         self.epoch, self.batch = self.epoch + 1, 0
@@ -62,6 +64,11 @@ class RunState:
     def epochs_without_improvement(self) -> int:
         """Finished epochs since the best one (early stopping compares this with --patience)."""
         return self.epoch - 1 - self.best_epoch
+
+    def stop_possible(self, patience: int) -> bool:
+        """Whether --patience ends the run after the epoch in progress unless it improves: such an epoch may be the
+        last, so it is validated under --noval and saved under --nosave as the final one is (YOLOv5's possible_stop)."""
+        return patience > 0 and self.best_epoch >= 0 and self.epochs_without_improvement() >= patience - 1
 
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict:

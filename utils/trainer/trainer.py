@@ -280,7 +280,8 @@ class Trainer:
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
         self.scheduler.step()
         self._agree_on_weights()
-        validated = not config.noval or epoch + 1 >= self.epochs  # --noval: only the final epoch
+        may_end = state.stop_possible(config.patience)  # --patience may make this epoch the last
+        validated = not config.noval or epoch + 1 >= self.epochs or may_end  # --noval: only the final epoch
         values, fitness, maps = self._validate(stats, learning_rates, validated, self._plots_at(epoch), epoch)
         out_of_time = self._check_budget(stats, epoch + 1)  # --time: may set self.epochs, or end the run here
         if out_of_time:
@@ -302,7 +303,7 @@ class Trainer:
                 self._validation = None
             if epoch == 0 and not config.noplots:
                 self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
-        if not config.nosave or final_epoch:  # decided alike on every process (the save gathers from all)
+        if not config.nosave or final_epoch or may_end:  # decided alike on every process (the save gathers from all)
             self._save_checkpoint(epoch=epoch, improved=improved)
         self.callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
         stop = config.patience > 0 and state.epochs_without_improvement() >= config.patience
