@@ -221,7 +221,11 @@ def _predict(model, item: SourceItem, config: DetectConfig, context: dict):
 
 
 def _save_outputs(item: SourceItem, det, config: DetectConfig, context: dict) -> None:
+    """The files of one image or frame. They take its detections least confident first, as YOLOv5's reversed(det):
+    label lines, CSV rows and crops (``stem.jpg``, ``stem2.jpg``, ...) in its order, the most confident box drawn last,
+    on top. The API's detections stay most confident first."""
     save_dir, names = context["save_dir"], context["names"]
+    det = det.flip(0)
     stem = item.name or Path(item.path).stem
     if config.save_txt and len(det):
         label_name = f"{stem}_{item.frame}.txt" if item.is_video else f"{stem}.txt"

@@ -91,7 +91,7 @@ def test_save_txt_writes_normalised_yolo_labels_with_conf(weights, tmp_path):
         assert set(rows[:, 0]) <= {0, 1, 2} and np.all(rows[:, 0] == rows[:, 0].round())
         assert np.all((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1))
         assert np.all((rows[:, 5] > 0.25) & (rows[:, 5] <= 1))
-        assert np.all(np.diff(rows[:, 5]) <= 0)  # sorted by confidence
+        assert np.all(np.diff(rows[:, 5]) >= 0)  # least confident first, as YOLOv5 (reversed(det))
 
 
 def test_save_txt_without_conf_crops_and_classes_filter(weights, tmp_path):
@@ -197,9 +197,10 @@ def test_save_csv_rows_follow_the_label_lines(weights, tmp_path):
     expected = []
     for path in images:  # images in source order, each image's rows in its label lines' order
         lines = _label_lines(result.save_dir, f"{path.stem}.txt")
-        scores = [detection.score for detection in result.detections[str(path)]]
-        assert len(lines) == len(scores) >= 1
-        assert [line[5] for line in lines] == pytest.approx(scores, abs=1e-6)  # detections and lines: one order
+        scores = [detection.score for detection in result.detections[str(path)]][::-1]
+        assert len(lines) == len(scores) >= 2
+        # the files least confident first, as YOLOv5's reversed(det); the API's detections most confident first
+        assert [line[5] for line in lines] == pytest.approx(scores, abs=1e-6) and scores == sorted(scores)
         expected += [[path.name, NAMES[int(line[0])], f"{score:.2f}"] for line, score in zip(lines, scores)]
     assert rows[1:] == expected
     assert all(len(row[2]) == 4 and row[2][1] == "." for row in rows[1:])  # "0.87": two decimals
