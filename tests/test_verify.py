@@ -299,6 +299,19 @@ def test_single_cls_and_mixed_polygons(tmp_path):
     np.testing.assert_allclose(result.labels[0][1, 1:], [0.2, 0.25, 0.2, 0.3], atol=1e-6)
 
 
+def test_a_polygon_a_little_past_the_edge_is_clipped_and_a_pixel_polygon_refused():
+    """As YOLOv5, a polygon's box (centre and size) must be normalised, not each point: points that overshoot the
+    edge (annotation tools do) are clipped with a note instead of the image being skipped."""
+    text = "0 0.9 0.5 1.02 0.5 1.0 0.6\n1 -0.001 0.2 0.3 0.2 0.3 0.4\n"
+    (labels, segments), notes, _ = verify.parse_rows_one_by_one(text, 2)
+    np.testing.assert_allclose(labels, [[0, 0.95, 0.55, 0.1, 0.1], [1, 0.15, 0.3, 0.3, 0.2]], atol=1e-6)
+    assert segments[0].max() == 1.0 and segments[1].min() == 0.0
+    assert [note.category for note in notes] == ["box clipped to image"] and "2 boxes" in notes[0].detail
+    for pixels in ("0 10 20 30 20 30 40", "0 0.5 0.5 2.5 0.5 2.5 0.6", "0 -0.6 0.5 0.2 0.5 0.2 0.6"):
+        with pytest.raises(verify.Problem):
+            verify.parse_rows_one_by_one(pixels + "\n", 2)
+
+
 # ----------------------------------------------------------------------------- check tool
 def write_data_yaml(root: Path) -> Path:
     (root / "images" / "val").mkdir(parents=True, exist_ok=True)

@@ -214,20 +214,23 @@ def _check_row(number: int, values: list[float], nc: int, single_cls: bool) -> N
         raise Problem("negative class id", f"negative class id {int(cls)} (line {number})")
     if cls >= nc and not single_cls:
         raise Problem("class out of range", f"class {int(cls)} out of range (data has {nc} classes) on line {number}")
-    if max(values[1:]) > 1 + EPS:
+    coords = values[1:]
+    if len(values) != 5:  # a polygon: its box's centre and size are checked, as YOLOv5 checks them, so that points
+        xs, ys = coords[0::2], coords[1::2]  # a little past the edge (annotation tools overshoot) are clipped
+        coords = [(min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2, max(xs) - min(xs), max(ys) - min(ys)]
+    if max(coords) > 1 + EPS:
         raise Problem("coordinates not normalised", f"coordinates not normalised (> 1, pixel values?) on line {number}")
-    if min(values[1:]) < -EPS:
+    if min(coords) < -EPS:
         raise Problem("negative coordinates", f"negative coordinates on line {number}")
 
 
 def _row_to_box(values: list[float]) -> tuple[list[float], list[float] | None]:
-    """(x1, y1, x2, y2) (not clipped) and the polygon's flat coordinates, or None for a box row."""
+    """(x1, y1, x2, y2) (not clipped) and the polygon's flat coordinates clipped to the image, or None for a box row."""
     if len(values) == 5:
         _, cx, cy, w, h = values
         return [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], None
-    coords = [min(max(v, 0.0), 1.0) for v in values[1:]]
-    xs, ys = coords[0::2], coords[1::2]
-    return [min(xs), min(ys), max(xs), max(ys)], coords
+    xs, ys = values[1::2], values[2::2]
+    return [min(xs), min(ys), max(xs), max(ys)], [min(max(v, 0.0), 1.0) for v in values[1:]]
 
 
 def _rectangle(box: list[float]) -> np.ndarray:
