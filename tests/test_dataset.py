@@ -108,6 +108,13 @@ def test_rect_dataset_sorts_and_batches_share_a_shape(split):
         assert tuple(images.shape[2:]) == tuple(shape)
 
 
+def test_image_weights_turn_rect_off_and_the_mosaic_on(split):
+    """As YOLOv5: batches drawn by image weight mix shapes, so --rect --image-weights trains mosaics."""
+    _, data = create_dataloader(None, 96, 2, 32, hyp=Hyp(), augment=True, rect=True, image_weights=True, workers=0,
+                                labels=split)
+    assert not data.rect and data.mosaic and data.batch_shapes is None
+
+
 def test_collate_format(split):
     data = YoloDataset(split, imgsz=64)
     images, targets, paths, shapes = collate([data[0], data[1], data[2]])

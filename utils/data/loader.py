@@ -206,6 +206,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     if rect and shuffle:
         LOGGER.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
         shuffle = False
+    if rect and image_weights:  # as YOLOv5: images drawn by weight make batches of any shapes, so mosaics instead
+        LOGGER.info("%s--rect is not used with --image-weights (weighted draws mix the images' shapes)", prefix)
+        rect = False
     if cache not in (None, "off", "ram", "disk", "auto"):
         raise ValueError(f"{prefix}unknown cache mode {cache!r} (use ram, disk, auto or off)")
     nc = len(names) if names is not None else None
