@@ -178,10 +178,11 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     from utils.precision import inference_autocast
 
     exported = "" if getattr(model, "kind", "pytorch") == "pytorch" else model.kind
+    per_class = verbose or len(names) < 50  # as YOLOv5's val.py: a row per class below 50 classes
     with inference_autocast(device, half, amp, exported):  # bf16 on CPUs with native bf16 (--amp auto); no-op on CUDA
         _warmup(model, device, imgsz)
         result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
-                          save_dir=save_dir, plots=plots, half=half, verbose=verbose, single_cls=single_cls,
+                          save_dir=save_dir, plots=plots, half=half, verbose=per_class, single_cls=single_cls,
                           save_json=save_json, save_txt=save_txt, save_conf=save_conf,
                           save_hybrid=save_hybrid,
                           json_name=f"{paths[0].stem}_predictions.json")
@@ -292,7 +293,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--workers", type=workers, default=8, help="max dataloader workers")
     parser.add_argument("--single-cls", action="store_true", help="treat as single-class dataset")
     parser.add_argument("--augment", action="store_true", help="augmented inference (TTA: 3 scales, a flip; .pt only)")
-    parser.add_argument("--verbose", action="store_true", help="report mAP by class")
+    parser.add_argument("--verbose", action="store_true", help="report mAP by class (always below 50 classes)")
     parser.add_argument("--save-txt", action="store_true", help="save results to *.txt")
     parser.add_argument("--save-hybrid", action="store_true",
                         help="save label+prediction hybrid results to *.txt (the ground truth joins the predictions "
