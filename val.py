@@ -142,6 +142,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     from utils.paths import increment_path
 
     from models.composite import load_models
+    from utils.coco import coco_val
     from utils.downloads import weights_file
 
     _warn_hybrid(save_hybrid)
@@ -184,7 +185,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
         result = validate(model, loader, names, device, conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                           save_dir=save_dir, plots=plots, half=half, verbose=per_class, single_cls=single_cls,
                           save_json=save_json, save_txt=save_txt, save_conf=save_conf,
-                          save_hybrid=save_hybrid,
+                          save_hybrid=save_hybrid, coco=coco_val(config) if save_json else None,
                           json_name=f"{paths[0].stem}_predictions.json")
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))

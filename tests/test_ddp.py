@@ -4,6 +4,7 @@ failures end the job, Ctrl-C leaves no process, a killed rank is recovered by to
 resumed DDP run is bit-exact."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -151,6 +152,10 @@ def test_distributed_validation_equals_single_process(tiny, tmp_path):
     assert ddp["seen"] == alone["seen"] == 6  # every image once, none padded in
     assert ddp["metrics"] == pytest.approx(alone["metrics"], abs=1e-9) and alone["metrics"][3] > 0
     assert torch.allclose(ddp["losses"], alone["losses"], atol=1e-6)
+    ddp_json, alone_json = (sorted(json.loads((tmp_path / f"json-{n}" / "predictions.json").read_text()),
+                                   key=lambda p: (str(p["image_id"]), -p["score"], p["bbox"])) for n in (2, 1))
+    assert len(ddp_json) == len(alone_json) > 0  # every process's predictions in the JSON
+    assert [p["image_id"] for p in ddp_json] == [p["image_id"] for p in alone_json]
 
 
 VALIDATE_SCRIPT = '''
@@ -177,7 +182,8 @@ with torch.no_grad():  # a model that finds something: nudge the objectness and 
 loader, _ = create_dataloader(config.val, 64, 2, 32, rect=True, pad=0.5, workers=0, names=config.names,
                               rank=info.rank, world_size=info.world_size, shard="batches")
 result = validate(model, loader, config.names, device, conf_thres=0.001, compute_loss=ComputeLoss(model, Hyp()),
-                  plots=False, distributed=info.distributed)
+                  plots=False, distributed=info.distributed, save_json=True,
+                  save_dir=f"{out}/json-{{info.world_size}}" if dist.is_main_process() else None)
 if dist.is_main_process():
     torch.save({{"seen": result.seen, "metrics": [result.mp, result.mr, result.map50, result.map],
                 "losses": torch.as_tensor(result.losses)}}, f"{out}/result-{{info.world_size}}.pt")

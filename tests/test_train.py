@@ -1,4 +1,5 @@
 """End-to-end: a two-epoch run of a tiny model on a tiny generated dataset writes every output file."""
+import json
 import math
 from pathlib import Path
 
@@ -103,6 +104,36 @@ def test_an_early_stop_under_nosave_keeps_the_stopping_epochs_weights(tiny, monk
     assert len((save_dir / "results.csv").read_text().splitlines()) == 4  # epochs 0-2: stopped after epoch 2
     assert torch.load(save_dir / "weights/last.pt", weights_only=True)["epoch"] == 2
     assert not (save_dir / "weights/best.pt").exists()  # epoch 0, the best, was not saved (--nosave; it could not end)
+
+
+@pytest.mark.slow
+def test_a_run_on_coco_val2017_ends_with_yolov5s_coco_validation(tmp_path, monkeypatch):
+    """Val split coco/val2017.txt with 80 classes: the final validation of best.pt runs NMS at IoU 0.65 and writes
+    best_predictions.json in COCO's category ids for pycocotools, as YOLOv5's train.py does."""
+    from tests.conftest import TINY_MODEL_YAML, make_tiny_dataset
+    from utils.trainer import stages
+
+    root = tmp_path / "coco"
+    data = make_tiny_dataset(root, num_train=4, num_val=2, nc=80)
+    (root / "val2017.txt").write_text("".join(f"./images/val/im{i}.jpg\n" for i in range(2)))
+    data.write_text(data.read_text().replace("val: images/val", "val: val2017.txt"))
+    (tmp_path / "tiny.yaml").write_text(TINY_MODEL_YAML)
+    thresholds = []
+    validate = stages.validate_epoch
+    monkeypatch.setattr(stages, "validate_epoch",
+                        lambda *args, **options: thresholds.append(options.get("iou_thres")) or validate(*args, **options))
+    assert train_script.main(["--data", str(data), "--cfg", str(tmp_path / "tiny.yaml"), "--weights", "", "--imgsz",
+                              "64", "--batch-size", "2", "--epochs", "1", "--workers", "0", "--device", "cpu",
+                              "--noplots", "--noautoanchor", "--project", str(tmp_path / "runs")]) == 0
+    from utils.coco import COCO_CATEGORY_IDS
+
+    assert thresholds == [0.65]
+    save_dir = tmp_path / "runs" / "exp"
+    assert isinstance(json.loads((save_dir / "best_predictions.json").read_text()), list)  # a random model: maybe []
+    truth = json.loads((save_dir / "annotations.json").read_text())  # the labels' ground truth in COCO's ids
+    assert [c["id"] for c in truth["categories"]] == list(COCO_CATEGORY_IDS)
+    labels = [int(line.split()[0]) for i in range(2) for line in (root / f"labels/val/im{i}.txt").read_text().splitlines()]
+    assert sorted(a["category_id"] for a in truth["annotations"]) == sorted(COCO_CATEGORY_IDS[c] for c in labels)
 
 
 @pytest.mark.slow

@@ -97,6 +97,51 @@ def test_jittered_oracle_agrees_with_pycocotools(loader, tmp_path):
     assert abs(result.map50 - result.coco[1]) < 0.002
 
 
+def test_coco_val2017_is_recognised_as_yolov5_recognises_it(tmp_path):
+    from types import SimpleNamespace
+
+    from utils.coco import COCO_CATEGORY_IDS, coco_val
+
+    assert len(COCO_CATEGORY_IDS) == 80 and COCO_CATEGORY_IDS[:12] == (*range(1, 12), 13)
+    assert COCO_CATEGORY_IDS[-1] == 90 and not {12, 26, 83} & set(COCO_CATEGORY_IDS)
+    coco = SimpleNamespace(path=tmp_path / "coco", val=[str(tmp_path / "coco" / "val2017.txt")], names=["n"] * 80)
+    assert coco_val(coco).annotations == tmp_path / "coco" / "annotations" / "instances_val2017.json"
+    for other in ({"val": [str(tmp_path / "coco" / "images" / "val2017")]}, {"names": ["n"] * 2},
+                  {"val": [str(tmp_path / "coco128" / "val2017.txt")]}):
+        assert coco_val(SimpleNamespace(**{**vars(coco), **other})) is None
+
+
+def test_coco_val2017_writes_coco_ids_and_is_scored_against_the_official_annotations(loader, tmp_path):
+    """COCO's val2017 (``coco``): the predictions JSON takes COCO's category ids (class 0 -> 1, 1 -> 2) and
+    pycocotools scores it against the official file, on this split's images only (here an extra image in the file
+    is left out), so an annotation the file lacks makes a false positive that the labels alone would not."""
+    pytest.importorskip("pycocotools")
+    from utils.coco import CocoVal
+
+    def official(truth, drop: int = 0) -> CocoVal:
+        data = json.loads(json.dumps(truth))
+        data["annotations"] = data["annotations"][drop:]
+        data["images"].append({"id": "other", "file_name": "other.jpg", "width": 64, "height": 64})
+        data["annotations"].append({"id": 10 ** 6, "image_id": "other", "category_id": 1, "bbox": [1, 1, 9, 9],
+                                    "area": 81, "iscrowd": 0})
+        path = tmp_path / f"instances_val2017_{drop}.json"
+        path.write_text(json.dumps(data))
+        return CocoVal(path)
+
+    labels = validate(OracleModel(loader), loader, ["class0", "class1"], "cpu", save_dir=tmp_path / "labels",
+                      plots=False, save_json=True, coco=CocoVal(tmp_path / "missing.json"))
+    truth = json.loads((tmp_path / "labels" / "annotations.json").read_text())
+    predicted = json.loads((tmp_path / "labels" / "predictions.json").read_text())
+    assert {p["category_id"] for p in predicted} == {c["id"] for c in truth["categories"]} == {1, 2}
+    assert labels.coco == pytest.approx((1.0, 1.0))  # no official file: the labels' ground truth
+    whole = validate(OracleModel(loader), loader, ["class0", "class1"], "cpu", save_dir=tmp_path / "whole",
+                     plots=False, save_json=True, coco=official(truth))
+    assert whole.coco == pytest.approx((1.0, 1.0))  # the extra image's annotation is not counted
+    short = validate(OracleModel(loader), loader, ["class0", "class1"], "cpu", save_dir=tmp_path / "short",
+                     plots=False, save_json=True, coco=official(truth, drop=1))
+    assert short.map == pytest.approx(1.0) and short.coco[0] < 0.999
+
+
 def test_validate_losses_speed_and_mode(loader):
     model = OracleModel(loader).train()
 

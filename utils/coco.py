@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,30 @@ import numpy as np
 from utils.boxes import xywhn2xyxy, xyxy2xywh
 
 LOGGER = logging.getLogger(__name__)
+
+# COCO 2017's detection categories: ids 1-90, of which these ten name no category; class index i of an 80-class
+# COCO model is the i-th of the rest (what YOLOv5 writes as category_id for COCO's val2017)
+UNUSED_COCO_IDS = frozenset((12, 26, 29, 30, 45, 66, 68, 69, 71, 83))
+COCO_CATEGORY_IDS = tuple(i for i in range(1, 91) if i not in UNUSED_COCO_IDS)
+
+
+@dataclass(frozen=True)
+class CocoVal:
+    """COCO's val2017, recognised as YOLOv5 recognises it (``coco_val``): the predictions JSON takes COCO's category
+    ids, and pycocotools scores it against the official ``annotations`` when that file is there (crowd regions
+    ignored, as on COCO's server), on this split's images only."""
+    annotations: Path
+    category_ids: tuple = COCO_CATEGORY_IDS
+
+
+def coco_val(config) -> CocoVal | None:
+    """A CocoVal for a dataset config (``DataConfig``) whose val split is COCO's: one list file ending in
+    ``coco/val2017.txt`` (YOLOv5's test) and 80 classes; the official annotations are looked for at
+    ``<path>/annotations/instances_val2017.json``. None for any other dataset."""
+    val = list(getattr(config, "val", []) or [])
+    if len(val) != 1 or not Path(val[0]).as_posix().endswith("coco/val2017.txt") or len(config.names) != 80:
+        return None
+    return CocoVal(Path(config.path) / "annotations" / "instances_val2017.json")
 
 
 def image_ids(paths) -> dict[str, int | str]:

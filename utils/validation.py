@@ -82,18 +82,21 @@ class _Accumulator:
     single_cls: bool = False
     stats: list = field(default_factory=list)  # per image: (image id, correct (n,10), conf, pred cls, target cls)
     json: list = field(default_factory=list)
+    category_ids: tuple | None = None  # class index -> COCO category id in the JSON (COCO's val2017), else the index
     seen: int = 0
 
 
 def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, max_det=300, compute_loss=None,
              save_dir=None, plots=True, half=False, verbose=False, single_cls=False, save_json=False, save_txt=False,
              save_conf=False, json_name="predictions.json", distributed=False, first_batch=None,
-             save_hybrid=False) -> ValResult:
+             save_hybrid=False, coco=None) -> ValResult:
     """Run ``model`` over ``dataloader`` and score it; see the module docstring for how.
 
     ``compute_loss`` given means "called from training": val losses are computed and the speed line is
     only logged at debug level. ``save_dir`` (None: nothing written) receives the plots, ``labels/*.txt``
-    with ``save_txt`` and, with ``save_json``, ``json_name`` plus ``annotations.json`` (COCO ground truth).
+    with ``save_txt`` and, with ``save_json``, ``json_name`` plus ``annotations.json`` (COCO ground truth). ``coco``
+    (``utils.coco.coco_val``: the split is COCO's val2017): the JSON takes COCO's category ids and pycocotools scores
+    it against the official annotations, as YOLOv5 does.
     ``half`` runs fp16 on CUDA only (autocast when the model itself is fp32). The model's train/eval mode
     is restored afterwards. ``distributed``: every process of the group calls this with its own slice of
     the val set (``create_dataloader(..., shard="batches")``: whole batches, none twice, no padding); the
@@ -113,6 +116,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     writer = not distributed or dist.is_main_process()
     dataset = dataloader.dataset
     acc = _new_accumulator(dataset, names, device, single_cls)
+    acc.category_ids = coco.category_ids if coco is not None else None
     timers = [_Timer(device) for _ in range(3)]
     losses = torch.zeros(3, device=device)
     fp16_autocast = half and model_dtype(model) == torch.float32
@@ -157,7 +161,7 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     LOGGER.log(level, "Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape %s",
                *result.speed, shape)
     if save_json and save_dir is not None:
-        result.coco = _write_and_score_json(acc, dataset, names, save_dir, json_name, single_cls, result)
+        result.coco = _write_and_score_json(acc, dataset, names, save_dir, json_name, single_cls, result, coco)
     result.save_dir = save_dir
     return dist.broadcast_object(result, phase="score the validation") if distributed else result
 
@@ -166,10 +170,11 @@ def _gather(acc: _Accumulator, losses: torch.Tensor, batches: int) -> tuple[torc
     """Distributed validation: every process scored its own slice of the val set; the main process
     collects the per-image statistics, confusion counts and loss sums of all (its accumulator is extended
     in place). Returns the summed losses and batch count."""
-    parts = dist.gather_object((acc.stats, acc.seen, acc.confusion.matrix, losses.cpu(), batches),
+    parts = dist.gather_object((acc.stats, acc.seen, acc.confusion.matrix, losses.cpu(), batches, acc.json),
                                phase="validate their share of the val set")
     if dist.is_main_process():
         acc.stats = [item for stats, *_ in parts for item in stats]
+        acc.json = [item for *_, json_rows in parts for item in json_rows]
         acc.seen = sum(part[1] for part in parts)
         acc.confusion.matrix = sum(part[2] for part in parts)
     return sum(part[3] for part in parts), sum(part[4] for part in parts)
@@ -238,7 +243,7 @@ def _score_image(acc: _Accumulator, det, labels, path, shapes, input_shape, sing
         _save_txt(native, (width0, height0), txt_dir / "labels" / f"{Path(path).stem}.txt", save_conf)
     if save_json and len(native):
         from utils.coco import predictions_to_coco
-        acc.json += predictions_to_coco(native, _image_key(acc, path))
+        acc.json += predictions_to_coco(native, _image_key(acc, path), acc.category_ids)
 
 
 def _original_labels(acc: _Accumulator, path, labels, input_shape, shapes):
@@ -339,14 +344,30 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
 
 
 def _write_and_score_json(acc: _Accumulator, dataset, names, save_dir: Path, json_name: str, single_cls: bool,
-                          result: ValResult):
-    """Write predictions + COCO ground truth beside them; score with pycocotools when it is installed."""
+                          result: ValResult, coco=None):
+    """Write predictions + COCO ground truth beside them; score with pycocotools when it is installed: against that
+    ground truth, or for COCO's val2017 (``coco``) against its official annotations when they are there, on this
+    split's images."""
     from utils.coco import coco_evaluate, ground_truth_to_coco, write_json
     predictions = write_json(acc.json, save_dir / json_name)
-    truth = ground_truth_to_coco(dataset.im_files, dataset.labels, dataset.shapes, names, single_cls=single_cls)
+    truth = ground_truth_to_coco(dataset.im_files, dataset.labels, dataset.shapes, names, single_cls=single_cls,
+                                 category_ids=acc.category_ids)
     annotations = write_json(truth, save_dir / "annotations.json")
     LOGGER.info("Saved %d COCO predictions to %s and the ground truth to %s", len(acc.json), predictions, annotations)
-    scores = coco_evaluate(annotations, predictions)
+    target, images = annotations, None
+    if coco is not None and coco.annotations.is_file():
+        target, images = coco.annotations, [image["id"] for image in truth["images"]]
+        LOGGER.info("COCO val2017: scoring against the official annotations %s", target)
+    elif coco is not None:
+        LOGGER.info("COCO val2017: %s not found, scoring against the labels' ground truth", coco.annotations)
+    try:
+        scores = coco_evaluate(target, predictions, images)
+    except AssertionError:  # pycocotools' check that every predicted image is in the annotations
+        if images is None:
+            raise
+        LOGGER.warning("WARNING: %s does not hold every image of this split: scoring against the labels' ground "
+                       "truth instead", target)
+        scores = coco_evaluate(annotations, predictions)
     if scores is None:
         return None
     coco_map, coco_map50, summary = scores

@@ -14,6 +14,7 @@ import torch
 from utils import dist
 from utils.checkpoint import copy_checkpoint, previous_path, strip_checkpoint
 from utils.config import ConfigError, Hyp, TrainConfig
+from utils.coco import coco_val
 from utils.data.dataset_yaml import DataConfig, load_data_config
 from utils.data.dataset import class_weights
 from utils.data.loader import EpochStream, create_dataloader, set_loader_image_weights
@@ -38,6 +39,7 @@ class RunData:
     image_labels: object  # per training image, (n, 5) like labels (AutoAnchor): a list-like view
     image_shapes: np.ndarray  # (N, 2) width, height of each training image
     class_weights: np.ndarray  # 1 / class frequency in the train labels, for --image-weights
+    coco: object = None  # utils.coco.CocoVal when the val split is COCO's val2017 (the final validation's JSON)
     stream: EpochStream | None = None  # the training loader's iterator across epochs (utils.data.loader)
     batches: object = None  # the current epoch's training batches (set_epoch)
 
@@ -111,7 +113,8 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
         labels=scan_labels(data_cfg.val, names, config.single_cls, "val: "), **common)
     workers = getattr(train_loader, "num_workers", 0)
     run_data = RunData(train_loader, val_loader, names, imgsz, grid_stride, workers, config.seed, len(train_loader),
-                       labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)))
+                       labels, dataset.labels, dataset.shapes, class_weights(dataset.labels, len(names)),
+                       coco_val(data_cfg))
     run_data.set_epoch(0)
     return run_data
 
@@ -137,11 +140,11 @@ def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
 
 
 def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plots: bool, verbose: bool = False,
-                   precision=None, distributed: bool = False, first_batch=None):
+                   precision=None, distributed: bool = False, first_batch=None, **options):
     """Validate in the precision training computes in (``precision``: utils.trainer.amp.Precision, None for
     fp32), as YOLOv5 validates in fp16 when it trains with AMP: fp16 on CUDA, bf16 autocast where training
     runs bf16 autocast (CPUs with AMX under --amp auto, or --amp bf16). ``first_batch``: called with the first
-    batch's images, predictions and paths (utils.validation.validate)."""
+    batch's images, predictions and paths; ``options``: other keywords of utils.validation.validate."""
     from utils.validation import validate
 
     dtype = precision.dtype if precision is not None else None
@@ -149,7 +152,7 @@ def validate_epoch(model, val_loader, names, device, compute_loss, save_dir, plo
     with autocast:
         return validate(model, val_loader, names, device, compute_loss=compute_loss, save_dir=Path(save_dir),
                         plots=plots, verbose=verbose, half=dtype == torch.float16, distributed=distributed,
-                        first_batch=first_batch)
+                        first_batch=first_batch, **options)
 
 
 def strip_last_and_best(last: Path, best: Path) -> None:
@@ -168,10 +171,11 @@ def strip_last_and_best(last: Path, best: Path) -> None:
 
 
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
-                     distributed: bool = False, precision=None):
+                     distributed: bool = False, precision=None, coco=None):
     """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
     process its share; the weights are sent from the main process, so no other node needs the file), draw
-    results.png. (metrics, utils.validation.ValResult), both empty (``{}``, None) without a best.pt."""
+    results.png. (metrics, utils.validation.ValResult), both empty (``{}``, None) without a best.pt. On COCO's
+    val2017 (``coco``: utils.coco.CocoVal) as YOLOv5: NMS IoU 0.65 and best_predictions.json scored by pycocotools."""
     from models import build_model
     from utils.checkpoint import load_checkpoint, model_entry
 
@@ -187,8 +191,10 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
     if entry is not None:
         LOGGER.info("\nValidating %s...", best)
         model = build_model(entry, source=str(best)).to(device).eval()
+        coco_options = {"iou_thres": 0.65, "save_json": True, "coco": coco, "json_name": "best_predictions.json"}
         result = validate_epoch(model, val_loader, names, device, compute_loss, save_dir,
-                                plots=not config.noplots, verbose=True, precision=precision, distributed=distributed)
+                                plots=not config.noplots, verbose=True, precision=precision, distributed=distributed,
+                                **(coco_options if coco is not None else {}))
         metrics = {"metrics/precision": result.mp, "metrics/recall": result.mr,
                    "metrics/mAP_0.5": result.map50, "metrics/mAP_0.5:0.95": result.map}
     if dist.is_main_process():

@@ -412,7 +412,7 @@ class Trainer:
         if not self.config.evolve:  # a generation of --evolve is judged by its final epoch's row
             result.final_metrics, final = final_validation(self.config, weights, self.data.val_loader,
                                                            self.data.names, self.device, self.val_loss, self.save_dir,
-                                                           self.info.distributed, self.step.precision)
+                                                           self.info.distributed, self.step.precision, self.data.coco)
             if self.recorder is not None and final is not None and final.confusion is not None:
                 # best.pt's confusion matrix (the epochs' validations count none), at the last epoch's step; its
                 # per-class rows are not sent again (each epoch's are)
