@@ -107,6 +107,38 @@ def test_an_early_stop_under_nosave_keeps_the_stopping_epochs_weights(tiny, monk
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("extra", [(), ("--nosave",)])
+def test_a_signal_during_an_epochs_validation_stops_the_run_at_that_epochs_end(tiny, monkeypatch, extra):
+    """SIGTERM while epoch 0 validates: the run stops at the end of epoch 0, its checkpoint written (under --nosave
+    too), instead of after epoch 1's first optimizer steps; --resume trains epochs 1 and 2."""
+    import signal
+
+    from utils.trainer import TrainingInterrupted, trainer
+
+    validate, calls = trainer.validate_epoch, []
+
+    def signalled(*args, **options):
+        calls.append(1)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return validate(*args, **options)
+
+    monkeypatch.setattr(trainer, "validate_epoch", signalled)
+    root, data, cfg = tiny
+    name = "signalled" + "-".join(extra)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train_script.run(data=data, cfg=cfg, weights="", imgsz=64, batch_size=4, epochs=3, workers=0, device="cpu",
+                         project=root / "runs", name=name, noautoanchor=True, noplots=True,
+                         nosave=bool(extra))
+    assert stopped.value.exit_status == 143 and "stopped by SIGTERM at epoch 2/3, batch 0/" in str(stopped.value)
+    last = root / "runs" / name / "weights" / "last.pt"
+    run = torch.load(last, weights_only=True)["training"]["run"]
+    assert (run["epoch"], run["batch"], len(run["results"])) == (1, 0, 1)
+    monkeypatch.setattr(trainer, "validate_epoch", validate)
+    assert train_script.run(resume=last).epochs_run == 3
+
+
+@pytest.mark.slow
 def test_a_run_on_coco_val2017_ends_with_yolov5s_coco_validation(tmp_path, monkeypatch):
     """Val split coco/val2017.txt with 80 classes: the final validation of best.pt runs NMS at IoU 0.65 and writes
     best_predictions.json in COCO's category ids for pycocotools, as YOLOv5's train.py does."""

@@ -303,8 +303,11 @@ class Trainer:
                 self._validation = None
             if epoch == 0 and not config.noplots:
                 self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
-        if not config.nosave or final_epoch or may_end:  # decided alike on every process (the save gathers from all)
+        saved = not config.nosave or final_epoch or may_end  # decided alike on every process (the save gathers from all)
+        if saved:
             self._save_checkpoint(epoch=epoch, improved=improved)
+        if not final_epoch:
+            self._stop_if_signalled(saved)
         self.callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
         stop = config.patience > 0 and state.epochs_without_improvement() >= config.patience
         if stop and not final_epoch:
@@ -372,6 +375,16 @@ class Trainer:
         def keep(images, detections, paths) -> None:
             self._predictions = ValPredictions(epoch, images, detections, paths, self.data.names, file)
         return keep
+
+    def _stop_if_signalled(self, saved: bool) -> None:
+        """At an epoch's end: a signal that came during its last batch, its validation or its save (the loop looks
+        only after the optimizer steps before its last batch) stops the run here, at the epoch boundary, rather than
+        after the next epoch's first steps; its checkpoint is written first where the epoch's was not (--nosave)."""
+        if not self.control.decide()[1]:
+            return
+        if not saved:
+            self._save_checkpoint()
+        raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
 
     def _at_step_boundary(self) -> bool:
         """After an optimizer step: write a mid-epoch checkpoint when the clock or a signal asks; True = stop."""
