@@ -56,7 +56,10 @@ def test_box_candidates_rules():
     thin = np.array([[0, 0, 500, 4.9]], float)  # aspect > 100
     assert not box_candidates(long_before, thin)[0]
     assert box_candidates(long_before, np.array([[0, 0, 500, 5.1]]))[0]
-    assert box_candidates(np.array([[0, 0, 10, 10.0]]), np.array([[0, 0, 2, 6.0]]), area_thr=0.1)[0]
+    square = np.array([[0, 0, 10, 10.0]])  # as YOLOv5 v7: more than 2 px and more than the area share, not equal
+    after = np.array([[0, 0, 2.01, 6], [0, 0, 2, 6], [0, 0, 4, 2.6], [0, 0, 4, 2.5]])
+    kept = box_candidates(np.repeat(square, 4, 0), after)
+    assert kept.tolist() == [True, False, True, False]  # 2 px wide; 10% of the area
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -65,12 +65,12 @@ def box_candidates(before: np.ndarray, after: np.ndarray, wh_thr: float = 2.0, a
 
     ``before`` is the box before the warp scaled by the warp's zoom, ``after`` the warped and clipped
     box. A box is kept when it is at least ``wh_thr`` px wide and high, keeps at least ``area_thr`` of
-    its area and its aspect ratio (long / short side) is below ``ar_thr``.
+    its area and its aspect ratio (long / short side) is below ``ar_thr``: more than the first two, as YOLOv5 v7.
     """
     w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
     w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
     aspect = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
-    return (w2 >= wh_thr) & (h2 >= wh_thr) & (w2 * h2 / (w1 * h1 + eps) >= area_thr) & (aspect < ar_thr)
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (aspect < ar_thr)
 
 
 def perspective_matrix(shape, out_size, degrees=0.0, translate=0.0, scale=0.0, shear=0.0, perspective=0.0,
