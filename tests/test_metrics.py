@@ -233,6 +233,21 @@ def test_ap_per_class_plots(tmp_path):
     assert plot_confusion_matrix(matrix.matrix, tmp_path / "cm.png", ["a", "b", "c"]).stat().st_size > 1000
 
 
+@pytest.mark.parametrize("nc, labelled, annotated", [(3, True, True), (80, True, False), (99, False, False)])
+def test_the_confusion_matrix_names_its_axes_below_99_classes(tmp_path, monkeypatch, nc, labelled, annotated):
+    """As YOLOv5's plot: class names on the axes below 99 classes (COCO's 80 included), values in the cells below
+    30."""
+    from utils import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    names = [f"c{i}" for i in range(nc)]
+    plots.plot_confusion_matrix(np.eye(nc + 1) * 5, tmp_path / "cm.png", names)
+    ax = figures[0].axes[0]
+    shown = [label.get_text() for label in ax.get_xticklabels()]
+    assert (shown == names + ["background"]) == labelled and (len(ax.texts) > 0) == annotated
+
+
 def test_plot_results(tmp_path):
     from utils.plots import plot_results, read_results_csv
     header = ("epoch,train/box_loss,train/obj_loss,train/cls_loss,metrics/precision,metrics/recall,"

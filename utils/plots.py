@@ -96,13 +96,14 @@ def plot_confusion_matrix(matrix, save_path, names=(), normalize: bool = True) -
     """Heatmap of a [predicted, true] count matrix with a trailing background row/column.
 
     Columns are normalised to sum to 1 (fractions of each true class); cells below 0.005 are left blank.
-    Class names label the axes when there are fewer than 30 classes.
+    Class names label the axes below 99 classes (smaller from 50 on) and the cells hold their values below 30
+    classes, as YOLOv5's plot.
     """
     matrix = np.asarray(matrix, dtype=float)
     size = matrix.shape[0]
     values = matrix / (matrix.sum(0, keepdims=True) + 1e-9) if normalize else matrix.copy()
     values[values < 0.005] = np.nan
-    labelled = 0 < len(names) == size - 1 and size < 31
+    labelled = 0 < len(names) == size - 1 and len(names) < 99
     ticks = list(names) + ["background"] if labelled else None
     fig, ax = new_figure(1, 1, figsize=(12, 9))
     image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
@@ -114,8 +115,9 @@ def plot_confusion_matrix(matrix, save_path, names=(), normalize: bool = True) -
                 ax.text(col, row, text, ha="center", va="center", fontsize=8,
                         color="white" if normalize and value > 0.5 else "black")
     if ticks:
-        ax.set_xticks(range(size), ticks, rotation=90)
-        ax.set_yticks(range(size), ticks)
+        fontsize = 10 if size <= 50 else 6  # COCO's 80 names stay apart at 6 points on 9 inches
+        ax.set_xticks(range(size), ticks, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(size), ticks, fontsize=fontsize)
     ax.set_xlabel("True")
     ax.set_ylabel("Predicted")
     ax.set_title("Confusion Matrix")
