@@ -375,7 +375,7 @@ def test_mlflow_run_holds_params_metrics_equal_to_results_csv_and_the_files(tiny
     top = artifact_names(tracked, run.info.run_id)
     assert {"results.csv", "opt.yaml", "hyp.yaml", "labels.jpg", "labels_correlogram.jpg", "results.png", "PR_curve.png",
             "confusion_matrix.png", "train_batch0.jpg", "val_batch0_pred.jpg"} <= top
-    assert artifact_names(tracked, run.info.run_id, "weights") == {"best.pt", "epoch1.pt"}
+    assert artifact_names(tracked, run.info.run_id, "weights") == {"best.pt", "epoch0.pt", "epoch2.pt"}
     local = Path(tracked.download_artifacts(run.info.run_id, "weights/best.pt", str(tiny[0] / "download")))
     assert local.read_bytes() == (run_folder / "weights" / "best.pt").read_bytes()  # stripped, as at the end
 

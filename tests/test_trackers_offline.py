@@ -180,7 +180,8 @@ def test_wandb_offline_run_holds_params_metrics_equal_to_results_csv_and_the_fil
         assert sorted(classes) == sorted({f"class{c}" for c, *_ in labels})
     models = [(artifact.name, sorted(artifact.aliases), [entry.path for entry in artifact.manifest.contents])
               for artifact in artifacts]
-    assert models == [(f"run_{run.run_id}_model", ["epoch 1", "last", "latest"], ["epoch1.pt"]),
+    assert models == [(f"run_{run.run_id}_model", ["epoch 0", "last", "latest"], ["epoch0.pt"]),
+                      (f"run_{run.run_id}_model", ["epoch 2", "last", "latest"], ["epoch2.pt"]),
                       (f"run_{run.run_id}_model", ["best", "latest", "stripped"], ["best.pt"])]
     (exit_record,) = by_type(records, "exit")
     assert exit_record.exit_code == 0
@@ -280,7 +281,7 @@ def test_comet_offline_archive_holds_params_metrics_equal_to_results_csv_and_the
     assert params["epochs"] == 3 and params["save_period"] == 2 and params["hyp/lr0"] == 0.01
     assert_rows_equal_results_csv(metric_rows(messages), plain.folder / "results.csv", "comet")
     files = uploads(messages)
-    assert sorted(files["model-element"]) == ["best.pt", "epoch1.pt"]
+    assert sorted(files["model-element"]) == ["best.pt", "epoch0.pt", "epoch2.pt"]
     assert {"train_batch0.jpg", "results.png", "PR_curve.png", "val_batch0_pred.jpg", "labels.jpg",
             "labels_correlogram.jpg"} <= set(
         files["visualization"]) and {"results.csv", "opt.yaml", "hyp.yaml"} <= set(files["asset"])
@@ -370,7 +371,8 @@ def test_clearml_offline_session_holds_params_scalars_equal_to_results_csv_and_t
     assert {(metric, iteration) for metric, _, iteration in images if metric == "Bounding Boxes"} == {
         ("Bounding Boxes", 0), ("Bounding Boxes", 1), ("Bounding Boxes", 2)}  # --bbox_interval's default: every epoch
     artifacts = {artifact["key"]: artifact for artifact in task["execution"]["artifacts"]}
-    assert {"results.csv", "opt.yaml", "hyp.yaml", "weights/epoch1.pt", "weights/best.pt"} <= set(artifacts)
+    assert {"results.csv", "opt.yaml", "hyp.yaml", "weights/epoch0.pt", "weights/epoch2.pt",
+            "weights/best.pt"} <= set(artifacts)
     best = artifacts["weights/best.pt"]["uri"]
     stored = Path(best).relative_to(session.with_suffix("")).as_posix()
     assert stored in names and Path(best).read_bytes() == (plain.folder / "weights" / "best.pt").read_bytes()

@@ -83,7 +83,8 @@ def test_recorder_keeps_previous_last_and_links_best(tmp_path):
     recorder.save({"best_fitness": 0.1, "epoch": 1}, epoch=1, improved=False)
     weights = tmp_path / "weights"
     load = lambda name: torch.load(weights / name, weights_only=True)["epoch"]  # noqa: E731
-    assert load("last.pt") == 1 and load("last.prev.pt") == 0 and load("best.pt") == 0 and load("epoch1.pt") == 1
+    assert load("last.pt") == 1 and load("last.prev.pt") == 0 and load("best.pt") == 0 and load("epoch0.pt") == 0
+    assert not (weights / "epoch1.pt").exists()  # --save-period 2: epochs 0, 2, 4, ... as YOLOv5 v7
     recorder.save({"best_fitness": 0.1, "epoch": 2})  # mid-epoch: last.pt only
     assert load("last.pt") == 2 and load("last.prev.pt") == 1 and not (weights / "epoch2.pt").exists()
     assert oct((weights / "last.pt").stat().st_mode & 0o777) != oct(0o600)  # the umask's mode, not mkstemp's

@@ -84,14 +84,14 @@ class Recorder:
 
     def save(self, checkpoint: dict, epoch: int | None = None, improved: bool = False) -> None:
         """last.pt (keeping the previous one until the new one is complete); at the end of an ``epoch``
-        also best.pt when it ``improved`` and epoch<N>.pt every --save-period epochs (hard links to
-        last.pt: the same bytes, not serialised again)."""
+        also best.pt when it ``improved`` and epoch<N>.pt every --save-period epochs: epochs 0, N, 2N, ... as YOLOv5
+        v7's train.py saves them (hard links to last.pt: the same bytes, not serialised again)."""
         save_checkpoint(checkpoint, self.last, keep_previous=True)
         if epoch is None:
             return
         if improved:
             copy_checkpoint(self.last, self.best)
-        if self.save_period > 0 and (epoch + 1) % self.save_period == 0:
+        if self.save_period > 0 and epoch % self.save_period == 0:
             copy_checkpoint(self.last, self.weights_dir / f"epoch{epoch}.pt")
             self.trackers.log_files([self.weights_dir / f"epoch{epoch}.pt"], "weights")  # as YOLOv5's W&B logger
 
