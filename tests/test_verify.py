@@ -211,6 +211,20 @@ def test_list_image_files(tmp_path, caplog):
     assert list_image_files(str(listing)) == sorted([str(images / "a.jpg"), str(images / "sub" / "C.PNG")])
 
 
+def test_linked_folders_are_listed_once_each_as_yolov5s_glob_follows_them(tmp_path):
+    """A split merged from linked folders (images/train/part -> elsewhere) trains on all of them; a link back up
+    and a second link to the same folder add nothing (no loop, no image twice)."""
+    images = make_split(tmp_path, {"a": ""})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cv2.imwrite(str(elsewhere / "b.jpg"), np.zeros((12, 12, 3), np.uint8))
+    (images / "part").symlink_to(elsewhere, target_is_directory=True)
+    (images / "part-again").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "loop").symlink_to(images, target_is_directory=True)
+    files = list_image_files([str(images)])
+    assert [Path(f).name for f in files] == ["a.jpg", "b.jpg"] and Path(files[1]).parent.name.startswith("part")
+
+
 def test_cache_hit_does_no_decoding(tmp_path, monkeypatch):
     images = make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n", "b": "1 0.5 0.5 0.4 0.4\n1 0.2 0.2 0.1 0.1\n"})
     first = scan_split(str(images), nc=2, cache_dir=tmp_path / "fallback")

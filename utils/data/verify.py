@@ -91,21 +91,26 @@ def _read_list_file(file: Path) -> list[Path]:
 
 def _folder_images(folder: str):
     """(path, hidden) of every image file below ``folder``: one ``os.scandir`` per folder (no stat for regular
-    files, a large split's listing is seconds faster than Path.rglob + is_file), symbolic links to folders not
-    followed and unreadable folders skipped (as rglob), links to files followed (as is_file); ``hidden``: a part
-    of the path below ``folder`` starts with a dot."""
-    stack = [(folder, False)]
+    files, a large split's listing is seconds faster than Path.rglob + is_file). Symbolic links to folders are
+    followed, as YOLOv5's recursive glob follows them (a split merged from linked folders), each folder listed once
+    (a link back up, or a second link to a listed folder, adds nothing); unreadable folders are skipped, links to files
+    followed (as is_file); ``hidden``: a part of the path below ``folder`` starts with a dot."""
+    stack, listed = [(folder, False)], set()
     while stack:
         current, hidden = stack.pop()
         try:
+            info = os.stat(current)
+            if (info.st_dev, info.st_ino) in listed:
+                continue
+            listed.add((info.st_dev, info.st_ino))
             with os.scandir(current) as listing:
                 entries = list(listing)
-        except PermissionError:
+        except OSError:
             continue
         for entry in entries:
             entry_hidden = hidden or entry.name.startswith(".")
             try:
-                if entry.is_dir(follow_symlinks=False):
+                if entry.is_dir():
                     stack.append((entry.path, entry_hidden))
                 elif os.path.splitext(entry.name)[1][1:].lower() in IMG_EXTENSIONS and entry.is_file():
                     yield entry.path, entry_hidden
