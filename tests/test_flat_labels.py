@@ -136,9 +136,10 @@ def test_the_scans_process_pool_gives_what_one_process_gives(tmp_path):
     assert_holds(again.flat, list(alone.im_files), list(alone.labels), list(alone.segments), alone.shapes)
 
 
-def test_folder_listing_keeps_rglobs_rules(tmp_path):
-    """The scan's folder listing (one scandir per folder): links to files followed, links to folders not, hidden
-    names (a dot anywhere below the source) ignored with a message, other files and broken links skipped."""
+def test_folder_listing_follows_links_and_skips_hidden_names(tmp_path):
+    """The scan's folder listing (one scandir per folder): links to files and to folders followed (as YOLOv5's
+    recursive glob), hidden names (a dot anywhere below the source) ignored with a message, other files and broken
+    links skipped."""
     images = tmp_path / "images"
     (images / "sub").mkdir(parents=True)
     (images / ".cache" / "deep").mkdir(parents=True)
@@ -152,7 +153,8 @@ def test_folder_listing_keeps_rglobs_rules(tmp_path):
     (images / "linked-folder").symlink_to(elsewhere)
     (images / "broken.jpg").symlink_to(tmp_path / "missing.jpg")
     files, ignored = verify.collect_image_files(str(images))
-    assert files == sorted(str(images / name) for name in ("a.jpg", "sub/B.PNG", "linked.jpg"))
+    linked = ("linked-folder/e.jpg", "linked-folder/f.jpg")
+    assert files == sorted(str(images / name) for name in ("a.jpg", "sub/B.PNG", "linked.jpg", *linked))
     assert ignored == [f"{images / name}: hidden file ignored" for name in (".cache/deep/c.jpg", "sub/.d.jpg")]
 
 

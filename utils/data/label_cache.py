@@ -35,7 +35,7 @@ from utils.files import atomic_write
 
 LOGGER = logging.getLogger(__name__)
 
-CACHE_VERSION = "verify-5"  # 4: EXIF orientations recorded; 5: headers read by utils/data/headers.py
+CACHE_VERSION = "verify-6"  # 4: EXIF orientations; 5: headers by utils/data/headers.py; 6: polygons' boxes checked
 FILE_KEYS = {"boxes": "labels", "box_offsets": "label_offsets"}  # names in the file, as earlier versions had them
 
 
