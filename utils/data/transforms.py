@@ -64,8 +64,8 @@ def box_candidates(before: np.ndarray, after: np.ndarray, wh_thr: float = 2.0, a
     """Boolean mask of boxes worth keeping after a warp; both arrays are (n, 4) xyxy pixels.
 
     ``before`` is the box before the warp scaled by the warp's zoom, ``after`` the warped and clipped
-    box. A box is kept when it is at least ``wh_thr`` px wide and high, keeps at least ``area_thr`` of
-    its area and its aspect ratio (long / short side) is below ``ar_thr``: more than the first two, as YOLOv5 v7.
+    box. A box is kept when it is more than ``wh_thr`` px wide and high, keeps more than ``area_thr`` of
+    its area and its aspect ratio (long / short side) is below ``ar_thr`` (YOLOv5 v7's rule).
     """
     w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
     w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
