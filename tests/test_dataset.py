@@ -264,6 +264,41 @@ def test_image_weights_sampling(split):
     assert drawn == {i for i, lb in enumerate(data.labels) if (lb[:, 0] == 3).any()}
 
 
+def test_image_weights_draw_the_mosaics_other_images_too(split):
+    """As YOLOv5 (partners from its weighted indices): with only class 3 weighted, every mosaic's other three images
+    hold class 3; with the weights taken away, partners are drawn from the whole split again."""
+    _, data = create_dataloader(None, 64, 2, 32, hyp=Hyp(), augment=True, workers=0, shuffle=True, labels=split)
+    weighted = {i for i, lb in enumerate(data.labels) if (lb[:, 0] == 3).any()}
+    data.set_partner_weights([1.0 if i in weighted else 0.0 for i in range(data.n)])
+    for index in range(data.n):
+        for seed in range(5):
+            partners = list(data.mosaic_draws(index, np.random.default_rng((seed, index)))[0])
+            partners.remove(index)
+            assert set(partners) <= weighted, (index, partners)
+    data.set_partner_weights(None)
+    uniform = {k for i in range(data.n) for k in data.mosaic_draws(i, np.random.default_rng((1, i)))[0]}
+    assert uniform - weighted
+
+
+def test_image_weights_reach_the_persistent_workers_each_epoch(split):
+    """The partner weights live in shared memory: loader workers started in epoch 0 draw epoch 1's mosaics by the
+    weights set after epoch 0, as the main process does (batches equal to a loader without workers)."""
+    def two_epochs(workers):
+        loader, data = create_dataloader(None, 64, 3, 32, hyp=Hyp(), augment=True, workers=workers, shuffle=True,
+                                         seed=5, labels=split)
+        batches = []
+        for epoch, weights in enumerate(([1.0, 1, 1, 1], [0.0, 0, 0, 1])):
+            set_loader_image_weights(loader, np.array(weights))
+            set_loader_epoch(loader, epoch)
+            batches += [(images, targets) for images, targets, _, _ in loader]
+        return batches
+
+    inline, workers = two_epochs(0), two_epochs(2)
+    assert len(inline) == len(workers) == 4
+    for (a, x), (b, y) in zip(inline, workers):
+        assert torch.equal(a, b) and torch.equal(x, y)
+
+
 def test_distributed_sampler_splits_evenly():
     parts = [EpochSampler(10, shuffle=True, seed=0, rank=r, world_size=3).indices() for r in range(3)]
     assert [len(p) for p in parts] == [4, 4, 4]

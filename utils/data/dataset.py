@@ -18,9 +18,12 @@ copying their pages, whatever the split's size and whatever the workers' start m
 Image weights (``--image-weights``): the trainer computes per-class weights each epoch (e.g.
 ``class_weights(labels, nc)`` times ``(1 - maps) ** 2``) and calls
 ``utils.data.loader.set_loader_image_weights(loader, class_weights)``, which stores
-``dataset.image_weights(class_weights)`` in the sampler; the sampler then draws indices with those
-weights (mosaic partners: uniform over the split with ``mosaic_partners="dataset"``, the default; with "batch",
-the batch's distinct other images, which those weights drew).
+``dataset.image_weights(class_weights)`` in the sampler, which then draws indices with those weights, and in the
+dataset (``set_partner_weights``), whose mosaics then draw their other three images by the same weights, as
+YOLOv5's draw from its weighted indices (with ``mosaic_partners="batch"``: the batch's distinct other images,
+which those weights drew). The weights reach persistent workers through one shared-memory array, written between
+epochs (an --image-weights run starts each epoch's iterator after setting them), so an item stays a function of
+(seed, epoch, index) and the epoch's weights, which come from the run state.
 """
 from __future__ import annotations
 
@@ -262,6 +265,7 @@ class YoloDataset(Dataset):
         self.mosaic_partners = mosaic_partners
         self.decoded = None  # while a batch is built: its decoded images by index (see __getitems__)
         self.image_weights, self.seed, self.epoch, self.prefix = image_weights, seed, 0, prefix
+        self.partner_cdf = None  # --image-weights: the mosaic partners' cumulative weights (set_partner_weights)
         flat = split.flat if hasattr(split, "flat") else FlatLabels.from_lists(split.im_files, split.labels,
                                                                               split.segments, split.shapes)
         if not len(flat):
@@ -326,6 +330,25 @@ class YoloDataset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         """Epoch used when items are requested by a bare index (workers get it with the index)."""
         self.epoch = int(epoch)
+
+    def set_partner_weights(self, weights) -> None:
+        """Draw mosaic partners by these per-image ``weights`` from now on (None or all zero: uniformly again). Kept in
+        shared memory made at the first call (before the loader's workers start), rewritten in place later."""
+        weights = None if weights is None else np.asarray(weights, np.float64)
+        if weights is None or not weights.sum() > 0:
+            if self.partner_cdf is not None:
+                self.partner_cdf.zero_()
+            return
+        if self.partner_cdf is None:
+            self.partner_cdf = torch.zeros(self.n, dtype=torch.float64).share_memory_()
+        cdf = np.cumsum(weights)
+        self.partner_cdf.copy_(torch.from_numpy(cdf / cdf[-1]))
+
+    def _weighted_partners(self, rng, count: int):
+        """``count`` images drawn by the partner weights (with replacement, as YOLOv5's random.choices), or None."""
+        if self.partner_cdf is None or not self.partner_cdf[-1] > 0:
+            return None
+        return np.minimum(np.searchsorted(self.partner_cdf.numpy(), rng.random(count), side="right"), self.n - 1)
 
     def image_weights_for(self, weights_per_class: np.ndarray) -> np.ndarray:
         """Per-image sampling weight = sum of its labels' class weights (images without labels: 0)."""
@@ -501,7 +524,11 @@ class YoloDataset(Dataset):
         """A mosaic's random draws, in order: (the 4 image indices as placed, the canvas centre (xc, yc), the 3x3
         warp to imgsz and its zoom, the canvas window that warp reads (None: the whole canvas is needed))."""
         s, hyp = self.imgsz, self.hyp
-        others = rng.choice(partners, 3, replace=False) if partners is not None else rng.integers(0, self.n, 3)
+        if partners is not None:
+            others = rng.choice(partners, 3, replace=False)
+        else:
+            weighted = self._weighted_partners(rng, 3)
+            others = weighted if weighted is not None else rng.integers(0, self.n, 3)
         picks = [index, *(int(k) for k in others)]
         rng.shuffle(picks)
         centre = tuple(int(v) for v in rng.uniform(0.5 * s, 1.5 * s, 2))

@@ -307,8 +307,11 @@ def set_loader_epoch(loader, epoch: int, start_batch: int = 0, through: int | No
 
 
 def set_loader_image_weights(loader, weights_per_class) -> None:
-    """--image-weights: sample images by the sum of their labels' class weights from now on."""
-    epoch_sampler(loader).set_weights(loader.dataset.image_weights_for(weights_per_class))
+    """--image-weights: sample images, and draw their mosaics' other images, by the sum of their labels' class
+    weights from now on."""
+    weights = loader.dataset.image_weights_for(weights_per_class)
+    epoch_sampler(loader).set_weights(weights)
+    loader.dataset.set_partner_weights(weights)
 
 
 class EpochStream:
