@@ -41,7 +41,7 @@ def coco_val(config) -> CocoVal | None:
     """A CocoVal for a dataset config (``DataConfig``) whose val split is COCO's: one list file ending in
     ``coco/val2017.txt`` (YOLOv5's test) and 80 classes; the official annotations are looked for at
     ``<path>/annotations/instances_val2017.json``. None for any other dataset."""
-    val = list(getattr(config, "val", []) or [])
+    val = config.val
     if len(val) != 1 or not Path(val[0]).as_posix().endswith("coco/val2017.txt") or len(config.names) != 80:
         return None
     return CocoVal(Path(config.path) / "annotations" / "instances_val2017.json")

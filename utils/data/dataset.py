@@ -348,7 +348,7 @@ class YoloDataset(Dataset):
         """``count`` images drawn by the partner weights (with replacement, as YOLOv5's random.choices), or None."""
         if self.partner_cdf is None or not self.partner_cdf[-1] > 0:
             return None
-        return np.minimum(np.searchsorted(self.partner_cdf.numpy(), rng.random(count), side="right"), self.n - 1)
+        return np.searchsorted(self.partner_cdf.numpy(), rng.random(count), side="right")  # cdf ends at 1.0 exactly
 
     def image_weights_for(self, weights_per_class: np.ndarray) -> np.ndarray:
         """Per-image sampling weight = sum of its labels' class weights (images without labels: 0)."""
