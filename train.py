@@ -352,7 +352,7 @@ def run_evolution(config, space_path: str) -> int:
     folder = project / config.name
     try:
         space = SearchSpace.load(space_path if Path(space_path).exists() else ROOT / space_path)
-        base = Hyp.load(config.hyp)
+        base = evolution_base(Hyp.load(config.hyp), config.noautoanchor)
         if not config.cfg and not config.weights:
             config.cfg = str(ROOT / "models/yolov5n.yaml")
         device = setup_process(config.device)
@@ -378,6 +378,15 @@ def run_evolution(config, space_path: str) -> int:
         LOGGER.info("Evolution results in %s (evolve.csv, hyp_evolve.yaml, evolve.png). Train with the best: "
                     "python train.py --hyp %s", folder, folder / "hyp_evolve.yaml")
     return 0
+
+
+def evolution_base(hyp, noautoanchor: bool):
+    """The hyp an evolution starts from, as YOLOv5 v7 evolves: 3 anchors per level when the hyp gives no count (so
+    every generation fits its anchors with AutoAnchor, and their count is evolved), none with --noautoanchor (the
+    model's anchors are kept and the count is not evolved)."""
+    if noautoanchor:
+        return hyp.replace(anchors=None)
+    return hyp if hyp.anchors is not None else hyp.replace(anchors=3.0)
 
 
 def check_evolution_command(config, base_hyp, device):

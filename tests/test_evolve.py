@@ -12,7 +12,7 @@ import yaml
 from utils.config import Hyp
 from utils.errors import UserError
 from utils.evolve import (CSV_NAME, METRIC_COLUMNS, EvolveError, EvolveRow, ProposalLock, SearchSpace, append_row,
-                          csv_columns, evolve, propose, read_rows, row_fitness, select_parent)
+                          csv_columns, evolve, mutate, propose, read_rows, row_fitness, select_parent)
 
 BASE = Hyp.load("hyp.scratch-low.yaml")
 SPACE = SearchSpace.load("evolve-space.yaml")
@@ -47,13 +47,20 @@ def test_default_space_has_yolov5_bounds():
     assert "anchors" not in SPACE.keys(BASE)  # the hyp does not set anchors
     assert "anchors" in SPACE.keys(BASE.replace(anchors=3.0))
     assert "lr0              1e-05 .. 0.1  start 0.01" in SPACE.describe(BASE)
+    # YOLOv5 v7's mutation gains: never mutated, a third of the step, twice the step, and 1 for the rest
+    assert {key: SPACE.gain(key) for key in SPACE.bounds if SPACE.gain(key) != 1} == {
+        "momentum": 0.3, "iou_t": 0.0, "anchors": 2.0, "fl_gamma": 0.0, "perspective": 0.0, "fliplr": 0.0}
+    assert "fliplr           0 .. 1  start 0.5  never mutated" in SPACE.describe(BASE)
 
 
 @pytest.mark.parametrize("text, expected", [
     ("lr0: [0.0, 0.1]\nlearning_rate: [0, 1]\n", "unknown hyperparameter(s) learning_rate"),
     ("lr0: [0.1, 0.01]\n", "'lr0' lower bound 0.1 is above the upper bound 0.01"),
     ("lr0: [0.0, .inf]\n", "'lr0' bounds must be finite"),
-    ("lr0: 0.1\n", "'lr0' must be [lower, upper]"),
+    ("lr0: 0.1\n", "'lr0' must be [lower, upper] or [lower, upper, gain]"),
+    ("lr0: [0, 0.1, 1, 2]\n", "'lr0' must be [lower, upper] or [lower, upper, gain]"),
+    ("lr0: [1.0e-5, 0.1, -1]\n", "'lr0' gain must be a number in [0, 10]"),
+    ("lr0: [1.0e-5, 0.1, .nan]\n", "'lr0' gain must be a number in [0, 10]"),
     ("lr0: [0, one]\n", "'lr0' bounds must be numbers"),
     ("- lr0\n", "expected a mapping"),
     ("lr0: [0, 1\n", "invalid YAML"),
@@ -86,6 +93,13 @@ def test_first_generation_trains_the_base_hyp():
     assert mutated != BASE
 
 
+def test_first_generation_clips_and_rounds_the_base_hyp_as_every_proposal():
+    base = BASE.replace(lr0=0.0123456789, degrees=60.0, fliplr=0.123456789)
+    first = propose([], base, SPACE, seed=0, number=1)
+    assert (first.lr0, first.degrees, first.fliplr) == (0.01235, 45.0, 0.12346)
+    assert first.replace(lr0=base.lr0, degrees=base.degrees, fliplr=base.fliplr) == base
+
+
 def test_mutation_stays_in_bounds_changes_something_and_is_reproducible():
     rows = random_rows(12)
     keys = SPACE.keys(BASE)
@@ -95,7 +109,7 @@ def test_mutation_stays_in_bounds_changes_something_and_is_reproducible():
             lower, upper = SPACE.bounds[key]
             value = getattr(hyp, key)
             assert lower <= value <= upper
-            assert value == float(f"{value:.5g}")  # 5 significant digits
+            assert value == round(value, 5)  # 5 decimal places, as YOLOv5's round(v, 5)
         assert hyp == propose(rows, BASE, SPACE, seed=7, number=number)
         assert hyp.anchors is None
     assert propose(rows, BASE, SPACE, seed=7, number=20) != propose(rows, BASE, SPACE, seed=8, number=20)
@@ -112,6 +126,29 @@ def test_mutation_changes_at_least_one_key_of_the_parent():
         assert all(0.3 - 1e-4 <= f <= 3.0 + 1e-4 for f in factors)
 
 
+def test_keys_of_gain_zero_are_never_mutated():
+    rows = random_rows(8)
+    frozen = [key for key in SPACE.bounds if SPACE.gain(key) == 0]
+    for number in range(9, 60):
+        hyp = propose(rows, BASE, SPACE, seed=3, number=number)
+        assert {key: getattr(hyp, key) for key in frozen} in [{key: round(getattr(row.hyp, key), 5) for key in frozen}
+                                                            for row in rows]
+
+
+def test_a_key_steps_in_proportion_to_its_gain():
+    """The same draws with a key's gain halved move it half as far from its parent value."""
+    parent = {"degrees": 10.0, "shear": 5.0}
+    steps = {}
+    for gain in (1.0, 0.5):
+        space = SearchSpace.from_dict({"degrees": [0.0, 45.0, gain], "shear": [0.0, 10.0]})
+        for number in range(40):
+            mutated = mutate(parent, list(parent), space, np.random.default_rng(number))
+            steps.setdefault(gain, []).append(mutated["degrees"] - parent["degrees"])
+    moved = [i for i, step in enumerate(steps[1.0]) if abs(step) > 0.01 and 3.0 < 10 + step < 30.0]  # not clipped
+    assert len(moved) > 10
+    assert all(steps[0.5][i] == pytest.approx(steps[1.0][i] / 2, abs=2e-5) for i in moved)
+
+
 def test_keys_outside_the_space_keep_base_values():
     space = SearchSpace.from_dict({"lr0": [1e-5, 0.1]})
     hyp = propose(random_rows(5), BASE, space, seed=0, number=6)
@@ -122,6 +159,17 @@ def test_anchors_are_evolved_only_when_the_hyp_sets_them():
     base = BASE.replace(anchors=3.0)
     values = {propose([], base, SPACE, seed=0, number=n).anchors for n in range(2, 30)}
     assert len(values) > 1 and all(2.0 <= v <= 10.0 for v in values)
+
+
+def test_evolution_starts_from_three_anchors_unless_noautoanchor():
+    """As YOLOv5 v7: a hyp without an anchor count evolves from 3 (every generation fits its anchors with AutoAnchor);
+    --noautoanchor keeps the model's anchors and evolves no count."""
+    import train as train_script
+
+    assert train_script.evolution_base(BASE, noautoanchor=False).anchors == 3.0
+    assert train_script.evolution_base(BASE.replace(anchors=5.0), noautoanchor=False).anchors == 5.0
+    assert train_script.evolution_base(BASE.replace(anchors=5.0), noautoanchor=True).anchors is None
+    assert "anchors" in SPACE.keys(train_script.evolution_base(BASE, noautoanchor=False))
 
 
 def test_parent_is_one_of_the_five_fittest_weighted_by_fitness():

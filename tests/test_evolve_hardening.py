@@ -120,7 +120,7 @@ def test_values_with_shared_references_and_long_keys_are_shown_bounded():
     with pytest.raises(EvolveError) as bad_key:
         SearchSpace.from_dict({"k" * 10 ** 6: [0, 1]}, "space.yaml")
     assert time.perf_counter() - start < 1.0
-    assert str(bad_value.value).startswith("space.yaml: 'lr0' must be [lower, upper], got [[[")
+    assert str(bad_value.value).startswith("space.yaml: 'lr0' must be [lower, upper] or [lower, upper, gain], got [[[")
     assert str(bad_key.value).startswith("space.yaml: unknown hyperparameter(s) kkk")
     assert len(str(bad_value.value)) < 200 and len(str(bad_key.value)) < 200
 

@@ -22,11 +22,11 @@ def tiny(tmp_path_factory):
     return (root, *make_tiny_run(root))
 
 
-def run_train(tiny, *extra):
+def run_train(tiny, *extra, autoanchor: bool = False):
     root, data, cfg = tiny
     args = ["--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64", "--batch-size", "4", "--epochs", "2",
-            "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), "--noautoanchor", *extra]
-    return train_script.main(args)
+            "--workers", "0", "--device", "cpu", "--project", str(root / "runs"), *extra]
+    return train_script.main(args if autoanchor else [*args, "--noautoanchor"])
 
 
 def record_plot_requests(monkeypatch) -> list:
@@ -186,9 +186,13 @@ def test_evolve_runs_generations_and_continues_counting(tiny):
     root = tiny[0]
     folder = root / "runs" / "evolve"
     for generations in ("2", "1"):
-        assert run_train(tiny, "--evolve", generations, "--epochs", "1", "--name", "evolve") == 0
+        assert run_train(tiny, "--evolve", generations, "--epochs", "1", "--name", "evolve", autoanchor=True) == 0
     lines = (folder / "evolve.csv").read_text().splitlines()
     assert len(lines) == 4 and "metrics/mAP_0.5" in lines[0] and "lr0" in lines[0]  # header + generations 1-3
+    rows = [dict(zip([c.strip() for c in lines[0].split(",")], map(float, line.split(",")))) for line in lines[1:]]
+    assert rows[0]["anchors"] == 3.0  # YOLOv5's start: 3 anchors per level, fitted by AutoAnchor, then evolved
+    assert all(2.0 <= row["anchors"] <= 10.0 for row in rows)
+    assert len({row["fliplr"] for row in rows}) == 1  # gain 0: never mutated
     assert (folder / "hyp_evolve.yaml").read_text().startswith("#")
     assert (folder / "evolve.png").stat().st_size > 1000
     assert not list(folder.glob(".generation-*"))  # each generation's training folder is removed

@@ -3,8 +3,10 @@
 One generation = one training run with a proposed hyp; its metrics and hyp become one row of
 ``evolve.csv``. A proposal takes the (up to) 5 fittest rows (fitness = 0.1 mAP50 + 0.9 mAP50-95), picks
 a parent ('single': one row chosen with probability proportional to fitness - min + 1e-6; 'weighted':
-their fitness-weighted mean), multiplies each evolvable key by a random factor and clips it to the
-search space. Without rows, the base hyp is trained unmutated.
+their fitness-weighted mean), multiplies each key of the search space by a random factor scaled by the
+key's gain (YOLOv5 v7's: 0 for iou_t, fl_gamma, perspective and fliplr, which are never mutated; 0.3 for
+momentum; 2 for anchors; 1 for the rest), clips it to the key's bounds and rounds it to 5 decimal places.
+Without rows, the base hyp is trained unmutated (clipped and rounded the same way).
 
 Files in the evolve folder (shared safely by several processes, e.g. one per GPU):
 
@@ -76,7 +78,7 @@ PARENTS = 5  # fittest rows a parent is chosen from
 MUTATION_PROBABILITY = 0.8
 MUTATION_SIGMA = 0.2
 FACTOR_RANGE = (0.3, 3.0)
-SIGNIFICANT_DIGITS = 5
+DECIMALS = 5  # every value of the search space is rounded to 5 decimal places (YOLOv5's round(v, 5))
 MAX_DRAWS = 100  # mutation draws before giving up on changing anything (e.g. every evolvable value is 0)
 MAX_LOSS = 1e6  # a validation loss above this (or negative, or not finite) is read and written as nan
 MAX_FIRST_FAILURES = 3  # failed generations at a process's start after which the evolution stops
@@ -92,9 +94,11 @@ UNRECORDED_FAILURES = (WriteError, EvolveError)  # the disk or the folder: every
 # ----------------------------------------------------------------------------- search space
 @dataclass(frozen=True)
 class SearchSpace:
-    """Evolvable hyp keys and their [lower, upper] bounds, in file order."""
+    """Evolvable hyp keys, their [lower, upper] bounds and mutation gains (1 unless the file gives one), in
+    file order."""
     bounds: dict
     source: str = ""
+    gains: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, path=DEFAULT_SPACE) -> "SearchSpace":
@@ -118,7 +122,12 @@ class SearchSpace:
         if unknown:
             listed = ", ".join(shorten(key, 40).strip("'") for key in unknown[:5])
             raise EvolveError(f"{source}: unknown hyperparameter(s) {listed} (not hyp keys)")
-        return cls({key: _bounds(key, value, source) for key, value in content.items()}, source)
+        entries = {key: _entry(key, value, source) for key, value in content.items()}
+        return cls({key: entry[:2] for key, entry in entries.items()}, source,
+                   {key: entry[2] for key, entry in entries.items()})
+
+    def gain(self, key: str) -> float:
+        return self.gains.get(key, 1.0)
 
     def keys(self, hyp: Hyp) -> list[str]:
         """The keys evolved for ``hyp``: all of the space's, except 'anchors' when the hyp does not set it."""
@@ -134,30 +143,39 @@ class SearchSpace:
         for key in keys:
             lower, upper = self.bounds[key]
             start = f"  start {getattr(hyp, key):g}" if hyp is not None else ""
-            lines.append(f"  {key:<16} {lower:g} .. {upper:g}{start}")
+            gain = "" if self.gain(key) == 1 else "  never mutated" if self.gain(key) == 0 else \
+                f"  gain {self.gain(key):g}"
+            lines.append(f"  {key:<16} {lower:g} .. {upper:g}{start}{gain}")
         return "\n".join(lines)
 
 
-def _bounds(key: str, value, source: str) -> tuple[float, float]:
-    """[lower, upper] of one key: finite numbers, in order, both inside the values a hyp accepts
-    (``HYP_RANGES``), so that every value a generation trains is one its evolve.csv row can hold."""
-    if not isinstance(value, (list, tuple)) or len(value) != 2 or any(isinstance(v, bool) for v in value):
-        raise EvolveError(f"{source}: '{key}' must be [lower, upper], got {shorten(value)}")
+MAX_GAIN = 10.0
+
+
+def _entry(key: str, value, source: str) -> tuple[float, float, float]:
+    """(lower, upper, gain) of one key, from [lower, upper] (gain 1) or [lower, upper, gain]: finite numbers, the
+    bounds in order and both inside the values a hyp accepts (``HYP_RANGES``), so that every value a generation
+    trains is one its evolve.csv row can hold; the gain in [0, 10]."""
+    if not isinstance(value, (list, tuple)) or len(value) not in (2, 3) or any(isinstance(v, bool) for v in value):
+        raise EvolveError(f"{source}: '{key}' must be [lower, upper] or [lower, upper, gain], got {shorten(value)}")
     if not all(isinstance(v, (int, float)) or isinstance(v, str) and len(v) <= 100 for v in value):
         raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {shorten(value)}")
     try:
-        lower, upper = float(value[0]), float(value[1])
+        lower, upper, *gain = (float(v) for v in value)
     except (ValueError, OverflowError):
         raise EvolveError(f"{source}: '{key}' bounds must be numbers, got {shorten(value)}") from None
     if not (math.isfinite(lower) and math.isfinite(upper)):
         raise EvolveError(f"{source}: '{key}' bounds must be finite, got {shorten(value)}")
+    gain = gain[0] if gain else 1.0
+    if not 0.0 <= gain <= MAX_GAIN:  # nan fails too
+        raise EvolveError(f"{source}: '{key}' gain must be a number in [0, {MAX_GAIN:g}], got {shorten(value[2])}")
     if lower > upper:
         raise EvolveError(f"{source}: '{key}' lower bound {lower:g} is above the upper bound {upper:g}")
     allowed = HYP_RANGES[key]
     if lower not in allowed or upper not in allowed:
         raise EvolveError(f"{source}: '{key}' bounds [{lower:g}, {upper:g}] leave the values a hyp accepts, "
                           f"{allowed}: keep both inside it")
-    return lower, upper
+    return lower, upper, gain
 
 
 # ----------------------------------------------------------------------------- rows
@@ -287,14 +305,17 @@ def _recorded(metrics: dict) -> dict:
 # ----------------------------------------------------------------------------- proposals
 def propose(rows: list[EvolveRow], base_hyp: Hyp, space: SearchSpace, seed: int = 0, number: int = 1,
             parent: str = "single") -> Hyp:
-    """The hyp to train as proposal ``number``: the base hyp unmutated for the first proposal of an empty
-    evolve.csv, else a mutation of a parent chosen from ``rows`` (of the base hyp while there are none).
-    Keys outside the search space keep the base hyp's values."""
+    """The hyp to train as proposal ``number``: the base hyp unmutated (its search-space keys clipped and
+    rounded, as every proposal's) for the first proposal of an empty evolve.csv, else a mutation of a parent
+    chosen from ``rows`` (of the base hyp while there are none). Keys outside the search space keep the base
+    hyp's values."""
     if parent not in ("single", "weighted"):
         raise ValueError(f"parent must be 'single' or 'weighted', got {parent!r}")
     keys = space.keys(base_hyp)
-    if not rows and number <= 1 or not keys:
+    if not keys:
         return base_hyp
+    if not rows and number <= 1:
+        return base_hyp.replace(**{key: _bounded(space, key, getattr(base_hyp, key)) for key in keys})
     rng = np.random.default_rng([int(seed) % (1 << 64), int(number)])
     start = select_parent(rows, keys, base_hyp, rng, parent) if rows else \
         {key: getattr(base_hyp, key) for key in keys}
@@ -323,13 +344,14 @@ def _value(hyp: Hyp, key: str, base_hyp: Hyp) -> float:
 
 def mutate(values: dict, keys: list[str], space: SearchSpace, rng: np.random.Generator,
            probability: float = MUTATION_PROBABILITY, sigma: float = MUTATION_SIGMA) -> dict:
-    """Each key times a factor 1 + N(0, 1) * u * sigma (with probability ``probability``; u ~ U(0, 1) per
-    draw), clipped to [0.3, 3]; then clipped to the key's bounds and rounded to 5 significant digits.
-    Drawn again until at least one value changes (up to 100 draws)."""
+    """Each key times a factor 1 + gain * N(0, 1) * u * sigma (with probability ``probability``; u ~ U(0, 1)
+    per draw), clipped to [0.3, 3]; then clipped to the key's bounds and rounded to 5 decimal places. Drawn
+    again until at least one value changes (up to 100 draws)."""
     unchanged = {key: _bounded(space, key, values[key]) for key in keys}
+    gains = np.array([space.gain(key) for key in keys])
     for _ in range(MAX_DRAWS):
         mask = rng.random(len(keys)) < probability
-        factors = (mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(*FACTOR_RANGE)
+        factors = (gains * mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(*FACTOR_RANGE)
         mutated = {key: _bounded(space, key, values[key] * factor) for key, factor in zip(keys, factors)}
         if mutated != unchanged:
             return mutated
@@ -338,14 +360,10 @@ def mutate(values: dict, keys: list[str], space: SearchSpace, rng: np.random.Gen
     return mutated
 
 
-def _round(value: float) -> float:
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-
-
 def _bounded(space: SearchSpace, key: str, value: float) -> float:
-    """``value`` clipped to the key's bounds and rounded to 5 significant digits, clipped again in case the
+    """``value`` clipped to the key's bounds and rounded to 5 decimal places, clipped again in case the
     rounding crossed a bound given with more digits."""
-    return space.clip(key, _round(space.clip(key, value)))
+    return space.clip(key, round(space.clip(key, float(value)), DECIMALS))
 
 
 # ----------------------------------------------------------------------------- outputs
