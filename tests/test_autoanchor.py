@@ -196,6 +196,43 @@ def test_worse_search_result_is_not_adopted(model, monkeypatch):
     assert model.yaml["anchors"] == tiny_config()["anchors"]
 
 
+def square_and_hopeless(square: int, hopeless: int):
+    """Boxes of 10 x 10 px, which the test model's anchors cover, and 300 x 1 px ones that no anchor covers."""
+    boxes = [[0, 0.5, 0.5, 10 / 320, 10 / 320]] * square + [[0, 0.5, 0.5, 300 / 320, 1 / 320]] * hopeless
+    return [np.array(boxes)], [[320, 320]]
+
+
+def test_anchors_of_the_same_recall_are_not_adopted_even_if_fitter(model, monkeypatch):
+    """As YOLOv5's check_anchors: new anchors replace the model's only when their best possible recall is higher."""
+    import utils.autoanchor as autoanchor
+
+    labels, shapes = square_and_hopeless(90, 10)
+    before = model.model[-1].anchors.clone()
+    monkeypatch.setattr(autoanchor, "kmean_anchors", lambda wh, n, *args, **kwargs: np.full((n, 2), 10.0))
+    wh = label_wh(labels, shapes, 320)
+    assert anchor_fitness(np.full((9, 2), 10.0), wh, 4.0) > anchor_fitness(anchor_pixels(model).reshape(-1, 2), wh, 4.0)
+    report = check_anchors(model, labels, shapes, 320, progress=False)
+    assert report.bpr_before == pytest.approx(0.9) and not report.adopted
+    assert torch.equal(model.model[-1].anchors, before)
+
+
+def test_a_recall_of_exactly_098_searches_and_k_means_fits_the_exact_sizes(model, monkeypatch):
+    """YOLOv5 searches unless the recall is above 0.98; k-means gets the box sizes without the check's jitter."""
+    import utils.autoanchor as autoanchor
+
+    labels, shapes = square_and_hopeless(49, 1)
+    fitted = []
+
+    def record(wh, n, *args, **kwargs):
+        fitted.append(np.array(wh))
+        return anchor_pixels(model).reshape(-1, 2)
+
+    monkeypatch.setattr(autoanchor, "kmean_anchors", record)
+    report = check_anchors(model, labels, shapes, 320, progress=False)
+    assert report.bpr_before == pytest.approx(0.98) and len(fitted) == 1
+    np.testing.assert_array_equal(fitted[0], label_wh(labels, shapes, 320))
+
+
 def test_good_anchors_are_kept_without_search(model, monkeypatch):
     import utils.autoanchor as autoanchor
 

@@ -9,10 +9,11 @@ YOLOv5 behaviour, step by step:
   An anchor can learn a box when ``r > 1 / anchor_t`` (hyp.anchor_t, 4 by default), the rule the loss
   uses. Best possible recall (BPR) = share of boxes with at least one such anchor; anchors/target =
   mean number of such anchors per box.
-- When BPR < 0.98, or the model YAML gave an anchor count instead of anchors, k-means on the whitened
-  (w, h) of the boxes with a side of at least 2 px gives a start, refined by a genetic hill climb
-  (multiplicative mutations) on fitness = mean over boxes of their best ``r``, 0 where it is too small.
-- New anchors replace the current ones only when they do better (BPR first, then fitness). They are
+- When BPR is not above 0.98, or the model YAML gave an anchor count instead of anchors, k-means on the
+  whitened (w, h) of the boxes with a side of at least 2 px (their exact sizes, without the jitter) gives a
+  start, refined by a genetic hill climb (multiplicative mutations) on fitness = mean over boxes of their
+  best ``r``, 0 where it is too small.
+- New anchors replace the current ones only when their BPR (on the jittered sizes) is higher. They are
   rounded to 0.1 px, sorted by area and assigned to levels in pixels (smallest areas to the smallest
   stride), then divided by each level's stride into the Detect buffer (grid units); ``model.yaml``
   gets the same pixel values, so a checkpoint's stored YAML rebuilds identical anchors.
@@ -258,7 +259,7 @@ def set_anchors(model, anchors_px) -> None:
 def check_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int = 0, generations: int = 1000,
                   time_limit: float = DEFAULT_TIME_LIMIT, progress: bool = True) -> AnchorReport:
     """Check the model's anchors against the training boxes at ``imgsz``; fit and adopt new ones when the
-    best possible recall is below 0.98 or the YAML gave a count, and they do better. Updates the model in
+    best possible recall is not above 0.98 or the YAML gave a count, and theirs is higher. Updates the model in
     place when adopting. No boxes: nothing changes (AnchorError if the model has no real anchors)."""
     start = time.monotonic()
     model, detect = _detect(model)
@@ -272,26 +273,22 @@ def check_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int
                        "model's anchors")
     current = anchor_pixels(model).reshape(-1, 2)
     before = None if placeholder else anchor_fit(current, wh, thr)
-    if before is not None and before[0] >= BPR_TARGET:
+    if before is not None and before[0] > BPR_TARGET:
         return _report(model, wh, before, before, False, start,
                        f"{_fit_text(before)}: current anchors are a good fit to the dataset")
     LOGGER.info(f"{PREFIX}{'the model YAML gives an anchor count' if before is None else _fit_text(before)}; "
                 f"fitting {len(current)} anchors to {len(wh)} boxes (k-means + {generations} generations)")
-    found = np.round(kmean_anchors(wh, len(current), imgsz, thr, generations, seed, time_limit, progress), DECIMALS)
+    exact = label_wh(labels, shapes, imgsz)  # k-means and the climb fit the exact sizes; BPR judges on the jittered
+    found = np.round(kmean_anchors(exact, len(current), imgsz, thr, generations, seed, time_limit, progress),
+                     DECIMALS)
     found = np.clip(found, MIN_SIDE, None)
     after = anchor_fit(found, wh, thr)
-    if before is not None and not _better(found, current, wh, thr):
+    if before is not None and not after[0] > before[0]:
         return _report(model, wh, before, before, False, start,
                        f"new anchors ({_fit_text(after)}) are not better; keeping the current ones")
     set_anchors(model, found)
     return _report(model, wh, before, after, True, start,
                    f"new anchors adopted ({_fit_text(after)}); they are saved with the model")
-
-
-def _better(found: np.ndarray, current: np.ndarray, wh: np.ndarray, thr: float) -> bool:
-    """Higher best possible recall, or the same and a higher fitness."""
-    return (anchor_fit(found, wh, thr)[0], anchor_fitness(found, wh, thr)) > \
-        (anchor_fit(current, wh, thr)[0], anchor_fitness(current, wh, thr))
 
 
 def _fit_text(fit: tuple[float, float]) -> str:
