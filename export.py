@@ -45,7 +45,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -83,6 +83,7 @@ SUFFIXES["litert"], TITLES["litert"] = ".tflite", "LiteRT"  # -fp16/-int8.tflite
 ALIASES = {"tflite": "litert"}  # YOLOv5's names for the same formats
 RUNS_ELSEWHERE = {"coreml": "runs on macOS/iOS (Core ML); val.py and detect.py run it there",
                   "engine": "runs where it was built (this GPU, this TensorRT): val.py/detect.py --device 0"}
+INT8_FORMATS = {"ncnn", "executorch", "litert"}  # --int8 quantises these; the others export float beside them
 CPU_HALF = {"openvino", "ncnn", "coreml", "litert"}  # --half is fp16 weights (CoreML: fp16 compute), made on the CPU
 # YOLOv5's flags for its TensorFlow exports (saved_model, pb, tflite, edgetpu, tfjs), which this project does not
 # make: set, each is refused in one line (check_tensorflow_flags). Its NMS settings (--topk-per-class, --topk-all,
@@ -229,9 +230,14 @@ def check_tensorflow_flags(config: ExportConfig) -> None:
 def check_options(config: ExportConfig, formats: list[str], device: torch.device) -> None:
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
     cpu_half = set(formats) <= CPU_HALF
-    if config.int8 and set(formats) & {"torchscript", "onnx", "openvino"}:  # the format modules refuse it themselves
+    floats = [fmt for fmt in formats if fmt in ("torchscript", "onnx", "openvino")]
+    if config.int8 and not set(formats) & INT8_FORMATS:
         raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include ncnn, "
                             "executorch and litert take --int8")
+    if config.int8 and floats:  # as YOLOv5, which quantises the formats that take it and exports the rest as usual
+        LOGGER.warning("--int8 quantises %s; %s exported without it (float)",
+                       ", ".join(TITLES[fmt] for fmt in formats if fmt in INT8_FORMATS),
+                       ", ".join(TITLES[fmt] for fmt in floats))
     if config.half and device.type != "cuda" and not cpu_half:
         raise UnavailableOption("--half needs a CUDA device (--device 0) for TorchScript and ONNX; CPU exports are "
                             f"float32 (--include {' / '.join(sorted(CPU_HALF))} alone take --half: fp16 weights)")
@@ -290,11 +296,19 @@ def check_writable(folder: Path) -> None:
         raise ExportError(f"{folder}: export folder is not writable ({error.strerror or error})") from None
 
 
+def lite_interpreter_bytes(module, extra_files: dict) -> bytes:
+    """A TorchScript file that PyTorch Mobile's lite interpreter loads (``bytecode.pkl`` beside the full program,
+    which ``torch.jit.load`` and so val.py and detect.py still read), with ``extra_files``."""
+    with quiet_tracing():
+        return bytes(module._save_to_buffer_for_lite_interpreter(_extra_files=extra_files))
+
+
 class Exporter:
     """Exports one loaded model to several formats, checking each file against the model."""
 
     def __init__(self, model: nn.Module, info: ExportInfo, device: torch.device, config: ExportConfig):
         self.model, self.info, self.device, self.config = model, info, device, config
+        self.run_info = info  # the run's; ``info`` is the format's own (int8 only for INT8_FORMATS), set by export()
         self.graph = PredictionOnly(model).eval()
         self.dtype = torch.float16 if info.half and device.type == "cuda" else torch.float32  # see run()
         self.example = self.input((info.batch, 3, *info.imgsz))
@@ -308,6 +322,7 @@ class Exporter:
 
     def export(self, fmt: str, path: Path) -> ExportResult:
         start = time.perf_counter()
+        self.info = replace(self.run_info, int8=self.run_info.int8 and fmt in INT8_FORMATS)
         if fmt in FORMAT_MODULES:
             module = format_module(fmt)
             options = {name: getattr(self.config, name) for name in getattr(module, "EXPORT_OPTIONS", ())}
@@ -342,15 +357,17 @@ class Exporter:
     def torchscript(self) -> bytes:
         with quiet_tracing(), torch.no_grad():
             module = torch.jit.trace(self.graph, self.example, strict=False)
-        if self.config.optimize:
+        extra_files = {TORCHSCRIPT_METADATA: json.dumps(self.info.to_dict())}
+        if self.config.optimize:  # as YOLOv5: optimised for mobile, saved for PyTorch Mobile's lite interpreter
             from torch.utils.mobile_optimizer import optimize_for_mobile
             try:
                 module = optimize_for_mobile(module)
             except RuntimeError as error:
                 raise ExportError(f"--optimize failed ({str(error).strip().splitlines()[-1][:200]})") from None
+            return lite_interpreter_bytes(module, extra_files)
         buffer = io.BytesIO()
         with quiet_tracing():
-            torch.jit.save(module, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(self.info.to_dict())})
+            torch.jit.save(module, buffer, _extra_files=extra_files)
         return buffer.getvalue()
 
     def trace_onnx(self) -> bytes:
@@ -536,7 +553,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(prog="export.py", description="Export a checkpoint to TorchScript / ONNX / OpenVINO and "
                                                           "the formats of models/formats/ (YOLOv5 export.py's flags)")
     add = parser.add_argument
-    add("--weights", type=str, default="yolov5s.pt", help="checkpoint path (ours or YOLOv5's .pt)")
+    add("--weights", nargs="+", type=str, default=["yolov5s.pt"], help="checkpoint path(s) (ours or YOLOv5's .pt), "
+                                                                     "each exported in turn")
     add("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640, 640], help="image size h w (or one)")
     add("--batch-size", type=int, default=1, help="batch size")
     add_device_flag(parser)
@@ -572,8 +590,11 @@ def add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
     add("--conf-thres", type=float, default=0.25, help=f"YOLOv5's TensorFlow NMS: confidence threshold; {no_effect}")
 
 
-def config_from_args(args: argparse.Namespace) -> ExportConfig:
+def config_from_args(args: argparse.Namespace, weights: str | None = None) -> ExportConfig:
+    """The ExportConfig of one of ``--weights`` (the first when ``weights`` is None)."""
     values = vars(args).copy()
+    given = values["weights"]
+    values["weights"] = weights if weights is not None else given[0] if isinstance(given, list) else given
     values["imgsz"] = tuple(values["imgsz"] * 2 if len(values["imgsz"]) == 1 else values["imgsz"][:2])
     values["include"] = tuple(values["include"])
     return ExportConfig(**values)
@@ -586,13 +607,15 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    config = config_from_args(parse_args(argv))
+    args = parse_args(argv)
     from utils.loggers import setup_logging
 
     setup_logging()
     start = time.perf_counter()
+    results = []
     try:
-        results = run(config)
+        for weights in args.weights:  # as YOLOv5: each checkpoint in turn, the first failure ends the command
+            results += run(config_from_args(args, weights))
     except ParityError as error:  # the exported file computes something else: an export failure, not a bug
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1

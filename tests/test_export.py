@@ -2,16 +2,19 @@
 model, dynamic shapes, metadata inside the files, and one-line errors for bad input."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import export
 from models import for_inference, load_model
@@ -353,6 +356,37 @@ def test_optimize_exports_or_says_why_not(weights, tmp_path, capsys):
     else:
         assert code == 2 and "--optimize needs a torch build with XNNPACK" in one_error_line(capsys)
         assert not source.with_suffix(".torchscript").exists()
+
+
+def test_optimize_saves_for_the_lite_interpreter_and_still_loads_here():
+    """--optimize's file (YOLOv5's `_save_for_lite_interpreter`): PyTorch Mobile's lite interpreter runs it, and
+    torch.jit.load (val.py, detect.py) reads it and its metadata."""
+    from torch.jit.mobile import _load_for_lite_interpreter
+
+    module = torch.jit.trace(nn.Conv2d(3, 4, 3), torch.zeros(1, 3, 8, 8))
+    data = export.lite_interpreter_bytes(module, {TORCHSCRIPT_METADATA: '{"stride": 32}'})
+    assert "bytecode.pkl" in {Path(name).name for name in zipfile.ZipFile(io.BytesIO(data)).namelist()}
+    extra = {TORCHSCRIPT_METADATA: ""}
+    loaded = torch.jit.load(io.BytesIO(data), _extra_files=extra)
+    assert extra[TORCHSCRIPT_METADATA] == b'{"stride": 32}'
+    image = torch.rand(1, 3, 8, 8)
+    assert torch.equal(loaded(image), module(image))
+    path = Path(tempfile.mkdtemp()) / "m.torchscript"
+    path.write_bytes(data)
+    assert torch.equal(_load_for_lite_interpreter(str(path))(image), module(image))
+
+
+def test_several_weights_are_exported_in_turn(weights, tmp_path):
+    first, second = copy_weights(weights, tmp_path / "a"), copy_weights(weights, tmp_path / "b")
+    assert export.main(["--weights", str(first), str(second), "--imgsz", str(IMGSZ)]) == 0
+    assert first.with_suffix(".torchscript").is_file() and second.with_suffix(".torchscript").is_file()
+
+
+def test_int8_without_a_format_that_takes_it_is_refused(weights, tmp_path, capsys):
+    source = copy_weights(weights, tmp_path)
+    assert run_export(source, "--include", "torchscript", "onnx", "--int8") == 2
+    assert "--int8: TorchScript, ONNX and OpenVINO exports are fp32" in one_error_line(capsys)
+    assert not source.with_suffix(".torchscript").exists()
 
 
 @contextmanager

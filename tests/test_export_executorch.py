@@ -100,7 +100,7 @@ def test_static_export_matches_eager_chunks_other_batches_and_refuses_other_size
 def test_refused_flags_are_one_line(weights, capsys):
     expected = {("--dynamic",): "--include executorch: .pte files have a fixed batch and input size here",
                 ("--half",): "--half needs a CUDA device (--device 0) for TorchScript and ONNX",
-                ("--int8", "--include", "executorch", "onnx"): "--int8: TorchScript, ONNX and OpenVINO exports are "
+                ("--int8", "--include", "onnx"): "--int8: TorchScript, ONNX and OpenVINO exports are "
                                                                "fp32 (or --half); --include ncnn, executorch and "
                                                                "litert take --int8"}
     for flags, start in expected.items():

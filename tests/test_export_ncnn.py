@@ -178,13 +178,18 @@ def test_int8_quantises_the_body_calibrated_on_the_data_and_tracks_the_model(tra
     weights, data = trained
     height, width = 64, 96
     source = copy_weights(weights, tmp_path)
-    assert run_export(source, "--int8", "--data", str(data), imgsz=(height, width)) == 0
+    # with a format that takes no --int8 beside it (YOLOv5's `--include torchscript onnx tflite --int8`): that one float
+    assert run_export(source, "--int8", "--data", str(data), "--include", "torchscript", "ncnn",
+                      imgsz=(height, width)) == 0
     out = capsys.readouterr().out
+    assert "--int8 quantises NCNN; TorchScript exported without it (float)" in out
     assert "NCNN --int8: calibrated" in out and "convolutions on 16 images" in out, out
     int8_lines = [line.removeprefix("NCNN parity: ") for line in out.splitlines() if line.startswith("NCNN parity: ")]
     assert len(int8_lines) == 1 and re.match(INT8_PARITY, int8_lines[0]), out  # on 8 calibration images
+    assert re.search(r"^TorchScript parity: max \|diff\| ", out, re.M), out  # the float check, not the int8 one
+    assert not load_backend(tmp_path / "best.torchscript").info.int8
     folder = tmp_path / "best-int8_ncnn_model"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8_ncnn_model", "best.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-int8_ncnn_model", "best.pt", "best.torchscript"]
     lines = (folder / "model.ncnn.param").read_text().splitlines()
     convolutions = [line for line in lines if line.startswith("Convolution ")]
     int8_lines = [line for line in convolutions if line.endswith(" 8=1")]
