@@ -10,7 +10,7 @@ import torch
 from utils.boxes import xyxy2xywhn
 from utils.coco import coco_evaluate, ground_truth_to_coco, image_ids, predictions_to_coco, write_json
 from utils.metrics import (ConfusionMatrix, ap_per_class, coco_ap, fitness, iou_thresholds, keep_top_per_class,
-                           match_predictions, match_predictions_coco)
+                           match_predictions, match_predictions_coco, yolov5_ap)
 
 IOUV = iou_thresholds()
 
@@ -67,6 +67,35 @@ def test_half_correct_case_by_hand():
     result = evaluate([(dets, labels)])
     expected = (34 * 1.0 + 33 * 2 / 3) / 101  # recall 1/3 reached at 0.9, 2/3 at 0.7
     assert np.allclose(result.ap[0], expected)
+
+
+def test_yolov5_rule_closes_the_curve_and_integrates_where_coco_reads_points():
+    """YOLOv5 v7's AP on the same curves: 0.995 for a perfect detector (COCO: 1), and past the largest recall a
+    ramp to 0 at recall 1 (7 hits of 10 labels, then 3 misses: 0.69 + 0.0085 + 0.105; COCO: 70 of 101 points)."""
+    hits = np.arange(1, 11, dtype=float)[:, None]
+    assert yolov5_ap(hits / 10, np.ones((10, 1)))[0] == pytest.approx(0.995)
+    assert coco_ap(hits / 10, np.ones((10, 1)))[0] == pytest.approx(1.0)
+    tp = np.array([1.0] * 7 + [0.0] * 3)
+    true_pos, false_pos = tp.cumsum()[:, None], (1 - tp).cumsum()[:, None]
+    recall, precision = true_pos / 10, true_pos / (true_pos + false_pos)
+    assert yolov5_ap(recall, precision)[0] == pytest.approx(0.69 + 0.0085 + 0.105)
+    assert coco_ap(recall, precision)[0] == pytest.approx(70 / 101)
+
+
+def test_metric_rules_benchmark_scores_coco_json_by_yolov5s_rule():
+    from benchmarks.metric_rules import yolov5_rule
+
+    truth = {"images": [{"id": 1}, {"id": 2}],
+             "annotations": [{"image_id": 1, "category_id": 0, "bbox": [10, 10, 20, 20]},
+                             {"image_id": 2, "category_id": 0, "bbox": [50, 50, 30, 10]},
+                             {"image_id": 2, "category_id": 1, "bbox": [0, 0, 5, 5]}]}
+    perfect = [{"image_id": 1, "category_id": 0, "bbox": [10, 10, 20, 20], "score": 0.9},
+               {"image_id": 2, "category_id": 0, "bbox": [50, 50, 30, 10], "score": 0.8}]
+    map50, map5095 = yolov5_rule(perfect, truth)
+    assert map50 == pytest.approx((0.995 + 0.0) / 2) and map5095 == pytest.approx(map50)  # class 1 never detected
+    missed = [{**perfect[0], "bbox": [100, 100, 20, 20], "score": 0.95}] + perfect  # an extra miss above both hits
+    first, _ = yolov5_rule(missed, truth)
+    assert first < map50
 
 
 def test_coco_ap_empty_and_envelope():

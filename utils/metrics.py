@@ -129,6 +129,25 @@ def coco_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
     return ap
 
 
+def yolov5_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """YOLOv5 v7's AP (its val.py; not what this project reports) for each column of (k, T) recall/precision
+    arrays: the curve closed with (recall 0, precision 1) and (1, 0), its precision envelope interpolated
+    linearly at 101 recall points and integrated with the trapezoid rule. A perfect detector scores 0.995, and
+    past the largest recall reached the envelope falls linearly to 0 at recall 1 instead of being 0 there.
+    ``benchmarks/metric_rules.py`` scores the same predictions both ways."""
+    recall, precision = np.asarray(recall, dtype=np.float64), np.asarray(precision, dtype=np.float64)
+    columns = recall.shape[1] if recall.ndim == 2 else 1
+    recall, precision = recall.reshape(len(recall), columns), precision.reshape(len(precision), columns)
+    integrate = getattr(np, "trapezoid", None) or np.trapz  # numpy 2 renamed it
+    ap = np.zeros(columns)
+    for column in range(columns):
+        closed_recall = np.concatenate(([0.0], recall[:, column], [1.0]))
+        closed = np.concatenate(([1.0], precision[:, column], [0.0]))
+        envelope = np.flip(np.maximum.accumulate(np.flip(closed)))
+        ap[column] = integrate(np.interp(RECALL_POINTS, closed_recall, envelope), RECALL_POINTS)
+    return ap
+
+
 def _pr_curve(recall: np.ndarray, precision: np.ndarray, points: np.ndarray) -> np.ndarray:
     """Precision envelope sampled at ``points`` recall values (the curve COCO integrates)."""
     envelope = np.flip(np.maximum.accumulate(np.flip(precision)))
