@@ -450,6 +450,13 @@ FORMAT_BACKENDS[".tflite"] = ("models.formats.litert", "LiteRtBackend")
 DNN_BACKEND = ("models.formats.dnn", "OpenCvDnnBackend")  # --dnn: .onnx files on OpenCV's DNN module
 # Exported folders told apart by a file inside (OpenVINO's is the one left): file name -> suffix above.
 FOLDER_MARKERS = {"model.ncnn.param": ".param"}
+# YOLOv5's export formats that are not run here, by the suffix or folder-name ending YOLOv5 gives them
+NOT_RUN_HERE = {".mlmodel": "a Core ML neural-network model (YOLOv5's CoreML export; Core ML here is the .mlpackage "
+                            "that export.py --include coreml writes)",
+                ".pb": "a TensorFlow GraphDef (YOLOv5's --include pb)",
+                "_saved_model": "a TensorFlow SavedModel (YOLOv5's --include saved_model)",
+                "_web_model": "a TensorFlow.js model (YOLOv5's --include tfjs)",
+                "_paddle_model": "a PaddlePaddle model (YOLOv5's --include paddle)"}
 
 
 def _backend_class(path: Path):
@@ -479,6 +486,17 @@ def is_exported(path) -> bool:
     return _backend_class(Path(path)) is not None
 
 
+def _refuse_formats_not_run_here(path: Path) -> None:
+    """One line for a YOLOv5 export of a format not run here (NOT_RUN_HERE), instead of a checkpoint's error."""
+    name = path.name.lower()
+    for ending, what in NOT_RUN_HERE.items():
+        told = path.suffix.lower() == ending if ending.startswith(".") else name.endswith(ending)
+        if told:
+            raise BackendError(f"{path}: {what}, a format this project does not run; give the .pt it was exported "
+                               "from, or export that with export.py (--include torchscript, onnx, openvino, ncnn, "
+                               "litert, executorch, coreml or engine)")
+
+
 def load_backend(path, device="cpu", half: bool = False, dnn: bool = False) -> Backend:
     """The backend for ``path`` by suffix: ``.onnx``, ``.torchscript``, ``.xml`` or a folder (OpenVINO; NCNN when it
     holds ``model.ncnn.param``), ``.param`` (NCNN), else a checkpoint (``half``: fp16 weights, checkpoints only; an
@@ -487,6 +505,7 @@ def load_backend(path, device="cpu", half: bool = False, dnn: bool = False) -> B
     path = Path(path)
     if not path.exists():
         raise BackendError(f"{path}: model file not found")
+    _refuse_formats_not_run_here(path)
     backend = _backend_class(path)
     if dnn and backend is OnnxBackend:
         backend = _format_backend(DNN_BACKEND)

@@ -222,6 +222,28 @@ def test_cli_errors_are_one_line(tiny, checkpoint, capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("val.py: error: ") and str(blocker) in err[0]
 
 
+@pytest.mark.parametrize("name, folder, what", [("best.mlmodel", False, "a Core ML neural-network model"),
+                                                 ("best.pb", False, "a TensorFlow GraphDef"),
+                                                 ("best_saved_model", True, "a TensorFlow SavedModel"),
+                                                 ("best_web_model", True, "a TensorFlow.js model"),
+                                                 ("best_paddle_model", True, "a PaddlePaddle model")])
+def test_yolov5_exports_not_run_here_are_named_in_one_line(tiny, tmp_path, capsys, name, folder, what):
+    """YOLOv5's TensorFlow, PaddlePaddle and .mlmodel exports: said what they are, not read as a broken checkpoint
+    or an OpenVINO folder."""
+    root, data = tiny
+    path = tmp_path / name
+    if folder:
+        path.mkdir()
+        (path / "saved_model.pb").write_bytes(b"\x08\x01")
+    else:
+        path.write_bytes(b"\x08\x01")
+    assert val.main(["--data", str(data), "--weights", str(path), "--device", "cpu", "--workers", "0",
+                     "--project", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"val.py: error: {path}: {what} (YOLOv5's ") and \
+        "a format this project does not run; give the .pt it was exported from" in err[0], err
+
+
 @pytest.mark.parametrize("flag, value, expected", [
     ("--batch-size", "0", "expected an integer in [1, 4096], got '0'"),
     ("--batch-size", "-1", "expected an integer in [1, 4096], got '-1'"),
