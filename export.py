@@ -231,10 +231,10 @@ def check_options(config: ExportConfig, formats: list[str], device: torch.device
     """Refuse flag combinations that cannot work, before any slow work; load optional packages early."""
     cpu_half = set(formats) <= CPU_HALF
     floats = [fmt for fmt in formats if fmt in ("torchscript", "onnx", "openvino")]
-    if config.int8 and not set(formats) & INT8_FORMATS:
+    if config.int8 and len(floats) == len(formats):  # CoreML and TensorRT refuse --int8 themselves, saying why
         raise ArgumentError("--int8: TorchScript, ONNX and OpenVINO exports are fp32 (or --half); --include ncnn, "
                             "executorch and litert take --int8")
-    if config.int8 and floats:  # as YOLOv5, which quantises the formats that take it and exports the rest as usual
+    if config.int8 and floats and set(formats) & INT8_FORMATS:  # as YOLOv5: the rest exported as usual
         LOGGER.warning("--int8 quantises %s; %s exported without it (float)",
                        ", ".join(TITLES[fmt] for fmt in formats if fmt in INT8_FORMATS),
                        ", ".join(TITLES[fmt] for fmt in floats))
