@@ -283,7 +283,7 @@ def check_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int
                      DECIMALS)
     found = np.clip(found, MIN_SIDE, None)
     after = anchor_fit(found, wh, thr)
-    if before is not None and not after[0] > before[0]:
+    if before is not None and after[0] <= before[0]:
         return _report(model, wh, before, before, False, start,
                        f"new anchors ({_fit_text(after)}) are not better; keeping the current ones")
     set_anchors(model, found)
