@@ -593,8 +593,7 @@ def add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, weights: str | None = None) -> ExportConfig:
     """The ExportConfig of one of ``--weights`` (the first when ``weights`` is None)."""
     values = vars(args).copy()
-    given = values["weights"]
-    values["weights"] = weights if weights is not None else given[0] if isinstance(given, list) else given
+    values["weights"] = weights if weights is not None else values["weights"][0]
     values["imgsz"] = tuple(values["imgsz"] * 2 if len(values["imgsz"]) == 1 else values["imgsz"][:2])
     values["include"] = tuple(values["include"])
     return ExportConfig(**values)

@@ -135,12 +135,9 @@ def yolov5_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
     linearly at 101 recall points and integrated with the trapezoid rule. A perfect detector scores 0.995, and
     past the largest recall reached the envelope falls linearly to 0 at recall 1 instead of being 0 there.
     ``benchmarks/metric_rules.py`` scores the same predictions both ways."""
-    recall, precision = np.asarray(recall, dtype=np.float64), np.asarray(precision, dtype=np.float64)
-    columns = recall.shape[1] if recall.ndim == 2 else 1
-    recall, precision = recall.reshape(len(recall), columns), precision.reshape(len(precision), columns)
-    integrate = getattr(np, "trapezoid", None) or np.trapz  # numpy 2 renamed it
-    ap = np.zeros(columns)
-    for column in range(columns):
+    integrate = getattr(np, "trapezoid", None) or np.trapz  # numpy 2 renamed it (requirements allow 1.24)
+    ap = np.zeros(recall.shape[1])
+    for column in range(recall.shape[1]):
         closed_recall = np.concatenate(([0.0], recall[:, column], [1.0]))
         closed = np.concatenate(([1.0], precision[:, column], [0.0]))
         envelope = np.flip(np.maximum.accumulate(np.flip(closed)))
