@@ -185,6 +185,8 @@ def benchmark_format(name: str, title: str, weights: Path, config: BenchmarkConf
                 data=config.data))[0]
             row.path, row.megabytes = exported.path, exported.megabytes
     except Exception as error:  # noqa: BLE001 - every failure is a row (see failure_reason)
+        if isinstance(error, export.ExportFailures):  # the one format asked: its own error
+            error = error.failures[0][1]
         row.reason, row.unavailable = "export: " + failure_reason(error), is_unavailable(error)
         return row
     if config.test:

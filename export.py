@@ -105,6 +105,16 @@ class ParityError(RuntimeError):
     """The exported model's output differs from the PyTorch model's beyond the tolerance."""
 
 
+class ExportFailures(ExportError):
+    """Formats of one checkpoint that failed while the others were exported (as YOLOv5 goes on past a failed
+    format): ``failures`` holds (format, error) in order, ``results`` what was written. The message is the errors'
+    own lines (each names its file and reason), joined."""
+
+    def __init__(self, failures: list[tuple[str, Exception]], results: list[ExportResult]):
+        super().__init__("; ".join(str(error) for _, error in failures))
+        self.failures, self.results = failures, results
+
+
 @dataclass
 class ExportConfig:
     weights: str = "yolov5s.pt"
@@ -196,7 +206,18 @@ def run(config: ExportConfig) -> list[ExportResult]:
     LOGGER.info("Exporting %s (%d classes, stride %d) at %s, batch %d%s", weights, info.nc, stride,
                 "x".join(map(str, info.imgsz)), info.batch, ", dynamic" if info.dynamic else "")
     exporter = Exporter(model, info, device, config)
-    return [exporter.export(fmt, output_path(weights, fmt, config)) for fmt in formats]
+    results, failures = [], []
+    for index, fmt in enumerate(formats):  # as YOLOv5: a format that fails is reported and the rest are exported
+        try:
+            results.append(exporter.export(fmt, output_path(weights, fmt, config)))
+        except (UserError, ParityError) as error:  # a converter's or the parity check's verdict, one line each
+            failures.append((fmt, error))
+            if index + 1 < len(formats):
+                LOGGER.error("%s: export failed: %s; going on with %s", TITLES[fmt], error,
+                             ", ".join(TITLES[rest] for rest in formats[index + 1:]))
+    if failures:
+        raise ExportFailures(failures, results)
+    return results
 
 
 def output_path(weights: Path, fmt: str, config: ExportConfig | None = None) -> Path:
@@ -611,22 +632,25 @@ def _main(argv) -> int:
 
     setup_logging()
     start = time.perf_counter()
-    results = []
-    try:
-        for weights in args.weights:  # as YOLOv5: each checkpoint in turn, the first failure ends the command
+    results, failed = [], []
+    for weights in args.weights:  # as YOLOv5: each checkpoint in turn, each format's failure reported at the end
+        try:  # a flag or weights file that cannot be used still ends the command (run_main), before any export
             results += run(config_from_args(args, weights))
-    except ParityError as error:  # the exported file computes something else: an export failure, not a bug
-        print(f"export.py: error: {error}", file=sys.stderr)
-        return 1
-    LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
-                ", ".join(str(result.path) for result in results))
+        except ExportFailures as error:
+            results += error.results
+            failed.append(error)
+    if results:
+        LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
+                    ", ".join(str(result.path) for result in results))
     for result in results:
         if result.format in RUNS_ELSEWHERE:
             LOGGER.info("%s: %s", result.path, RUNS_ELSEWHERE[result.format])
             continue
         LOGGER.info("Validate: python val.py --weights %s --data data.yaml | Detect: python detect.py --weights %s",
                     result.path, result.path)
-    return 0
+    for error in failed:  # the exported file is not written: a failure of the export, not a bug
+        print(f"export.py: error: {error}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -382,6 +382,40 @@ def test_several_weights_are_exported_in_turn(weights, tmp_path):
     assert first.with_suffix(".torchscript").is_file() and second.with_suffix(".torchscript").is_file()
 
 
+def test_a_failed_format_is_reported_at_the_end_and_the_rest_are_exported(weights, tmp_path, capsys, monkeypatch):
+    """As YOLOv5: a format whose export fails is not written and is named at the end (exit 1); the formats after it
+    and the next checkpoint are exported. export.run raises ExportFailures holding both."""
+    first, second = copy_weights(weights, tmp_path / "a"), copy_weights(weights, tmp_path / "b")
+    check = export.Exporter.check
+
+    def broken_in_first(self, fmt, written, path):  # the first checkpoint's TorchScript computes something else
+        if fmt == "torchscript" and path.parent == first.parent:
+            raise export.ParityError(f"{path}: the TorchScript model differs from the PyTorch model: 9.9 px")
+        return check(self, fmt, written, path)
+
+    monkeypatch.setattr(export.Exporter, "check", broken_in_first)
+    assert export.main(["--weights", str(first), str(second), "--imgsz", str(IMGSZ), "--include", *FORMATS]) == 1
+    out, err = capsys.readouterr()
+    failed = first.with_suffix(".torchscript")
+    assert err.strip().splitlines()[-1] == (f"export.py: error: {failed}: the TorchScript model differs from the "
+                                            "PyTorch model: 9.9 px")
+    written = [first.with_suffix(suffix) for suffix in SUFFIXES[1:]] + [second.with_suffix(s) for s in SUFFIXES]
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted(["best.pt", *(f"best{s}" for s in SUFFIXES[1:])])
+    assert sorted(p.name for p in second.parent.iterdir()) == sorted(["best.pt", *(f"best{s}" for s in SUFFIXES)])
+    complete = [line for line in (out + err).splitlines() if line.startswith("Export complete")]
+    assert len(complete) == 1 and complete[0].endswith(": " + ", ".join(map(str, written)))
+    going_on = [line for line in (out + err).splitlines() if "export failed" in line]
+    assert going_on == ([f"TorchScript: export failed: {failed}: the TorchScript model differs from the PyTorch "
+                         "model: 9.9 px; going on with ONNX"] if len(FORMATS) > 1 else [])
+
+    for path in written:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with pytest.raises(export.ExportFailures) as raised:
+        export.run(export.ExportConfig(weights=str(first), imgsz=(IMGSZ, IMGSZ), include=FORMATS))
+    assert [(fmt, type(error)) for fmt, error in raised.value.failures] == [("torchscript", export.ParityError)]
+    assert [result.path for result in raised.value.results] == written[:len(FORMATS) - 1]
+
+
 def test_int8_without_a_format_that_takes_it_is_refused(weights, tmp_path, capsys):
     source = copy_weights(weights, tmp_path)
     assert run_export(source, "--include", "torchscript", "onnx", "--int8") == 2
