@@ -311,7 +311,12 @@ def test_evolve_is_reproducible_and_writes_the_best_hyp(tmp_path):
     rows, _ = read_rows(tmp_path / "a" / CSV_NAME)
     best = max(rows, key=lambda row: row.fitness)
     text = (tmp_path / "a" / "hyp_evolve.yaml").read_text()
-    assert f"# Generation {best.generation}, fitness {best.fitness:.5g}" in text
+    header = text.splitlines()[:6]  # YOLOv5's layout: generations from 0, the metrics under their column names
+    assert header[:3] == ["# Hyperparameter Evolution Results", f"# Best generation: {best.generation - 1}",
+                          "# Last generation: 5"]
+    assert [name.strip() for name in header[3][2:].split(",")] == list(METRIC_COLUMNS)
+    assert [float(value) for value in header[4][2:].split(",")] == pytest.approx(list(best.metrics.values()), rel=1e-4)
+    assert header[5].startswith(f"# fitness {best.fitness:.5g} (0.1 * mAP_0.5 + 0.9 * mAP_0.5:0.95), best of 6 ")
     assert Hyp.from_dict(yaml.safe_load(text)) == best.hyp
 
 

@@ -244,7 +244,7 @@ def test_outputs_replace_a_planted_link_instead_of_following_it(outside):
     (folder / "evolve.png").symlink_to(target)
     evolve(diverging_at(), 1, folder, SPACE, BASE, plots=True)
     assert target.read_text() == "precious\n"
-    assert not (folder / YAML_NAME).is_symlink() and "# Hyperparameter evolution" in (folder / YAML_NAME).read_text()
+    assert not (folder / YAML_NAME).is_symlink() and "# Hyperparameter Evolution Results" in (folder / YAML_NAME).read_text()
     assert not (folder / "evolve.png").is_symlink()
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []  # no temp file left
 

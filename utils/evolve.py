@@ -373,16 +373,22 @@ def best_row(rows: list[EvolveRow]) -> EvolveRow | None:
 
 
 def write_best_yaml(folder, rows: list[EvolveRow], count: int) -> Path | None:
-    """hyp_evolve.yaml: the best row's hyperparameters (a hyp file) under a comment header."""
+    """hyp_evolve.yaml: the best row's hyperparameters (a hyp file) under YOLOv5's comment header: the best and
+    the last generation counted from 0 (a row's place among evolve.csv's data lines, as YOLOv5 numbers them), the
+    best row's metrics under their column names, then a line of our own (fitness, usable rows, how to train)."""
     best = best_row(rows)
     if best is None:
         return None
-    metrics = ", ".join(f"{column} {value:.5g}" for column, value in best.metrics.items())
-    text = (f"# Hyperparameter evolution: best of the {len(rows)} usable rows ({count} generations) in {CSV_NAME}\n"
-            f"# Generation {best.generation}, fitness {best.fitness:.5g} (0.1 * mAP_0.5 + 0.9 * mAP_0.5:0.95)\n"
-            f"# {metrics}\n"
-            f"# Written {datetime.now().isoformat(timespec='seconds')}; "
-            f"train with: python train.py --hyp {YAML_NAME}\n\n"
+    names = ", ".join(f"{column:>{COLUMN_WIDTH}s}" for column in best.metrics)
+    values = ", ".join(f"{value:{COLUMN_WIDTH}.5g}" for value in best.metrics.values())
+    text = ("# Hyperparameter Evolution Results\n"
+            f"# Best generation: {best.generation - 1}\n"
+            f"# Last generation: {count - 1}\n"
+            f"# {names}\n"
+            f"# {values}\n"
+            f"# fitness {best.fitness:.5g} (0.1 * mAP_0.5 + 0.9 * mAP_0.5:0.95), best of {len(rows)} usable rows in "
+            f"{CSV_NAME}; written {datetime.now().isoformat(timespec='seconds')}; train with: python train.py "
+            f"--hyp {YAML_NAME}\n\n"
             + yaml.safe_dump(best.hyp.to_dict(), sort_keys=False))
     return replace_file(Path(folder), YAML_NAME, lambda file: file.write(text.encode("utf-8")))
 
