@@ -339,6 +339,28 @@ def test_fast_jpeg_decode_equals_read_image_with_exif(tmp_path, orientation):
     assert np.array_equal(data.decode(0), expected) and data.orientations.tolist() == [orientation]
 
 
+def test_an_mpo_photo_is_an_image_read_as_its_first_picture_upright(tmp_path):
+    """A camera's MPO file (YOLOv5 lists .mpo): scanned as an image, decoded as its first JPEG picture, its EXIF
+    orientation applied as for a JPEG."""
+    from PIL import Image
+
+    from utils.data.verify import scan_split
+
+    (tmp_path / "images").mkdir(), (tmp_path / "labels").mkdir()
+    first = np.kron(np.arange(48, dtype=np.uint8).reshape(6, 8, 1) * 5, np.ones((16, 16, 3), np.uint8))  # 96x128
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(first).save(tmp_path / "images" / "stereo.mpo", format="MPO", save_all=True, quality=95,
+                                append_images=[Image.fromarray(np.zeros_like(first))], exif=exif)
+    (tmp_path / "labels" / "stereo.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    split = scan_split([str(tmp_path / "images")], 1, cache_dir=tmp_path / "cache")
+    assert [Path(f).name for f in split.im_files] == ["stereo.mpo"]
+    assert split.flat.orientations.tolist() == [6] and split.shapes.tolist() == [[96, 128]]  # (width, height) upright
+    image = read_image(split.im_files[0])
+    expected = np.rot90(first, -1)  # orientation 6: turned 90 degrees clockwise
+    assert image.shape == expected.shape and np.abs(image.astype(int) - expected).max() <= 8  # JPEG at quality 95
+
+
 def test_the_scan_records_orientations_and_loading_reads_no_header(tmp_path, monkeypatch):
     """EXIF-rotated JPEG and PNG, and a BMP (never rotated): the scan records what read_image applies, and the
     dataset loads the same pixels without parsing a header again (a PNG's EXIF costs PIL a whole decode)."""

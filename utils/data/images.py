@@ -14,8 +14,11 @@ import numpy as np
 from utils.data.headers import fast_header, pil_header
 from utils.errors import UserError
 
-IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
-ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".png")  # formats whose EXIF orientation we apply
+# YOLOv5 v7 lists dng and pfm too: OpenCV decodes a DNG's first picture (often its thumbnail) and PFM as float
+# of no fixed range, so neither is read as a training image here. MPO (a camera's multi-picture JPEG) is its
+# first JPEG picture, upright by its EXIF orientation, as YOLOv5 reads it.
+IMG_EXTENSIONS = ("bmp", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp")
+ORIENTED_SUFFIXES = (".jpg", ".jpeg", ".mpo", ".tif", ".tiff", ".webp", ".png")  # formats whose EXIF orientation we apply
 HEADER_BYTES = 1 << 18  # read for a header alone: JPEG headers (EXIF with its thumbnail) fit in far less
 VID_EXTENSIONS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
 
