@@ -633,23 +633,25 @@ def _main(argv) -> int:
     setup_logging()
     start = time.perf_counter()
     results, failed = [], []
-    for weights in args.weights:  # as YOLOv5: each checkpoint in turn, each format's failure reported at the end
-        try:  # a flag or weights file that cannot be used still ends the command (run_main), before any export
-            results += run(config_from_args(args, weights))
-        except ExportFailures as error:
-            results += error.results
-            failed.append(error)
-    if results:
-        LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
-                    ", ".join(str(result.path) for result in results))
-    for result in results:
-        if result.format in RUNS_ELSEWHERE:
-            LOGGER.info("%s: %s", result.path, RUNS_ELSEWHERE[result.format])
-            continue
-        LOGGER.info("Validate: python val.py --weights %s --data data.yaml | Detect: python detect.py --weights %s",
-                    result.path, result.path)
-    for error in failed:  # the exported file is not written: a failure of the export, not a bug
-        print(f"export.py: error: {error}", file=sys.stderr)
+    try:
+        for weights in args.weights:  # as YOLOv5: each checkpoint in turn, each format's failure reported at the end
+            try:  # a flag or weights file that cannot be used still ends the command (run_main), before its export
+                results += run(config_from_args(args, weights))
+            except ExportFailures as error:
+                results += error.results
+                failed.append(error)
+        if results:
+            LOGGER.info("Export complete (%.1f s): %s", time.perf_counter() - start,
+                        ", ".join(str(result.path) for result in results))
+        for result in results:
+            if result.format in RUNS_ELSEWHERE:
+                LOGGER.info("%s: %s", result.path, RUNS_ELSEWHERE[result.format])
+                continue
+            LOGGER.info("Validate: python val.py --weights %s --data data.yaml | Detect: python detect.py --weights %s",
+                        result.path, result.path)
+    finally:  # also when a later checkpoint ends the command: the earlier ones' failures are said
+        for error in failed:  # the exported file is not written: a failure of the export, not a bug
+            print(f"export.py: error: {error}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -415,6 +415,13 @@ def test_a_failed_format_is_reported_at_the_end_and_the_rest_are_exported(weight
     assert [(fmt, type(error)) for fmt, error in raised.value.failures] == [("torchscript", export.ParityError)]
     assert [result.path for result in raised.value.results] == written[:len(FORMATS) - 1]
 
+    capsys.readouterr()  # a later checkpoint that cannot be used ends the command; the earlier failure is still said
+    missing = tmp_path / "missing.pt"
+    assert export.main(["--weights", str(first), str(missing), "--imgsz", str(IMGSZ), "--include", FORMATS[0]]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-2:] == [
+        f"export.py: error: {failed}: the TorchScript model differs from the PyTorch model: 9.9 px",
+        f"export.py: error: {missing}: weights file not found (--weights)"]
+
 
 def test_int8_without_a_format_that_takes_it_is_refused(weights, tmp_path, capsys):
     source = copy_weights(weights, tmp_path)
