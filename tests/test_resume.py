@@ -161,6 +161,17 @@ def test_resume_refusals_are_one_line(tmp_path, capsys):
     assert "no run to resume" in capsys.readouterr().err
 
 
+def test_resuming_a_yolov5_checkpoint_says_how_to_train_on_from_it(yolov5_lookalike, tmp_path, capsys):
+    """A YOLOv5 run's last.pt: its optimizer and schedule are YOLOv5's, so --resume names the way on (--weights)."""
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    shutil.copy(yolov5_lookalike.training_checkpoint, last)  # model, EMA, optimizer, as YOLOv5 v7 writes last.pt
+    assert train_script.main(["--resume", str(last), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"train.py: error: {last}: not resumable (a YOLOv5 checkpoint, whose run resumes with YOLOv5; to "
+                   f"train on from it here: --weights {last})"]
+
+
 def test_truncated_last_falls_back_to_previous(tmp_path, caplog):
     last = tmp_path / "last.pt"
     save_checkpoint({"model": {"yaml": {}, "state_dict": {}}, "epoch": 1}, last, keep_previous=True)

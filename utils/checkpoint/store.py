@@ -255,6 +255,8 @@ def training_state(ckpt: dict, path) -> TrainingState:
     training = ckpt.get("training")
     if not isinstance(training, dict):
         reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"
+        if _is_imported(ckpt):  # YOLOv5's optimizer and schedule state are not read: its run resumes in YOLOv5
+            reason = f"a YOLOv5 checkpoint, whose run resumes with YOLOv5; to train on from it here: --weights {path}"
         raise CheckpointError(f"{path}: not resumable ({reason})")
     version = training.get("version")
     if version != TRAINING_VERSION:
