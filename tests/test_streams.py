@@ -356,6 +356,31 @@ def test_a_list_of_silent_servers_is_one_line_within_the_open_timeout(tmp_path, 
             server.close()
 
 
+def test_the_failed_stream_is_said_not_an_open_skipped_because_of_it(monkeypatch):
+    """A failed open cancels its list before it releases its capture; an open that gets its turn meanwhile is
+    skipped and ends first. The error said is still the failed stream's (the skipped one's 'the list could not be
+    opened' was raised whenever its thread won that race: a CI run failed on it)."""
+    opens = []
+
+    class SlowToRelease:
+        def __init__(self, target, *args):
+            opens.append(target)
+
+        def isOpened(self):
+            return False
+
+        def release(self):
+            time.sleep(1.0)
+
+    monkeypatch.setattr(streams.cv2, "VideoCapture", SlowToRelease)
+    urls = ["http://127.0.0.1:9/a.mjpg", "http://127.0.0.1:9/b.mjpg"]
+    with pytest.raises(streams.StreamError) as raised:
+        streams.open_streams(urls)
+    assert len(opens) == 1, opens  # the other open was skipped
+    assert str(raised.value) == f"--source {opens[0]}: cannot open stream {opens[0]}"
+    assert not isinstance(raised.value, streams.SkippedOpen)
+
+
 def test_close_waits_for_a_reconnecting_reader_to_let_go(cameras, monkeypatch, caplog):
     """close() during the wait before a reconnect returns at once; during an open of a server that never answers it
     returns once the open has timed out and the capture is released; a reader still inside a read after close's

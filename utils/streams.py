@@ -60,6 +60,10 @@ class StreamError(SourceError):
     """A live source that cannot be opened; one line naming it."""
 
 
+class SkippedOpen(StreamError):
+    """An open skipped because another stream of its list failed: ``open_streams`` says that stream's error instead."""
+
+
 def is_index(text: str) -> bool:
     """A webcam or screen number: ASCII digits only, '0', '12' (``str.isnumeric`` also takes '½' and '²', and
     ``str.isdigit`` '²', which ``int`` refuses)."""
@@ -102,7 +106,7 @@ class Stream:
         cancel = cancel or threading.Event()
         capture = _open(self.target, cancel, failed=cancel)
         if capture is None:
-            raise StreamError(f"--source {source}: not opened (the list could not be opened)")
+            raise SkippedOpen(f"--source {source}: not opened (the list could not be opened)")
         if not capture.isOpened():
             capture.release()
             raise StreamError(f"--source {source}: cannot open {what}")
@@ -196,10 +200,13 @@ def _open(target: int | str, cancel: threading.Event, waiting: Callable[[], None
 
 def open_streams(sources: list[str]) -> list[Stream]:
     """Every source opened now, in parallel (module doc): a bad one is an error before any model work, raised as
-    soon as it is known; none is left open on an error, Ctrl-C included."""
+    soon as it is known; none is left open on an error, Ctrl-C included. The error raised is the failed stream's: a
+    failed open cancels the list before it releases its capture, so an open skipped meanwhile (``SkippedOpen``) can
+    end first, and only stands for the failure when no other error comes."""
     changed, cancel, state = threading.Condition(), threading.Event(), threading.Condition()
     opened: dict[int, Stream] = {}
     errors: list[BaseException] = []
+    skipped: list[SkippedOpen] = []
     pending = [len(sources)]
 
     def open_one(index: int, source: str) -> None:
@@ -210,7 +217,9 @@ def open_streams(sources: list[str]) -> list[Stream]:
             error = raised
         with state:
             pending[0] -= 1
-            if error is not None:
+            if isinstance(error, SkippedOpen):
+                skipped.append(error)
+            elif error is not None:
                 errors.append(error)
                 cancel.set()
             elif not cancel.is_set():
@@ -225,14 +234,14 @@ def open_streams(sources: list[str]) -> list[Stream]:
     try:
         with state:
             state.wait_for(lambda: errors or not pending[0])
-            succeeded = not errors
+            succeeded = not errors and not skipped
     finally:
         if not succeeded:  # a stream failed, or Ctrl-C came while waiting
             with state:
                 cancel.set()  # nothing is added to ``opened`` from here on
             close_streams(list(opened.values()))
-    if errors:
-        raise errors[0]
+    if errors or skipped:
+        raise (errors or skipped)[0]
     return [opened[index] for index in range(len(sources))]
 
 
