@@ -172,7 +172,8 @@ def test_the_project_yamls_describe_their_downloads_as_data():
     from utils.data.dataset_download import parse_download
     from utils.safe_yaml import read_yaml
 
-    for name, count, classes in (("coco128.yaml", 1, 80), ("coco.yaml", 4, 80), ("VOC.yaml", 5, 20)):
+    for name, count, classes in (("coco128.yaml", 1, 80), ("coco.yaml", 4, 80), ("VOC.yaml", 5, 20),
+                                  ("VisDrone.yaml", 7, 10)):
         content = read_yaml(ROOT / "data" / name)
         assert len(parse_download(content["download"], name)) == count and len(content["names"]) == classes
         assert content["path"].startswith("../../datasets/")
@@ -217,6 +218,39 @@ def test_voc_by_name_is_fetched_and_imported_with_yolov5s_split(tmp_path, mirror
     labels = (root / "labels" / "train" / "000002d.txt").read_text().splitlines()
     assert len(labels) == 1 and labels[0].startswith("11 ")  # the difficult cat left out; dog is class 11
     assert (root / "labels" / "train" / "000001.txt").read_text().splitlines()[0].startswith("7 ")  # cat: 7
+
+
+def visdrone_zip(folder: Path, split: str, annotations: dict | None) -> bytes:
+    """VisDrone2019-DET-SPLIT.zip's layout: images/NAME.jpg (64x32) and, unless None, annotations/NAME.txt."""
+    import cv2
+
+    root = folder / f"VisDrone2019-DET-{split}"
+    (root / "images").mkdir(parents=True)
+    for stem, text in (annotations or {"c0": None}).items():
+        cv2.imwrite(str(root / "images" / f"{stem}.jpg"), np.full((32, 64, 3), 90, np.uint8))
+        if annotations is not None:
+            (root / "annotations").mkdir(exist_ok=True)
+            (root / "annotations" / f"{stem}.txt").write_text(text)
+    return zip_folder(root, root.name)
+
+
+def test_visdrone_by_name_is_fetched_and_labelled_in_yolov5s_layout(tmp_path, mirror):
+    for split, annotations in (("train", {"t0": "8,4,16,8,1,4,0,0\n0,0,4,4,0,0,0,0\n", "t1": "0,0,8,8,1,10,0,0\n"}),
+                               ("val", {"v0": "32,16,16,8,1,1,0,0,\n"}), ("test-dev", {"d0": ""}),
+                               ("test-challenge", None)):
+        mirror.files[f"/VisDrone2019-DET-{split}.zip"] = visdrone_zip(tmp_path / split, split, annotations)
+    config = load_data_config(repo_copy_with(tmp_path, "VisDrone.yaml"))
+    root = tmp_path / "datasets" / "VisDrone"
+    assert config.path == root and config.nc == 10 and config.names[3] == "car" and config.names[9] == "motor"
+    assert config.train == [str(root / "VisDrone2019-DET-train" / "images")]
+    assert config.val == [str(root / "VisDrone2019-DET-val" / "images")]
+    train_labels = root / "VisDrone2019-DET-train" / "labels"
+    assert (train_labels / "t0.txt").read_text() == "3 0.250000 0.250000 0.250000 0.250000\n"  # the ignored region out
+    assert (train_labels / "t1.txt").read_text().startswith("9 ")  # category 10, motor: class 9
+    assert (root / "VisDrone2019-DET-val" / "labels" / "v0.txt").read_text().startswith("0 0.625000 0.625000 ")
+    assert (root / "VisDrone2019-DET-test-dev" / "labels" / "d0.txt").read_text() == ""
+    assert (root / "VisDrone2019-DET-test-challenge" / "images" / "c0.jpg").is_file()
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".VisDrone.download.lock", "VisDrone"]
 
 
 class Ranges(http.server.BaseHTTPRequestHandler):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tools import import_dataset
-from utils.data.importers import AnnotationError, coco_to_yolo, voc_to_yolo
+from utils.data.importers import AnnotationError, coco_to_yolo, visdrone_to_yolo, voc_to_yolo
 
 NAMES = ["zebra", "cat", "moth"]  # index order differs from sorted order on purpose
 SIZES = {"a": (40, 30), "b": (64, 50), "c": (33, 47), "d": (50, 50)}  # stem -> (width, height)
@@ -294,3 +294,54 @@ def test_full_disk_is_one_line_naming_the_file(tmp_path, yolo_source, capsys, mo
     assert capsys.readouterr().err == (f"tools.import_dataset: error: could not write "
                                        f"{tmp_path / 'out' / 'labels' / 'train' / 'a.txt'}: No space left on device\n")
 
+
+
+# ----------------------------------------------------------------------------- VisDrone
+
+def _visdrone_folder(root: Path, annotations: dict[str, str], size=(100, 50)) -> Path:
+    """A VisDrone DET folder: images/NAME.jpg (``size`` = width, height) and annotations/NAME.txt as given."""
+    (root / "images").mkdir(parents=True)
+    (root / "annotations").mkdir()
+    for stem, text in annotations.items():
+        cv2.imwrite(str(root / "images" / f"{stem}.jpg"), np.full((size[1], size[0], 3), 90, np.uint8))
+        (root / "annotations" / f"{stem}.txt").write_text(text)
+    return root
+
+
+def test_visdrone_labels_as_yolov5_converts_them(tmp_path, caplog):
+    """Categories 1-10 -> classes 0-9 normalised to the image size; score 0 (ignored regions), category 0 and
+    11 ('others', beyond YOLOv5's 10 names) left out; boxes clipped to the image, no-area ones dropped; a trailing
+    comma (VisDrone's files have some) read; an annotation without its image skipped with a warning."""
+    folder = _visdrone_folder(tmp_path / "VisDrone2019-DET-val", {
+        "a": "10,5,20,10,1,4,0,0\n90,40,20,20,1,1,0,1,\n0,0,5,5,0,0,0,0\n1,1,5,5,1,11,0,0\n3,3,0,7,1,2,0,0\n",
+        "b": "",
+    })
+    (folder / "annotations" / "lost.txt").write_text("1,1,5,5,1,1,0,0\n")
+    summary = visdrone_to_yolo(folder)
+    rows = [line.split() for line in (folder / "labels" / "a.txt").read_text().splitlines()]
+    assert rows == [["3", "0.200000", "0.200000", "0.200000", "0.200000"],  # car: 10..30 of 100, 5..15 of 50
+                    ["0", "0.950000", "0.900000", "0.100000", "0.200000"]]  # pedestrian, clipped at 100 x 50
+    assert (folder / "labels" / "b.txt").read_text() == ""
+    assert summary.boxes == 2 and summary.skipped_boxes == 2 and summary.skipped_images == 1
+    assert summary.images == {"VisDrone2019-DET-val": 2} and summary.names[9] == "motor"
+    assert "lost.txt: image 'lost.jpg' not found" in caplog.text
+    assert sorted(p.name for p in folder.iterdir()) == ["annotations", "images", "labels"]
+
+
+@pytest.mark.parametrize("line, reason", [("1,2,3,4,1", "line 2: '1,2,3,4,1': expected"),
+                                          ("1,2,x,4,1,1,0,0", "line 2: '1,2,x,4,1,1,0,0': expected")])
+def test_a_malformed_visdrone_line_names_the_file_and_line(tmp_path, line, reason):
+    folder = _visdrone_folder(tmp_path / "v", {"a": f"1,1,5,5,1,1,0,0\n{line}\n"})
+    with pytest.raises(AnnotationError, match=reason) as raised:
+        visdrone_to_yolo(folder)
+    assert str(folder / "annotations" / "a.txt") in str(raised.value)
+    assert not (folder / "labels").exists()
+
+
+def test_visdrone_on_the_command_line(tmp_path, capsys):
+    folder = _visdrone_folder(tmp_path / "v", {"a": "10,5,20,10,1,4,0,0\n"})
+    assert import_dataset.main(["visdrone", str(folder)]) == 0
+    assert "imported visdrone:" in capsys.readouterr().out and (folder / "labels" / "a.txt").is_file()
+    assert import_dataset.main(["visdrone", str(tmp_path / "missing")]) == 1
+    error = capsys.readouterr().err
+    assert "expected the VisDrone folders annotations/ and images/" in error and error.count("\n") == 1

@@ -65,6 +65,7 @@ MAX_BATCH_SIZE = 4_096
 MAX_WORKERS = 1_024
 MAX_DETECTIONS = 100_000  # --max-det: YOLOv5 defaults to 300 (val) and 1,000 (detect)
 MAX_ANNOTATION_XML_BYTES = 8 << 20  # one Pascal VOC file is a few KB
+MAX_ANNOTATION_TXT_BYTES = 8 << 20  # one VisDrone annotation file: a few KB (a line an object)
 MAX_OPTION_TEXT = 4_096  # characters of a path or other text option stored in a checkpoint (PATH_MAX on Linux)
 MAX_OPTION_ITEMS = 1_000  # items of a list option stored in a checkpoint (--freeze takes layer indices 0..1000)
 

@@ -8,6 +8,8 @@
       - voc: VOC/source/VOCdevkit/VOC2012       # then our VOC importer (utils/data/importers.py): the XML of a
         into: VOC                               #   VOC root unpacked above -> YOLO labels and images/<split>
         split: train                            #   (optional: all into one split; else ImageSets/Main lists)
+      - visdrone: VisDrone/VisDrone2019-DET-train  # or our VisDrone converter: annotations/ -> labels/ beside
+                                                #   images/, in place (utils/data/importers.py)
 
 ``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
 it (``.NAME.download``): each archive is fetched there (through ``YOLO_TRAINER_MIRROR`` by file name, as YOLOv5's
@@ -52,9 +54,14 @@ class VocImport:
     split: str | None = None  # every image into this split; None: ImageSets/Main/{train,val,test}.txt
 
 
+@dataclass(frozen=True)
+class VisDroneImport:
+    visdrone: str  # a VisDrone DET folder (annotations/, images/), relative to the dataset's parent folder
+
+
 def parse_download(value, label: str) -> list:
-    """The steps a ``download:`` value describes (Archive, VocImport); DatasetDownloadError for code or anything
-    else."""
+    """The steps a ``download:`` value describes (Archive, VocImport, VisDroneImport); DatasetDownloadError for code
+    or anything else."""
     entries = value if isinstance(value, list) else [value]
     archives, imports = [], []
     for entry in entries:
@@ -68,6 +75,8 @@ def parse_download(value, label: str) -> list:
                 and entry.get("split") in (None, "train", "val", "test"):
             imports.append(VocImport(_relative(entry["voc"], label), _relative(entry["into"], label),
                                      entry.get("split")))
+        elif isinstance(entry, dict) and set(entry) == {"visdrone"} and isinstance(entry["visdrone"], str):
+            imports.append(VisDroneImport(_relative(entry["visdrone"], label)))
         else:
             raise DatasetDownloadError(f"{label}: download: {shorten(entry)}: not a URL of an archive or a "
                                        "{url, into} entry (scripts in a dataset YAML are never run: download the "
@@ -112,7 +121,7 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
             if isinstance(step, Archive):
                 _fetch_and_unpack(step, staging, label)
             else:
-                _import_voc(step, staging, label, names)
+                _import_labels(step, staging, label, names)
         staged = staging / "tree" / root.name
         if not staged.is_dir():
             raise DatasetDownloadError(f"{label}: the archives hold no folder '{root.name}' (the YAML's path): "
@@ -179,20 +188,25 @@ def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
     stored.unlink()  # unpacked: the space goes back
 
 
-def _import_voc(step: VocImport, staging: Path, label: str, names: list[str] | None) -> None:
-    """Our VOC importer on an unpacked VOC root (difficult objects left out, as YOLOv5's VOC.yaml does); the
-    images are hard links where the file system allows. Done once (a marker); an interrupted import starts over."""
+def _import_labels(step: VocImport | VisDroneImport, staging: Path, label: str, names: list[str] | None) -> None:
+    """Our VOC importer on an unpacked VOC root (difficult objects left out, as YOLOv5's VOC.yaml does; the images
+    hard links where the file system allows), or our VisDrone converter on an unpacked VisDrone folder. Done once
+    (a marker); an interrupted import starts over."""
     import hashlib
 
-    from utils.data.importers import voc_to_yolo
+    from utils.data.importers import visdrone_to_yolo, voc_to_yolo
 
-    done = staging / "archives" / f"voc-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
+    kind, folder = ("voc", step.voc) if isinstance(step, VocImport) else ("visdrone", step.visdrone)
+    done = staging / "archives" / f"{kind}-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
     if done.exists():
         return
-    source = staging / "tree" / step.voc
+    source = staging / "tree" / folder
     if not source.is_dir():
-        raise DatasetDownloadError(f"{label}: download: voc: {step.voc} is not in the unpacked archives")
-    voc_to_yolo(source, staging / "tree" / step.into, names=names, split=step.split, keep_difficult=False)
+        raise DatasetDownloadError(f"{label}: download: {kind}: {folder} is not in the unpacked archives")
+    if isinstance(step, VocImport):
+        voc_to_yolo(source, staging / "tree" / step.into, names=names, split=step.split, keep_difficult=False)
+    else:
+        visdrone_to_yolo(source)
     done.parent.mkdir(parents=True, exist_ok=True)
     done.touch()
 

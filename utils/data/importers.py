@@ -1,4 +1,5 @@
-"""Pascal VOC XML and COCO JSON annotations -> YOLO layout: images/<split>, labels/<split>, data.yaml.
+"""Pascal VOC XML and COCO JSON annotations -> YOLO layout: images/<split>, labels/<split>, data.yaml; VisDrone's
+text annotations -> YOLO labels in place (labels/ beside images/, as YOLOv5's VisDrone.yaml lays them out).
 
 Label rows are ``class cx cy w h``, normalised to the image size and clipped to [0, 1]; boxes with no
 area left after clipping are dropped with a warning. Images are hard-linked into place (copied when the
@@ -18,6 +19,10 @@ Conventions (as YOLOv5's own converters):
 * COCO: ``bbox`` is ``x, y, w, h`` from the top-left, in pixels; category ids map to 0..nc-1 in
   sorted id order; ``iscrowd`` annotations are skipped; images without annotations get an empty
   label file (background).
+* VisDrone (DET): a line an object, ``left,top,width,height,score,category,truncation,occlusion`` in pixels;
+  lines of score 0 (ignored regions) are left out and categories 1-10 become classes 0-9, as YOLOv5's converter
+  does; category 0 (ignored regions) and 11 (others), which name no class of its 10, are left out and counted
+  (YOLOv5 would write class 10 for 'others' and then refuse it as beyond nc). The size is the image header's.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ import yaml
 
 from utils.data.images import IMG_EXTENSIONS
 from utils.errors import UserError, shorten, writing
-from utils.limits import MAX_ANNOTATION_XML_BYTES, MAX_CLASSES, MAX_NAME_LENGTH
+from utils.limits import MAX_ANNOTATION_TXT_BYTES, MAX_ANNOTATION_XML_BYTES, MAX_CLASSES, MAX_NAME_LENGTH
 from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
@@ -495,3 +500,70 @@ def _coco_rows(boxes: list[tuple], entry: dict, image_path: Path, where: str) ->
             LOGGER.warning("%s has a box with no area inside the image, dropped", where)
         rows.extend([row] if row else [])
     return rows
+
+
+# ----------------------------------------------------------------------------- VisDrone
+
+VISDRONE_NAMES = ["pedestrian", "people", "bicycle", "car", "van", "truck", "tricycle", "awning-tricycle", "bus",
+                  "motor"]
+
+
+def visdrone_to_yolo(folder: str | os.PathLike) -> ImportSummary:
+    """VisDrone DET annotations -> YOLO labels in place: ``folder``/annotations/NAME.txt with its image
+    ``folder``/images/NAME.jpg give ``folder``/labels/NAME.txt (module doc); an annotation without its image is
+    skipped with a warning; a line that is not 6 or more integers is an AnnotationError naming file and line."""
+    folder = Path(folder)
+    annotations, images = folder / "annotations", folder / "images"
+    if not annotations.is_dir() or not images.is_dir():
+        raise AnnotationError(f"{folder}: expected the VisDrone folders annotations/ and images/")
+    summary = ImportSummary(folder / "labels", VISDRONE_NAMES)
+    files = sorted(annotations.glob("*.txt"))
+    if not files:
+        raise AnnotationError(f"{annotations}: no .txt annotation files found")
+    for path in files:
+        image_path, reason = find_image(images, f"{path.stem}.jpg", path.stem)
+        if image_path is None:
+            LOGGER.warning("%s: image %s %s, skipped", path, shorten(f"{path.stem}.jpg", 200), reason)
+            summary.skipped_images += 1
+            continue
+        objects = _visdrone_objects(path)
+        width, height = image_header_size(image_path)
+        rows = []
+        for left, top, box_width, box_height, category in objects:
+            row = yolo_row(category - 1, left, top, left + box_width, top + box_height, width, height) \
+                if 1 <= category <= len(VISDRONE_NAMES) else None
+            rows.extend([row] if row else [])
+        summary.skipped_boxes += len(objects) - len(rows)
+        label = folder / "labels" / f"{path.stem}.txt"
+        with writing(label):
+            write_labels(label, rows)
+        summary.images[folder.name] += 1
+        summary.boxes += len(rows)
+    LOGGER.info("VisDrone labels: %s", summary.line())
+    return summary
+
+
+def _visdrone_objects(path: Path) -> list[tuple[int, int, int, int, int]]:
+    """(left, top, width, height, category) of each line of score 1 (score 0: an ignored region)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_ANNOTATION_TXT_BYTES + 1)
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    if len(data) > MAX_ANNOTATION_TXT_BYTES:
+        raise AnnotationError(f"{path}: larger than {MAX_ANNOTATION_TXT_BYTES >> 20} MB, not a VisDrone annotation")
+    objects = []
+    for number, line in enumerate(data.decode("ascii", errors="replace").splitlines(), 1):
+        fields = [field.strip() for field in line.strip().rstrip(",").split(",")]
+        if fields == [""]:
+            continue
+        try:
+            values = [int(field) for field in fields[:6]] if len(fields) >= 6 else None
+        except ValueError:
+            values = None
+        if values is None:
+            raise AnnotationError(f"{path}: line {number}: {shorten(line.strip(), 80)}: expected "
+                                  "left,top,width,height,score,category,... as integers")
+        if values[4] != 0:
+            objects.append((values[0], values[1], values[2], values[3], values[5]))
+    return objects
