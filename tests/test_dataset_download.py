@@ -159,8 +159,9 @@ def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror,
         ensure_downloaded(tmp_path / "datasets" / "bomb", "https://example.org/bomb.zip", "bomb.yaml")
 
 
-@pytest.mark.parametrize("value", ["curl https://x/a.zip | unzip", "https://x/a.tar.gz", [{"url": "https://x/a.zip",
-                                                                                           "into": "../up"}],
+@pytest.mark.parametrize("value", ["curl https://x/a.zip | unzip", "https://x/a.rar", [{"url": "https://x/a.zip",
+                                                                                      "into": "../up"}],
+                                   [{"url": "https://x/a.tgz", "from": "/etc"}],
                                    [{"url": "https://x/a.zip", "run": "rm -rf /"}], {"into": "x"}])
 def test_download_values_that_are_not_archives_are_refused(tmp_path, value):
     with pytest.raises(DatasetDownloadError):
@@ -173,7 +174,7 @@ def test_the_project_yamls_describe_their_downloads_as_data():
     from utils.safe_yaml import read_yaml
 
     for name, count, classes in (("coco128.yaml", 1, 80), ("coco.yaml", 4, 80), ("VOC.yaml", 5, 20),
-                                  ("VisDrone.yaml", 7, 10)):
+                                  ("VisDrone.yaml", 7, 10), ("SKU-110K.yaml", 2, 1)):
         content = read_yaml(ROOT / "data" / name)
         assert len(parse_download(content["download"], name)) == count and len(content["names"]) == classes
         assert content["path"].startswith("../../datasets/")
@@ -251,6 +252,94 @@ def test_visdrone_by_name_is_fetched_and_labelled_in_yolov5s_layout(tmp_path, mi
     assert (root / "VisDrone2019-DET-test-dev" / "labels" / "d0.txt").read_text() == ""
     assert (root / "VisDrone2019-DET-test-challenge" / "images" / "c0.jpg").is_file()
     assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".VisDrone.download.lock", "VisDrone"]
+
+
+def tar_folder(folder: Path, prefix: str, mode: str = "w:gz", extra=()) -> bytes:
+    """A tar of ``folder`` under ``prefix/`` (gzip by default), plus raw (TarInfo, bytes or None) members."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as out:
+        for path in sorted(folder.rglob("*")):
+            out.add(path, f"{prefix}/{path.relative_to(folder).as_posix()}", recursive=False)
+        for info, data in extra:
+            out.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def test_sku110k_by_name_is_unpacked_renamed_and_labelled_as_yolov5_does(tmp_path, mirror):
+    """SKU110K_fixed.tar.gz: its SKU110K_fixed/ becomes ../datasets/SKU-110K, the CSVs become labels/ (one class,
+    normalised to each row's image size) and train.txt/val.txt/test.txt list ./images/NAME per split."""
+    import cv2
+
+    tree = tmp_path / "sku" / "SKU110K_fixed"
+    (tree / "images").mkdir(parents=True)
+    (tree / "annotations").mkdir()
+    for name in ("train_0.jpg", "train_1.jpg", "val_0.jpg", "test_0.jpg"):
+        cv2.imwrite(str(tree / "images" / name), np.full((40, 80, 3), 90, np.uint8))
+    (tree / "annotations" / "annotations_train.csv").write_text(
+        "train_1.jpg,8,4,24,12,object,80,40\ntrain_0.jpg,0,0,40,20,object,80,40\ntrain_0.jpg,70,30,90,50,object,80,40\n"
+        "train_0.jpg,10,10,10,30,object,80,40\n")
+    (tree / "annotations" / "annotations_val.csv").write_text("val_0.jpg,40,20,80,40,object,80,40\n"
+                                                              "gone.jpg,1,1,5,5,object,80,40\n")
+    (tree / "annotations" / "annotations_test.csv").write_text("test_0.jpg,0,0,80,40,object,80,40\n")
+    mirror.files["/SKU110K_fixed.tar.gz"] = tar_folder(tree, "SKU110K_fixed")
+    config = load_data_config(repo_copy_with(tmp_path, "SKU-110K.yaml"))
+    root = tmp_path / "datasets" / "SKU-110K"
+    assert config.path == root and config.nc == 1 and config.names == ["object"]
+    assert config.train == [str(root / "train.txt")] and config.test == [str(root / "test.txt")]
+    assert (root / "train.txt").read_text() == "./images/train_0.jpg\n./images/train_1.jpg\n"
+    assert (root / "val.txt").read_text() == "./images/val_0.jpg\n"  # gone.jpg is not in the archive
+    assert (root / "labels" / "train_0.txt").read_text().splitlines() == [
+        "0 0.250000 0.250000 0.500000 0.500000", "0 0.937500 0.875000 0.125000 0.250000"]  # clipped; no-area out
+    assert (root / "labels" / "train_1.txt").read_text() == "0 0.200000 0.200000 0.200000 0.200000\n"
+    assert sorted(p.name for p in root.iterdir()) == ["annotations", "images", "labels", "test.txt", "train.txt",
+                                                      "val.txt"]
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".SKU-110K.download.lock", "SKU-110K"]
+
+
+@pytest.mark.parametrize("member, message", [("link", "is not a file or folder"), ("../up.txt", "outside"),
+                                             ("/abs.txt", "outside"), ("fifo", "is not a file or folder")])
+def test_a_tar_that_escapes_or_links_is_refused_and_leaves_nothing(tmp_path, mirror, member, message):
+    import tarfile
+
+    folder = tmp_path / "tree" / "t"
+    folder.mkdir(parents=True)
+    (folder / "ok.txt").write_text("ok")
+    info = tarfile.TarInfo(member)
+    if member == "link":
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    elif member == "fifo":
+        info.type = tarfile.FIFOTYPE
+    else:
+        info.size = 2
+    mirror.files["/t.tar.gz"] = tar_folder(folder, "t", extra=[(info, b"no" if info.size else None)])
+    with pytest.raises(DatasetDownloadError, match=message):
+        ensure_downloaded(tmp_path / "datasets" / "t", "https://example.org/t.tar.gz", "t.yaml")
+    assert not list((tmp_path / "datasets").rglob("ok.txt")) and not (tmp_path / "datasets" / "up.txt").exists()
+    assert not list((tmp_path / "datasets").rglob("*.unpack"))
+
+
+def test_a_tar_bomb_a_full_disk_and_a_missing_from_folder_are_one_line(tmp_path, mirror, monkeypatch):
+    folder = tmp_path / "tree" / "b"
+    folder.mkdir(parents=True)
+    (folder / "zeros.bin").write_bytes(bytes(8 << 20))  # 8 MB of zeros: a ~8 KB .tar.xz
+    mirror.files["/b.tar.xz"] = tar_folder(folder, "b", mode="w:xz")
+    with pytest.raises(DatasetDownloadError, match="more than 100x: a bomb"):
+        ensure_downloaded(tmp_path / "datasets" / "b", "https://example.org/b.tar.xz", "b.yaml")
+    assert not list((tmp_path / "datasets").rglob("zeros.bin"))
+    (folder / "zeros.bin").write_bytes(b"12345678" * 1000)
+    mirror.files["/b.tar"] = tar_folder(folder, "b", mode="w")
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(archives.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
+    with pytest.raises(DatasetDownloadError, match="unpacks to more than 0.00 GB, .* had 0.00 GB free"):
+        ensure_downloaded(tmp_path / "datasets" / "b", "https://example.org/b.tar", "b.yaml")
+    monkeypatch.setattr(archives.shutil, "disk_usage", disk_usage)
+    with pytest.raises(DatasetDownloadError, match="b.tar holds no folder 'elsewhere' \\(its from:\\)"):
+        ensure_downloaded(tmp_path / "datasets" / "b", [{"url": "https://example.org/b.tar", "from": "elsewhere",
+                                                         "into": "b"}], "b.yaml")
+    assert not (tmp_path / "datasets" / "b").exists()
 
 
 class Ranges(http.server.BaseHTTPRequestHandler):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tools import import_dataset
-from utils.data.importers import AnnotationError, coco_to_yolo, visdrone_to_yolo, voc_to_yolo
+from utils.data.importers import AnnotationError, coco_to_yolo, sku110k_to_yolo, visdrone_to_yolo, voc_to_yolo
 
 NAMES = ["zebra", "cat", "moth"]  # index order differs from sorted order on purpose
 SIZES = {"a": (40, 30), "b": (64, 50), "c": (33, 47), "d": (50, 50)}  # stem -> (width, height)
@@ -345,3 +345,40 @@ def test_visdrone_on_the_command_line(tmp_path, capsys):
     assert import_dataset.main(["visdrone", str(tmp_path / "missing")]) == 1
     error = capsys.readouterr().err
     assert "expected the VisDrone folders annotations/ and images/" in error and error.count("\n") == 1
+
+
+
+# ----------------------------------------------------------------------------- SKU-110K
+
+def _sku_folder(root: Path, rows: dict[str, str]) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "annotations").mkdir()
+    cv2.imwrite(str(root / "images" / "a.jpg"), np.full((20, 40, 3), 90, np.uint8))
+    for split in ("train", "val", "test"):
+        (root / "annotations" / f"annotations_{split}.csv").write_text(rows.get(split, ""))
+    return root
+
+
+@pytest.mark.parametrize("row, reason", [("a.jpg,1,2,3,object,40,20", "line 2: "),
+                                         ("a.jpg,1,2,x,4,object,40,20", "line 2: "),
+                                         ("a.jpg,1,2,3,4,object,0,20", "line 2: "),
+                                         ("../a.jpg,1,2,3,4,object,40,20", "line 2: "),
+                                         ("sub/a.jpg,1,2,3,4,object,40,20", "line 2: ")])
+def test_a_malformed_sku110k_row_names_the_file_and_line_and_steers_no_write(tmp_path, row, reason):
+    """A row that is not a plain file name and 7 numbers (a size of 0 too) is one error naming the CSV and the
+    line; a name with a folder in it never chooses where a label is written."""
+    folder = _sku_folder(tmp_path / "sku", {"val": f"a.jpg,1,1,5,5,object,40,20\n{row}\n"})
+    with pytest.raises(AnnotationError, match=reason) as raised:
+        sku110k_to_yolo(folder)
+    assert str(folder / "annotations" / "annotations_val.csv") in str(raised.value)
+    assert "expected image_name,x1,y1,x2,y2,class,image_width,image_height" in str(raised.value)
+    assert not (tmp_path / "a.txt").exists() and not (folder / "labels" / "sub").exists()
+
+
+def test_sku110k_on_the_command_line(tmp_path, capsys):
+    folder = _sku_folder(tmp_path / "sku", {"train": "a.jpg,0,0,20,10,object,40,20\na.jpg,20,10,40,20,object,40,20\n"})
+    assert import_dataset.main(["sku110k", str(folder)]) == 0
+    assert "imported sku110k: 1 classes, images: test 0, train 1, val 0, boxes 2" in capsys.readouterr().out
+    assert (folder / "labels" / "a.txt").read_text().splitlines() == ["0 0.250000 0.250000 0.500000 0.500000",
+                                                                      "0 0.750000 0.750000 0.500000 0.500000"]
+    assert (folder / "train.txt").read_text() == "./images/a.jpg\n" and (folder / "val.txt").read_text() == ""

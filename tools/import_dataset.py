@@ -1,15 +1,17 @@
-"""Import Pascal VOC XML or COCO JSON annotations into a YOLO dataset folder with a data.yaml, or VisDrone's.
+"""Import Pascal VOC, COCO JSON, VisDrone or SKU-110K annotations as YOLO labels (VOC, COCO: a new folder).
 
     python -m tools.import_dataset voc VOC_ROOT_OR_XML_DIR OUT_DIR [--images DIR] [--names a b c]
                                        [--split NAME | --val-fraction 0.1] [--skip-difficult] [--mode copy]
     python -m tools.import_dataset coco ANNOTATIONS.json IMAGES_DIR OUT_DIR [--split val] [--mode copy]
     python -m tools.import_dataset visdrone VisDrone2019-DET-train    # annotations/ -> labels/ beside images/
+    python -m tools.import_dataset sku110k SKU-110K    # annotations/*.csv -> labels/, train.txt, val.txt, test.txt
 
 VOC splits come from ImageSets/Main/{train,val,test}.txt when present. For COCO run once per split
 (JSON file) into the same OUT_DIR. A VisDrone DET folder gets its YOLO labels in place, as data/VisDrone.yaml
-(YOLOv5's layout) reads them; run it once per split folder. Exit code 0 on success, 1 on a bad input file,
-2 on a bad flag (one line, no traceback). Annotation entries naming an image outside the images folder, and XML
-files with DOCTYPE/ENTITY declarations, are skipped with a warning.
+(YOLOv5's layout) reads them; run it once per split folder. SKU-110K's folder likewise (data/SKU-110K.yaml).
+Exit code 0 on success, 1 on a bad input file, 2 on a bad flag (one line, no traceback). Annotation entries
+naming an image outside the images folder, and XML files with DOCTYPE/ENTITY declarations, are skipped with a
+warning.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import logging
 import sys
 
 from utils.cli import ArgumentParser, float_in_range
-from utils.data.importers import LINK_MODES, SPLITS, coco_to_yolo, visdrone_to_yolo, voc_to_yolo
+from utils.data.importers import (LINK_MODES, SPLITS, coco_to_yolo, sku110k_to_yolo, visdrone_to_yolo,
+                                  voc_to_yolo)
 from utils.errors import run_main
 from utils.limits import Range
 
@@ -43,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     coco.add_argument("--split", default="train", choices=SPLITS, help="split these images go to (default: train)")
     visdrone = formats.add_parser("visdrone", help="VisDrone DET text annotations (labels written in place)")
     visdrone.add_argument("folder", help="a VisDrone DET folder (annotations/, images/): labels/ written beside")
+    sku = formats.add_parser("sku110k", help="SKU-110K CSV annotations (labels and split lists written in place)")
+    sku.add_argument("folder", help="the SKU-110K folder (annotations/, images/)")
     for sub in (voc, coco):
         sub.add_argument("--mode", choices=LINK_MODES, default="hardlink",
                          help="how images are placed (hardlink falls back to copy across file systems)")
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace):
                            val_fraction=args.val_fraction, keep_difficult=not args.skip_difficult, mode=args.mode)
     if args.format == "visdrone":
         return visdrone_to_yolo(args.folder)
+    if args.format == "sku110k":
+        return sku110k_to_yolo(args.folder)
     return coco_to_yolo(args.json, args.images, args.out_dir, split=args.split, mode=args.mode)
 
 

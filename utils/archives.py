@@ -1,10 +1,16 @@
-"""Zip archives from elsewhere (dataset downloads, utils/data/dataset_download.py): checked before anything is
-written, then unpacked into a temporary folder that the caller moves into place.
+"""Zip and tar archives from elsewhere (dataset downloads, utils/data/dataset_download.py), unpacked into a
+temporary folder that the caller moves into place.
 
 ``check_zip`` reads the entry count from the archive's end record before its directory is parsed (at most
 MAX_MEMBERS), refuses a path outside the folder, a drive (on Windows), a NUL, '..' or a link, and a declared total
 above MAX_EXPANSION times the archive or the folder's free space. ``extract_zip`` writes each member no larger than
 its declared size. Every refusal is one DownloadError line; nothing is written before the checks pass.
+
+A tar archive (``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``, ``.tar.xz``) has no directory to check first: it is
+read once, in order, and ``extract_tar`` checks each member before writing it by the same rules (a relative path
+without '..' or a NUL; only files and folders, so no links, devices or FIFOs; at most MAX_MEMBERS; the running total
+at most MAX_EXPANSION times the archive and within the free space found at the start). A refusal removes the
+temporary folder with what was written to it.
 """
 from __future__ import annotations
 
@@ -116,3 +122,67 @@ def extract_zip(archive: Path, folder: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return target
+
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+def is_tar_name(name: str) -> bool:
+    return name.lower().endswith(TAR_SUFFIXES)
+
+
+def extract_tar(archive: Path, folder: Path) -> Path:
+    """Unpack tar ``archive`` into a new temporary folder inside ``folder`` and return it (module doc: each member
+    checked as it comes; a refusal or a broken archive removes what was written); a progress bar over the bytes."""
+    import tarfile
+
+    from tqdm import tqdm
+
+    size = archive.stat().st_size
+    budget = min(MAX_EXPANSION * max(size, 1), shutil.disk_usage(folder).free)
+    target = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".unpack", dir=folder))
+    try:
+        with tarfile.open(archive, mode="r|*") as opened, \
+                tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"Unpacking {archive.name}", disable=None,
+                     leave=False) as bar:
+            total = count = 0
+            for member in opened:
+                count += 1
+                total += member.size if member.isfile() else 0
+                _check_tar_member(archive, member, count, total, size, budget, folder)
+                path = target.joinpath(*[part for part in member.name.split("/") if part not in ("", ".")])
+                if member.isdir():
+                    path.mkdir(parents=True, exist_ok=True)
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                source = opened.extractfile(member)
+                with source, open(path, "xb") as out:
+                    while chunk := source.read(CHUNK):
+                        out.write(chunk)
+                        bar.update(len(chunk))
+    except (tarfile.TarError, OSError, EOFError, ValueError) as error:
+        shutil.rmtree(target, ignore_errors=True)
+        raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def _check_tar_member(archive: Path, member, count: int, total: int, size: int, budget: int, folder: Path) -> None:
+    """DownloadError (one line) unless ``member``, the ``count``-th with ``total`` bytes of files so far, may be
+    written (module doc)."""
+    name = member.name
+    parts = name.split("/")
+    if count > MAX_MEMBERS:
+        raise DownloadError(f"{archive}: more than {MAX_MEMBERS} entries")
+    if (not name or name.startswith("/") or "\0" in name or ".." in parts or not (member.isfile() or member.isdir())
+            or all(part in ("", ".") for part in parts) and member.isfile()):
+        raise DownloadError(f"{archive}: entry {name[:200]!r} would be written outside the dataset folder or is "
+                            "not a file or folder (a link, a device): the archive is refused")
+    if total > MAX_EXPANSION * max(size, 1):
+        raise DownloadError(f"{archive}: unpacks to more than {total / 1e6:.0f} MB from a {size / 1e6:.1f} MB archive "
+                            f"(more than {MAX_EXPANSION}x: a bomb?): refused")
+    if total > budget:
+        raise DownloadError(f"{archive}: unpacks to more than {total / 1e9:.2f} GB, {folder} had "
+                            f"{budget / 1e9:.2f} GB free")

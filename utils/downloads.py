@@ -190,6 +190,18 @@ def verify_zip(path: Path) -> None:
         raise ValueError(f"not a complete zip archive ({error})") from None
 
 
+def verify_tar(path: Path) -> None:
+    """A tar archive (compressed or not) whose first entry reads; members are checked as unpacked, and a
+    compressed stream cut short is found there (a gzip stream has no directory to read first)."""
+    import tarfile
+
+    try:
+        with tarfile.open(path, mode="r|*") as opened:
+            opened.next()
+    except (tarfile.TarError, OSError, EOFError, ValueError) as error:
+        raise ValueError(f"not a tar archive ({error})") from None
+
+
 def verify_media(path: Path) -> None:
     """An image that decodes, or a video whose first frame does (an error page saved as bus.jpg does not)."""
     import cv2

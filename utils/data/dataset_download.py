@@ -5,11 +5,16 @@
       - url: https://host/coco2017labels.zip    #   parent of ``path`` (default '.')
       - url: http://host/train2017.zip
         into: coco/images
+      - url: http://host/SKU110K_fixed.tar.gz   # a .zip or a tar (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz);
+        from: SKU110K_fixed                     #   optional: what this folder of the archive holds goes into
+        into: SKU-110K                          #   ``into`` (the archive's top folder renamed)
       - voc: VOC/source/VOCdevkit/VOC2012       # then our VOC importer (utils/data/importers.py): the XML of a
         into: VOC                               #   VOC root unpacked above -> YOLO labels and images/<split>
         split: train                            #   (optional: all into one split; else ImageSets/Main lists)
       - visdrone: VisDrone/VisDrone2019-DET-train  # or our VisDrone converter: annotations/ -> labels/ beside
                                                 #   images/, in place (utils/data/importers.py)
+      - sku110k: SKU-110K                       # or our SKU-110K converter: annotations/*.csv -> labels/ and
+                                                #   the split lists train.txt, val.txt, test.txt
 
 ``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
 it (``.NAME.download``): each archive is fetched there (through ``YOLO_TRAINER_MIRROR`` by file name, as YOLOv5's
@@ -30,7 +35,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_zip
+from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_tar, verify_zip
+from utils.archives import is_tar_name
 from utils.errors import UserError, shorten
 
 LOGGER = logging.getLogger(__name__)
@@ -45,6 +51,7 @@ class DatasetDownloadError(UserError):
 class Archive:
     url: str
     into: str = "."  # relative to the dataset's parent folder
+    inner: str | None = None  # ``from``: the archive's folder whose contents go into ``into``; None: all of it
 
 
 @dataclass(frozen=True)
@@ -59,17 +66,24 @@ class VisDroneImport:
     visdrone: str  # a VisDrone DET folder (annotations/, images/), relative to the dataset's parent folder
 
 
+@dataclass(frozen=True)
+class Sku110kImport:
+    sku110k: str  # the SKU-110K folder (annotations/, images/), relative to the dataset's parent folder
+
+
 def parse_download(value, label: str) -> list:
-    """The steps a ``download:`` value describes (Archive, VocImport, VisDroneImport); DatasetDownloadError for code
-    or anything else."""
+    """The steps a ``download:`` value describes (Archive, VocImport, VisDroneImport, Sku110kImport);
+    DatasetDownloadError for code or anything else."""
     entries = value if isinstance(value, list) else [value]
     archives, imports = [], []
     for entry in entries:
         if isinstance(entry, str) and is_url(entry.strip()) and len(entry.split()) == 1:
             archives.append(Archive(entry.strip()))
         elif isinstance(entry, dict) and isinstance(entry.get("url"), str) and is_url(entry["url"]) \
-                and set(entry) <= {"url", "into"} and isinstance(entry.get("into", "."), str):
-            archives.append(Archive(entry["url"], _relative(entry.get("into", "."), label)))
+                and set(entry) <= {"url", "into", "from"} and isinstance(entry.get("into", "."), str) \
+                and isinstance(entry.get("from", ""), str):
+            inner = _relative(entry["from"], label) if entry.get("from") else None
+            archives.append(Archive(entry["url"], _relative(entry.get("into", "."), label), inner))
         elif isinstance(entry, dict) and set(entry) <= {"voc", "into", "split"} and {"voc", "into"} <= set(entry) \
                 and all(isinstance(entry.get(key, ""), str) for key in ("voc", "into", "split")) \
                 and entry.get("split") in (None, "train", "val", "test"):
@@ -77,13 +91,17 @@ def parse_download(value, label: str) -> list:
                                      entry.get("split")))
         elif isinstance(entry, dict) and set(entry) == {"visdrone"} and isinstance(entry["visdrone"], str):
             imports.append(VisDroneImport(_relative(entry["visdrone"], label)))
+        elif isinstance(entry, dict) and set(entry) == {"sku110k"} and isinstance(entry["sku110k"], str):
+            imports.append(Sku110kImport(_relative(entry["sku110k"], label)))
         else:
             raise DatasetDownloadError(f"{label}: download: {shorten(entry)}: not a URL of an archive or a "
-                                       "{url, into} entry (scripts in a dataset YAML are never run: download the "
+                                       "{url, into, from} entry (scripts in a dataset YAML are never run: download the "
                                        "dataset yourself, or describe its archives)")
     for archive in archives:
-        if not archive.url.lower().split("?")[0].endswith(".zip"):
-            raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip archives are unpacked")
+        path = archive.url.lower().split("?")[0]
+        if not (path.endswith(".zip") or is_tar_name(path)):
+            raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip and tar archives (.tar, "
+                                       ".tar.gz, .tgz, .tar.bz2, .tar.xz) are unpacked")
         url_file_name(archive.url)  # a plain file name to keep it as
     if not archives:
         raise DatasetDownloadError(f"{label}: download: no archive URL listed")
@@ -163,40 +181,48 @@ def _remove_leftovers(staging: Path) -> None:
 
 
 def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
-    from utils.archives import extract_zip
+    from utils.archives import extract_tar, extract_zip
 
     name = url_file_name(archive.url)
+    tar = is_tar_name(name)
     stored, done = staging / "archives" / name, staging / "archives" / f"{name}.unpacked"
     if done.exists():
         LOGGER.info("%s: %s unpacked earlier", label, name)
         return
     if not stored.is_file():
-        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES, verify=verify_zip, named=True,
+        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES,
+              verify=verify_tar if tar else verify_zip, named=True,
               resumable=True)  # under the dataset's lock: a broken transfer is resumed by the next start
     tree = staging / "tree" / archive.into
     tree.mkdir(parents=True, exist_ok=True)
     try:
-        unpacked = extract_zip(stored, staging)
+        unpacked = (extract_tar if tar else extract_zip)(stored, staging)
     except DownloadError:
         stored.unlink(missing_ok=True)  # refused or broken: a later start fetches it again
         raise
     try:
-        _merge(unpacked, tree)
+        inner = unpacked / archive.inner if archive.inner else unpacked
+        if not inner.is_dir() or inner.is_symlink():
+            stored.unlink(missing_ok=True)
+            raise DatasetDownloadError(f"{label}: download: {name} holds no folder '{archive.inner}' (its from:)")
+        _merge(inner, tree)
     finally:
         shutil.rmtree(unpacked, ignore_errors=True)
     done.touch()
     stored.unlink()  # unpacked: the space goes back
 
 
-def _import_labels(step: VocImport | VisDroneImport, staging: Path, label: str, names: list[str] | None) -> None:
+def _import_labels(step: VocImport | VisDroneImport | Sku110kImport, staging: Path, label: str,
+                   names: list[str] | None) -> None:
     """Our VOC importer on an unpacked VOC root (difficult objects left out, as YOLOv5's VOC.yaml does; the images
-    hard links where the file system allows), or our VisDrone converter on an unpacked VisDrone folder. Done once
-    (a marker); an interrupted import starts over."""
+    hard links where the file system allows), or our VisDrone or SKU-110K converter on its unpacked folder. Done
+    once (a marker); an interrupted import starts over."""
     import hashlib
 
-    from utils.data.importers import visdrone_to_yolo, voc_to_yolo
+    from utils.data.importers import sku110k_to_yolo, visdrone_to_yolo, voc_to_yolo
 
-    kind, folder = ("voc", step.voc) if isinstance(step, VocImport) else ("visdrone", step.visdrone)
+    kind = {VocImport: "voc", VisDroneImport: "visdrone", Sku110kImport: "sku110k"}[type(step)]
+    folder = getattr(step, kind)  # each step's one folder field is named as its kind
     done = staging / "archives" / f"{kind}-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
     if done.exists():
         return
@@ -205,8 +231,10 @@ def _import_labels(step: VocImport | VisDroneImport, staging: Path, label: str, 
         raise DatasetDownloadError(f"{label}: download: {kind}: {folder} is not in the unpacked archives")
     if isinstance(step, VocImport):
         voc_to_yolo(source, staging / "tree" / step.into, names=names, split=step.split, keep_difficult=False)
-    else:
+    elif isinstance(step, VisDroneImport):
         visdrone_to_yolo(source)
+    else:
+        sku110k_to_yolo(source)
     done.parent.mkdir(parents=True, exist_ok=True)
     done.touch()
 

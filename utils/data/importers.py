@@ -23,9 +23,13 @@ Conventions (as YOLOv5's own converters):
   lines of score 0 (ignored regions) are left out and categories 1-10 become classes 0-9, as YOLOv5's converter
   does; category 0 (ignored regions) and 11 (others), which name no class of its 10, are left out and counted
   (YOLOv5 would write class 10 for 'others' and then refuse it as beyond nc). The size is the image header's.
+* SKU-110K: annotations/annotations_{train,val,test}.csv, a row a box without a header,
+  ``image_name,x1,y1,x2,y2,class,image_width,image_height`` in pixels; one class (0: object), normalised to the
+  row's image size, as YOLOv5's converter does; each split's images listed in SPLIT.txt as ``./images/NAME``.
 """
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -567,3 +571,83 @@ def _visdrone_objects(path: Path) -> list[tuple[int, int, int, int, int]]:
         if values[4] != 0:
             objects.append((values[0], values[1], values[2], values[3], values[5]))
     return objects
+
+
+# ----------------------------------------------------------------------------- SKU-110K
+
+
+def sku110k_to_yolo(folder: str | os.PathLike) -> ImportSummary:
+    """SKU-110K's CSV annotations -> YOLO labels in place (module doc): ``folder``/labels/NAME.txt for each image
+    ``folder``/images/NAME, and ``folder``/{train,val,test}.txt listing each split's images (sorted, those whose
+    file is there; the others are counted and warned about). A row that is not 8 fields of a plain file name and
+    numbers is an AnnotationError naming the file and line."""
+    folder = Path(folder)
+    annotations, images = folder / "annotations", folder / "images"
+    if not annotations.is_dir() or not images.is_dir():
+        raise AnnotationError(f"{folder}: expected the SKU-110K folders annotations/ and images/")
+    summary = ImportSummary(folder / "labels", ["object"])
+    started: set[str] = set()  # label files written in this import (a later row of the same image appends)
+    for split in SPLITS:
+        path = annotations / f"annotations_{split}.csv"
+        if not path.is_file():
+            raise AnnotationError(f"{path}: missing (SKU-110K lists each split in annotations/annotations_SPLIT.csv)")
+        listed = []
+        for name, rows, skipped in _sku110k_images(path):
+            summary.skipped_boxes += skipped
+            image = images / name
+            if not _inside(image, images.resolve()):
+                summary.skipped_images += 1
+                continue
+            label = folder / "labels" / f"{Path(name).stem}.txt"
+            with writing(label):
+                label.parent.mkdir(parents=True, exist_ok=True)
+                with open(label, "a" if name in started else "w") as out:
+                    out.writelines(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in rows)
+            started.add(name)
+            listed.append(name)
+            summary.boxes += len(rows)
+        listing = folder / f"{split}.txt"
+        with writing(listing):
+            listing.write_text("".join(f"./images/{name}\n" for name in sorted(set(listed))))
+        summary.images[split] += len(set(listed))
+    if summary.skipped_images:
+        LOGGER.warning("%s: %d images named in the annotations are not in %s, left out", annotations,
+                       summary.skipped_images, images)
+    LOGGER.info("SKU-110K labels: %s", summary.line())
+    return summary
+
+
+def _sku110k_images(path: Path):
+    """(image name, YOLO rows, boxes dropped for no area) for each run of rows of one image in the CSV ``path``."""
+    name, rows, skipped = None, [], 0
+    try:
+        with open(path, newline="", encoding="utf-8") as file:
+            for number, record in enumerate(csv.reader(file), 1):
+                if not record:
+                    continue
+                box = _sku110k_row(record, path, number)
+                if box[0] != name:
+                    if name is not None:
+                        yield name, rows, skipped
+                    name, rows, skipped = box[0], [], 0
+                row = yolo_row(0, *box[1:])
+                rows.extend([row] if row else [])
+                skipped += row is None
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise AnnotationError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    if name is not None:
+        yield name, rows, skipped
+
+
+def _sku110k_row(record: list[str], path: Path, number: int) -> tuple:
+    """(name, x1, y1, x2, y2, width, height) of one CSV row, or AnnotationError."""
+    name = record[0].strip() if record else ""
+    try:
+        values = [float(record[index]) for index in (1, 2, 3, 4, 6, 7)] if len(record) == 8 else None
+    except ValueError:
+        values = None
+    plain = name and Path(name).name == name and name not in (".", "..") and "\0" not in name
+    if values is None or not plain or not all(math.isfinite(v) for v in values) or min(values[4:]) <= 0:
+        raise AnnotationError(f"{path}: line {number}: {shorten(','.join(record), 120)}: expected "
+                              "image_name,x1,y1,x2,y2,class,image_width,image_height (a file name and pixels)")
+    return (name, *values)
