@@ -376,7 +376,8 @@ def test_a_malformed_sku110k_row_names_the_file_and_line_and_steers_no_write(tmp
 
 
 def test_sku110k_on_the_command_line(tmp_path, capsys):
-    folder = _sku_folder(tmp_path / "sku", {"train": "a.jpg,0,0,20,10,object,40,20\na.jpg,20,10,40,20,object,40,20\n"})
+    folder = _sku_folder(tmp_path / "sku", {"train": "image_name,x1,y1,x2,y2,class,image_width,image_height\n"
+                                                      "a.jpg,0,0,20,10,object,40,20\na.jpg,20,10,40,20,object,40,20\n"})
     assert import_dataset.main(["sku110k", str(folder)]) == 0
     assert "imported sku110k: 1 classes, images: test 0, train 1, val 0, boxes 2" in capsys.readouterr().out
     assert (folder / "labels" / "a.txt").read_text().splitlines() == ["0 0.250000 0.250000 0.500000 0.500000",

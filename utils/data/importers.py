@@ -623,7 +623,7 @@ def _sku110k_images(path: Path):
     try:
         with open(path, newline="", encoding="utf-8") as file:
             for number, record in enumerate(csv.reader(file), 1):
-                if not record:
+                if not record or number == 1 and record[0].strip() == "image_name":  # a header line, if any
                     continue
                 box = _sku110k_row(record, path, number)
                 if box[0] != name:
