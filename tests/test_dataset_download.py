@@ -174,7 +174,8 @@ def test_the_project_yamls_describe_their_downloads_as_data():
     from utils.safe_yaml import read_yaml
 
     for name, count, classes in (("coco128.yaml", 1, 80), ("coco.yaml", 4, 80), ("VOC.yaml", 5, 20),
-                                  ("VisDrone.yaml", 7, 10), ("SKU-110K.yaml", 2, 1)):
+                                  ("VisDrone.yaml", 7, 10), ("SKU-110K.yaml", 2, 1),
+                                  ("GlobalWheat2020.yaml", 2, 1)):
         content = read_yaml(ROOT / "data" / name)
         assert len(parse_download(content["download"], name)) == count and len(content["names"]) == classes
         assert content["path"].startswith("../../datasets/")
@@ -252,6 +253,42 @@ def test_visdrone_by_name_is_fetched_and_labelled_in_yolov5s_layout(tmp_path, mi
     assert (root / "VisDrone2019-DET-test-dev" / "labels" / "d0.txt").read_text() == ""
     assert (root / "VisDrone2019-DET-test-challenge" / "images" / "c0.jpg").is_file()
     assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".VisDrone.download.lock", "VisDrone"]
+
+
+def test_global_wheat_by_name_puts_each_source_under_images_and_its_labels_under_labels(tmp_path, mirror):
+    """The images archive holds a folder per source (and a .json each) at its top, the labels archive labels/NAME:
+    YOLOv5's layout after its moves, images/NAME beside labels/NAME."""
+    import cv2
+
+    images, labels = tmp_path / "wheat" / "images", tmp_path / "wheat" / "labels"
+    sources = ("arvalis_1", "arvalis_2", "arvalis_3", "ethz_1", "rres_1", "inrae_1", "usask_1", "utokyo_1", "utokyo_2",
+               "nau_1", "uq_1")
+    for source in sources:
+        (images / source).mkdir(parents=True)
+        cv2.imwrite(str(images / source / f"{source}_0.png"), np.full((32, 32, 3), 90, np.uint8))
+        (images / f"{source}.json").write_text("{}")
+        (labels / "labels" / source).mkdir(parents=True)
+        (labels / "labels" / source / f"{source}_0.txt").write_text("0 0.5 0.5 0.25 0.25\n")
+    mirror.files["/global-wheat-codalab-official.zip"] = _zip_contents(images)
+    mirror.files["/GlobalWheat2020_labels.zip"] = _zip_contents(labels)
+    config = load_data_config(repo_copy_with(tmp_path, "GlobalWheat2020.yaml"))
+    root = tmp_path / "datasets" / "GlobalWheat2020"
+    assert config.path == root and config.names == ["wheat_head"] and len(config.train) == 7
+    assert config.val == [str(root / "images" / "ethz_1")]
+    for source in sources:
+        assert (root / "images" / source / f"{source}_0.png").is_file()
+        assert (root / "labels" / source / f"{source}_0.txt").read_text() == "0 0.5 0.5 0.25 0.25\n"
+    assert sorted(p.name for p in root.iterdir()) == ["images", "labels"]
+
+
+def _zip_contents(folder: Path) -> bytes:
+    """A zip of what ``folder`` holds, at the archive's top (no folder of its own around it)."""
+    archive = folder.parent / f"{folder.name}.top.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out.write(path, path.relative_to(folder).as_posix())
+    return archive.read_bytes()
 
 
 def tar_folder(folder: Path, prefix: str, mode: str = "w:gz", extra=()) -> bytes:
