@@ -61,6 +61,11 @@ def check_zip(archive: Path, folder: Path) -> list:
     return members
 
 
+def _discard(target: Path) -> None:
+    """What an unpack that failed or was refused wrote: removed."""
+    shutil.rmtree(target, ignore_errors=True)
+
+
 def declared_members(archive: Path) -> int | None:
     """The entry count a zip's end-of-central-directory record declares (zip64's when it has one), read from the
     archive's last 64 KiB without parsing the directory; None when no record is found (zipfile then refuses it)."""
@@ -116,10 +121,10 @@ def extract_zip(archive: Path, folder: Path) -> Path:
                         out.write(chunk)
                         bar.update(len(chunk))
     except (zipfile.BadZipFile, OSError, EOFError) as error:
-        shutil.rmtree(target, ignore_errors=True)
+        _discard(target)
         raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
     except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
+        _discard(target)
         raise
     return target
 
@@ -161,10 +166,10 @@ def extract_tar(archive: Path, folder: Path) -> Path:
                         out.write(chunk)
                         bar.update(len(chunk))
     except (tarfile.TarError, OSError, EOFError, ValueError) as error:
-        shutil.rmtree(target, ignore_errors=True)
+        _discard(target)
         raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
     except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
+        _discard(target)
         raise
     return target
 

@@ -217,15 +217,21 @@ class VocRecord:
     objects: list[tuple[str, float, float, float, float, bool]]  # name, xmin, ymin, xmax, ymax, difficult
 
 
+def _read_at_most(path: Path, limit: int) -> bytes | None:
+    """The bytes of an annotation file, None when it holds more than ``limit``; AnnotationError when unreadable."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+    return None if len(data) > limit else data
+
+
 def read_xml(path: Path) -> ElementTree.Element:
     """Parse an XML file; SkippedAnnotation for DOCTYPE/ENTITY declarations (entity expansion attacks)
     and files past MAX_ANNOTATION_XML_BYTES, AnnotationError for unreadable or malformed ones."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_ANNOTATION_XML_BYTES + 1)
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    if len(data) > MAX_ANNOTATION_XML_BYTES:
+    data = _read_at_most(path, MAX_ANNOTATION_XML_BYTES)
+    if data is None:
         raise SkippedAnnotation(f"{path}: larger than {MAX_ANNOTATION_XML_BYTES >> 20} MB, not an annotation file")
     if _UNSAFE_XML.search(data):
         raise SkippedAnnotation(f"{path}: DOCTYPE/ENTITY declarations are not allowed in annotation XML")
@@ -549,12 +555,8 @@ def visdrone_to_yolo(folder: str | os.PathLike) -> ImportSummary:
 
 def _visdrone_objects(path: Path) -> list[tuple[int, int, int, int, int]]:
     """(left, top, width, height, category) of each line of score 1 (score 0: an ignored region)."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_ANNOTATION_TXT_BYTES + 1)
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    if len(data) > MAX_ANNOTATION_TXT_BYTES:
+    data = _read_at_most(path, MAX_ANNOTATION_TXT_BYTES)
+    if data is None:
         raise AnnotationError(f"{path}: larger than {MAX_ANNOTATION_TXT_BYTES >> 20} MB, not a VisDrone annotation")
     objects = []
     for number, line in enumerate(data.decode("ascii", errors="replace").splitlines(), 1):
