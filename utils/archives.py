@@ -14,6 +14,7 @@ temporary folder with what was written to it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -61,9 +62,19 @@ def check_zip(archive: Path, folder: Path) -> list:
     return members
 
 
-def _discard(target: Path) -> None:
-    """What an unpack that failed or was refused wrote: removed."""
-    shutil.rmtree(target, ignore_errors=True)
+@contextlib.contextmanager
+def _unpack_folder(archive: Path, folder: Path, broken: tuple):
+    """A new temporary folder inside ``folder`` to unpack ``archive`` into, removed with what was written when the
+    unpack fails or is refused; an error of the ``broken`` kinds becomes one DownloadError line."""
+    target = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".unpack", dir=folder))
+    try:
+        yield target
+    except broken as error:
+        shutil.rmtree(target, ignore_errors=True)
+        raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
 
 
 def declared_members(archive: Path) -> int | None:
@@ -100,32 +111,25 @@ def extract_zip(archive: Path, folder: Path) -> Path:
     from tqdm import tqdm
 
     members = check_zip(archive, folder)
-    target = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".unpack", dir=folder))
-    try:
-        with zipfile.ZipFile(archive) as opened, \
-                tqdm(total=sum(m.file_size for m in members), unit="B", unit_scale=True, unit_divisor=1024,
-                     desc=f"Unzipping {archive.name}", disable=None, leave=False) as bar:
-            for member in members:
-                path = target.joinpath(*member.filename.replace("\\", "/").split("/"))
-                if member.is_dir():
-                    path.mkdir(parents=True, exist_ok=True)
-                    continue
-                path.parent.mkdir(parents=True, exist_ok=True)
-                written = 0
-                with opened.open(member) as source, open(path, "xb") as out:
-                    while chunk := source.read(CHUNK):
-                        written += len(chunk)
-                        if written > member.file_size:
-                            raise DownloadError(f"{archive}: {member.filename[:200]!r} unpacks to more than its "
-                                                "declared size: the archive is refused")
-                        out.write(chunk)
-                        bar.update(len(chunk))
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        _discard(target)
-        raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
-    except BaseException:
-        _discard(target)
-        raise
+    with _unpack_folder(archive, folder, (zipfile.BadZipFile, OSError, EOFError)) as target, \
+            zipfile.ZipFile(archive) as opened, \
+            tqdm(total=sum(m.file_size for m in members), unit="B", unit_scale=True, unit_divisor=1024,
+                 desc=f"Unzipping {archive.name}", disable=None, leave=False) as bar:
+        for member in members:
+            path = target.joinpath(*member.filename.replace("\\", "/").split("/"))
+            if member.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written = 0
+            with opened.open(member) as source, open(path, "xb") as out:
+                while chunk := source.read(CHUNK):
+                    written += len(chunk)
+                    if written > member.file_size:
+                        raise DownloadError(f"{archive}: {member.filename[:200]!r} unpacks to more than its "
+                                            "declared size: the archive is refused")
+                    out.write(chunk)
+                    bar.update(len(chunk))
     return target
 
 
@@ -145,32 +149,25 @@ def extract_tar(archive: Path, folder: Path) -> Path:
 
     size = archive.stat().st_size
     budget = min(MAX_EXPANSION * max(size, 1), shutil.disk_usage(folder).free)
-    target = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".unpack", dir=folder))
-    try:
-        with tarfile.open(archive, mode="r|*") as opened, \
-                tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"Unpacking {archive.name}", disable=None,
-                     leave=False) as bar:
-            total = count = 0
-            for member in opened:
-                count += 1
-                total += member.size if member.isfile() else 0
-                _check_tar_member(archive, member, count, total, size, budget, folder)
-                path = target.joinpath(*[part for part in member.name.split("/") if part not in ("", ".")])
-                if member.isdir():
-                    path.mkdir(parents=True, exist_ok=True)
-                    continue
-                path.parent.mkdir(parents=True, exist_ok=True)
-                source = opened.extractfile(member)
-                with source, open(path, "xb") as out:
-                    while chunk := source.read(CHUNK):
-                        out.write(chunk)
-                        bar.update(len(chunk))
-    except (tarfile.TarError, OSError, EOFError, ValueError) as error:
-        _discard(target)
-        raise DownloadError(f"{archive}: could not be unpacked ({error})") from None
-    except BaseException:
-        _discard(target)
-        raise
+    with _unpack_folder(archive, folder, (tarfile.TarError, OSError, EOFError, ValueError)) as target, \
+            tarfile.open(archive, mode="r|*") as opened, \
+            tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"Unpacking {archive.name}", disable=None,
+                 leave=False) as bar:
+        total = count = 0
+        for member in opened:
+            count += 1
+            total += member.size if member.isfile() else 0
+            _check_tar_member(archive, member, count, total, size, budget, folder)
+            path = target.joinpath(*[part for part in member.name.split("/") if part not in ("", ".")])
+            if member.isdir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            source = opened.extractfile(member)
+            with source, open(path, "xb") as out:
+                while chunk := source.read(CHUNK):
+                    out.write(chunk)
+                    bar.update(len(chunk))
     return target
 
 
