@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_tar, verify_zip
-from utils.archives import is_tar_name
+from utils.archives import TAR_SUFFIXES, extract_tar, extract_zip, is_tar_name
 from utils.errors import UserError, shorten
 
 LOGGER = logging.getLogger(__name__)
@@ -100,8 +100,8 @@ def parse_download(value, label: str) -> list:
     for archive in archives:
         path = archive.url.lower().split("?")[0]
         if not (path.endswith(".zip") or is_tar_name(path)):
-            raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip and tar archives (.tar, "
-                                       ".tar.gz, .tgz, .tar.bz2, .tar.xz) are unpacked")
+            raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip and tar archives "
+                                       f"({', '.join(TAR_SUFFIXES)}) are unpacked")
         url_file_name(archive.url)  # a plain file name to keep it as
     if not archives:
         raise DatasetDownloadError(f"{label}: download: no archive URL listed")
@@ -181,8 +181,6 @@ def _remove_leftovers(staging: Path) -> None:
 
 
 def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
-    from utils.archives import extract_tar, extract_zip
-
     name = url_file_name(archive.url)
     tar = is_tar_name(name)
     stored, done = staging / "archives" / name, staging / "archives" / f"{name}.unpacked"
