@@ -10,6 +10,7 @@ import contextvars
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -123,6 +124,57 @@ class DWConv(Conv):
 
     def __init__(self, c1, c2, k=1, s=1, d=1, act=True):
         super().__init__(c1, c2, k, s, g=math.gcd(c1, c2), d=d, act=act)
+
+
+class DWConvTranspose2d(ScaledChannels, nn.ConvTranspose2d):
+    """Depth-wise transposed convolution (groups = gcd(c1, c2), with a bias, no BatchNorm or activation)."""
+
+    def __init__(self, c1, c2, k=1, s=1, p1=0, p2=0):
+        super().__init__(c1, c2, k, s, p1, p2, groups=math.gcd(c1, c2))
+
+
+class MixConv2d(ScaledChannels, nn.Module):
+    """Mixed depth-wise convolution (MixConv, arXiv:1907.09595): the output channels split among one convolution
+    per kernel size in ``k``, concatenated, then BatchNorm and SiLU. ``equal_ch``: about as many channels per kernel
+    (YOLOv5's split: channel i goes to kernel floor(i * (n - 1e-6) / (c2 - 1)), in float32); otherwise about as many
+    weights per kernel (channels inversely proportional to k squared, rounded)."""
+
+    def __init__(self, c1, c2, k=(1, 3), s=1, equal_ch=True):
+        super().__init__()
+        kernels = [k] if isinstance(k, int) else list(k)
+        if not kernels or any(not isinstance(size, int) or size < 1 or size % 2 == 0 for size in kernels):
+            raise ValueError(f"MixConv2d kernel sizes must be odd positive integers, not {k}")
+        if c2 < len(kernels):
+            raise ValueError(f"MixConv2d needs at least one output channel per kernel ({c2} for {len(kernels)})")
+        split = self.channel_split(c2, kernels, equal_ch)
+        if sum(split) != c2 or min(split) < 1:
+            raise ValueError(f"MixConv2d cannot split {c2} channels among kernels {kernels} with equal weights "
+                             f"(rounded: {split})")
+        self.m = nn.ModuleList(nn.Conv2d(c1, channels, size, s, size // 2, groups=math.gcd(c1, channels), bias=False)
+                               for size, channels in zip(kernels, split))
+        self.bn = BatchNorm2d(c2)
+        self.act = nn.SiLU()
+
+    @staticmethod
+    def channel_split(c2: int, kernels: list, equal_ch: bool = True) -> list:
+        """Output channels of each kernel's convolution."""
+        n = len(kernels)
+        if equal_ch:
+            group = torch.linspace(0, n - 1e-6, c2, device="cpu").floor()  # also while building on "meta"
+            return [int((group == g).sum()) for g in range(n)]
+        # c_g * k_g^2 equal for every g (each kernel's weights), the c_g summing to c2: solved by least squares and
+        # rounded as YOLOv5 does, so that a value at .5 rounds the same way (its checkpoints' shapes)
+        weights = np.array(kernels, dtype=np.float64) ** 2
+        system = np.zeros((n + 1, n))
+        system[0] = 1
+        for g in range(n):  # row g + 1: c_g k_g^2 - c_(g+1) k_(g+1)^2 = 0, the last row back to the first kernel
+            system[g + 1, g] += weights[g]
+            system[g + 1, (g + 1) % n] -= weights[(g + 1) % n]
+        solution = np.linalg.lstsq(system, np.array([c2] + [0] * n, dtype=np.float64), rcond=None)[0]
+        return [int(value) for value in solution.round()]
+
+    def forward(self, x):
+        return self.act(self.bn(torch.cat([conv(x) for conv in self.m], 1)))
 
 
 class TransformerLayer(nn.Module):

@@ -30,9 +30,9 @@ from models.bounds import (REQUIRED_KEYS, check_anchors, check_arguments, check_
                            scaled_repeats)
 from models.activation_budget import MAX_PROBE_VALUES, ActivationBudget
 from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck, BottleneckCSP, C3Ghost, C3x,
-                           Concat, Contract, Conv, CrossConv, DWConv, Expand, Focus, GhostBottleneck, GhostConv,
-                           RowInputs, SameChannels, ScaledChannels, Upsample, default_activation,
-                           fuse_conv_and_bn)
+                           Concat, Contract, Conv, CrossConv, DWConv, DWConvTranspose2d, Expand, Focus,
+                           GhostBottleneck, GhostConv, MixConv2d, RowInputs, SameChannels, ScaledChannels, Upsample,
+                           default_activation, fuse_conv_and_bn)
 from utils.errors import UserError, shorten
 from utils.limits import MAX_ARGUMENT, MAX_CHANNELS, MAX_MODEL_MODULES, MAX_PARAMETERS, MAX_REPEATS
 from utils.safe_yaml import read_yaml, yaml_reason
@@ -134,7 +134,7 @@ def register_module(name: str, constructor, rule=None) -> None:
 
 
 for _block in (Conv, DWConv, Bottleneck, BottleneckCSP, CrossConv, C3, C3x, C3TR, C3SPP, C3Ghost, SPP, SPPF,
-               Focus, GhostConv, GhostBottleneck, Contract, Expand, Concat, Detect):
+               Focus, GhostConv, GhostBottleneck, Contract, Expand, Concat, MixConv2d, DWConvTranspose2d, Detect):
     register_module(_block.__name__, _block)
 for _layer in (Upsample, nn.MaxPool2d, nn.ZeroPad2d, nn.Identity, nn.Dropout):  # Upsample: nn.Upsample's subclass
     register_module(f"nn.{_layer.__name__}", _layer, SameChannels.yaml_args)

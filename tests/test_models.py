@@ -122,6 +122,53 @@ def test_every_block_builds_from_yaml_rows():
     assert [r.shape for r in raw] == [(2, 2, 8, 8, 7), (2, 2, 4, 4, 7)]
 
 
+def test_yolov3_and_p34_hub_yamls_match_yolov5s_summaries():
+    """YOLOv5's summaries: yolov3 61,949,149 parameters, yolov3-tiny 8,852,366; yolov3-spp adds SPP's second 1x1
+    conv (2048 -> 512 with its BatchNorm) where yolov3 has a 1024 -> 512 one; yolov5-p34 is yolov5s without P5."""
+    with torch.device("meta"):
+        v3, spp, tiny, p34, v5s = (DetectionModel(MODELS / name) for name in (
+            "hub/yolov3.yaml", "hub/yolov3-spp.yaml", "hub/yolov3-tiny.yaml", "hub/yolov5-p34.yaml", "yolov5s.yaml"))
+    assert count_parameters(v3) == 61_949_149 and count_parameters(tiny) == 8_852_366
+    assert count_parameters(spp) - count_parameters(v3) == 2048 * 512 + 2 * 512
+    assert len(p34.model[-1].m) == 2  # Detect(P3, P4); the strides are checked by test_hub_yamls_build_and_run
+    backbone = [sum(p.numel() for p in layer.parameters()) for layer in v5s.model[:14]]
+    assert [sum(p.numel() for p in layer.parameters()) for layer in p34.model[:14]] == backbone
+
+
+def test_mixconv2d_and_dwconvtranspose2d_rows_build_with_yolov5_names():
+    from models.common import MixConv2d
+
+    # YOLOv5's equal split: channel i of c2 goes to kernel floor(i * (n - 1e-6) / (c2 - 1))
+    assert MixConv2d.channel_split(32, [1, 3, 5]) == [11, 10, 11]
+    # equal weights: c_g * k_g^2 alike, summing to c2 (64 / (1 + 1/9) = 57.6 -> 58, 6.4 -> 6)
+    assert MixConv2d.channel_split(64, [1, 3], equal_ch=False) == [58, 6]
+    assert MixConv2d.channel_split(64, [3, 5, 7], equal_ch=False) == [41, 15, 8]
+    config = {"nc": 2, "depth_multiple": 1.0, "width_multiple": 0.5, "anchors": [[10, 13, 16, 30]],
+              "backbone": [[-1, 1, "Conv", [32, 3, 2]],                        # 0 /2
+                           [-1, 1, "MixConv2d", [64, [1, 3, 5], 2]],           # 1 /4
+                           [-1, 1, "MixConv2d", [64, [1, 3], 2, False]],       # 2 /8
+                           [-1, 1, "DWConvTranspose2d", [64, 2, 2]],           # 3 /4
+                           [-1, 1, "Conv", [64, 3, 2]]],                       # 4 /8
+              "head": [[[4], 1, "Detect", ["nc", "anchors"]]]}
+    model = DetectionModel(config).eval()
+    assert model.stride.tolist() == [8.0]
+    mix, unequal, transposed = model.model[1], model.model[2], model.model[3]
+    assert [conv.out_channels for conv in mix.m] == [11, 10, 11] and [conv.groups for conv in mix.m] == [1, 2, 1]
+    assert [conv.out_channels for conv in unequal.m] == [29, 3] and type(mix.act) is nn.SiLU
+    assert sorted(mix.state_dict()) == ["bn.bias", "bn.num_batches_tracked", "bn.running_mean", "bn.running_var",
+                                        "bn.weight", "m.0.weight", "m.1.weight", "m.2.weight"]
+    assert transposed.groups == 32 and sorted(transposed.state_dict()) == ["bias", "weight"]
+    with torch.no_grad():
+        pred, raw = model(torch.rand(1, 3, 64, 64))
+    assert model.model[1](torch.rand(1, 16, 8, 8)).shape == (1, 32, 4, 4)
+    assert pred.shape == (1, 2 * 8 * 8, 7)
+    with pytest.raises(ValueError, match="MixConv2d cannot split 15 channels"):  # 13.5 and 1.5 round to 14 + 2
+        MixConv2d(16, 15, [1, 3], equal_ch=False)
+    config["backbone"][2] = [-1, 1, "MixConv2d", [64, [1, 4], 2]]
+    with pytest.raises(ModelConfigError, match=r"layer 2 \(backbone row 2\): .*kernel sizes must be odd"):
+        DetectionModel(config)
+
+
 def test_train_mode_returns_raw_maps(tiny_model):
     tiny_model.train()
     raw = tiny_model(torch.rand(2, 3, 64, 96))
