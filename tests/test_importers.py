@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import cv2
@@ -172,6 +175,7 @@ def test_malformed_voc_names_the_file(tmp_path, text, reason):
 
 @pytest.mark.parametrize("content, reason", [
     ("{not json", "malformed JSON"),
+    ("[" * 100_000, "malformed JSON"),  # nested deeper than the parser recurses
     (json.dumps([1, 2]), "top level"),
     (json.dumps({"images": [], "annotations": []}), "'categories'"),
     (json.dumps({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": 1, "name": "c"}],
@@ -184,6 +188,17 @@ def test_malformed_coco_names_the_file(tmp_path, content, reason):
     with pytest.raises(AnnotationError, match=reason) as caught:
         coco_to_yolo(tmp_path / "bad.json", tmp_path, tmp_path / "out")
     assert str(tmp_path / "bad.json") in str(caught.value)
+
+
+@pytest.mark.parametrize("content, reason", [(b"a\n\xff\xfe\n", "not UTF-8 text"),
+                                             (b"a\n" * (5 << 20), "larger than 8 MB")])
+def test_a_voc_image_set_list_that_is_not_text_or_too_large_is_one_line(tmp_path, yolo_source, content, reason):
+    _write_voc_root(tmp_path / "VOC", yolo_source, {"train": ["a"]})
+    listing = tmp_path / "VOC" / "ImageSets" / "Main" / "train.txt"
+    listing.write_bytes(content)
+    with pytest.raises(AnnotationError, match=reason) as caught:
+        voc_to_yolo(tmp_path / "VOC", tmp_path / "out")
+    assert str(caught.value).startswith(f"{listing}: ") and "\n" not in str(caught.value)
 
 
 def test_command_line(tmp_path, yolo_source, capsys):
@@ -338,6 +353,31 @@ def test_a_malformed_visdrone_line_names_the_file_and_line(tmp_path, line, reaso
     assert not (folder / "labels").exists()
 
 
+def test_a_visdrone_number_too_large_for_a_float_names_the_file_and_line(tmp_path):
+    folder = _visdrone_folder(tmp_path / "v", {"a": "1,1,5,5,1,1,0,0\n1" + "0" * 400 + ",1,5,5,1,1,0,0\n"})
+    with pytest.raises(AnnotationError, match="line 2: .*expected") as raised:
+        visdrone_to_yolo(folder)
+    assert str(folder / "annotations" / "a.txt") in str(raised.value)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` and holds no pixels: all an image header reader sees."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) \
+        + chunk(b"IEND", b"")
+
+
+def test_an_image_header_declaring_a_decompression_bomb_is_one_line(tmp_path):
+    """Pillow refuses to open an image of more than 2 x MAX_IMAGE_PIXELS (a DecompressionBombError, not an
+    OSError): the importer says which image, in one line."""
+    folder = _visdrone_folder(tmp_path / "v", {"a": "1,1,5,5,1,1,0,0\n"})
+    (folder / "images" / "a.jpg").write_bytes(_png_header(30_000, 30_000))
+    with pytest.raises(AnnotationError, match="cannot read the image size") as raised:
+        visdrone_to_yolo(folder)
+    assert str(raised.value).startswith(f"{folder / 'images' / 'a.jpg'}: ") and "\n" not in str(raised.value)
+
+
 def test_visdrone_on_the_command_line(tmp_path, capsys):
     folder = _visdrone_folder(tmp_path / "v", {"a": "10,5,20,10,1,4,0,0\n"})
     assert import_dataset.main(["visdrone", str(folder)]) == 0
@@ -363,7 +403,12 @@ def _sku_folder(root: Path, rows: dict[str, str]) -> Path:
                                          ("a.jpg,1,2,x,4,object,40,20", "line 2: "),
                                          ("a.jpg,1,2,3,4,object,0,20", "line 2: "),
                                          ("../a.jpg,1,2,3,4,object,40,20", "line 2: "),
-                                         ("sub/a.jpg,1,2,3,4,object,40,20", "line 2: ")])
+                                         ("sub/a.jpg,1,2,3,4,object,40,20", "line 2: "),
+                                         ("a.jpg,nan,2,3,4,object,40,20", "line 2: "),
+                                         ("a.jpg,1,2,3,4,object,inf,20", "line 2: "),
+                                         ('"a.jpg\nb.jpg",1,2,3,4,object,40,20', "line 2: "),
+                                         ("a.jpg\u2028b.jpg,1,2,3,4,object,40,20", "line 2: "),
+                                         ("a\x1b[2Jb.jpg,1,2,3,4,object,40,20", "line 2: ")])
 def test_a_malformed_sku110k_row_names_the_file_and_line_and_steers_no_write(tmp_path, row, reason):
     """A row that is not a plain file name and 7 numbers (a size of 0 too) is one error naming the CSV and the
     line; a name with a folder in it never chooses where a label is written."""
@@ -373,6 +418,37 @@ def test_a_malformed_sku110k_row_names_the_file_and_line_and_steers_no_write(tmp
     assert str(folder / "annotations" / "annotations_val.csv") in str(raised.value)
     assert "expected image_name,x1,y1,x2,y2,class,image_width,image_height" in str(raised.value)
     assert not (tmp_path / "a.txt").exists() and not (folder / "labels" / "sub").exists()
+
+
+def test_a_sku110k_name_with_a_line_break_never_adds_a_line_to_a_split_list(tmp_path):
+    """The split lists hold a line an image: a name that breaks a line (there is such an image file) is refused."""
+    folder = _sku_folder(tmp_path / "sku", {"train": '"a.jpg\nb.jpg",1,1,5,5,object,40,20\n'})
+    (folder / "images" / "a.jpg\nb.jpg").write_bytes((folder / "images" / "a.jpg").read_bytes())
+    with pytest.raises(AnnotationError, match="line 1: "):
+        sku110k_to_yolo(folder)
+    assert not (folder / "train.txt").exists()
+
+
+def test_a_sku110k_line_longer_than_a_row_is_refused_without_being_read_whole(tmp_path):
+    folder = _sku_folder(tmp_path / "sku", {})
+    (folder / "annotations" / "annotations_train.csv").write_bytes(b"a.jpg,1,1,5,5,object,40,20\n" + b"x" * (8 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(AnnotationError, match="line 2: longer than"):
+            sku110k_to_yolo(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, f"{peak / 1e6:.0f} MB held for one line"
+
+
+def test_a_sku110k_line_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    folder = _sku_folder(tmp_path / "sku", {})
+    path = folder / "annotations" / "annotations_val.csv"
+    path.write_bytes(b"a.jpg,1,1,5,5,object,40,20\n\xffa.jpg,1,1,5,5,object,40,20\n")
+    with pytest.raises(AnnotationError, match="line 2: not UTF-8") as raised:
+        sku110k_to_yolo(folder)
+    assert str(raised.value).startswith(f"{path}: ")
 
 
 def test_sku110k_on_the_command_line(tmp_path, capsys):

@@ -193,12 +193,17 @@ def verify_zip(path: Path) -> None:
 def verify_tar(path: Path) -> None:
     """A tar archive (compressed or not) whose first entry reads; members are checked as unpacked, and a
     compressed stream cut short is found there (a gzip stream has no directory to read first)."""
+    import lzma
     import tarfile
+    import zlib
+
+    from utils.archives import check_tar_start
 
     try:
-        with tarfile.open(path, mode="r|*") as opened:
-            opened.next()
-    except (tarfile.TarError, OSError, EOFError, ValueError) as error:
+        check_tar_start(path)  # the first member's headers read within a bound (a PAX header may declare gigabytes)
+    except DownloadError as error:
+        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
+    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as error:
         raise ValueError(f"not a tar archive ({error})") from None
 
 

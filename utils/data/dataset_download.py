@@ -238,8 +238,8 @@ def _import_labels(step: VocImport | VisDroneImport | Sku110kImport, staging: Pa
 
 
 def _merge(source: Path, target: Path) -> None:
-    """Move everything in ``source`` into ``target``, folder into folder; files replace files (a merge that was
-    interrupted is done again the same way)."""
+    """Move everything in ``source`` into ``target``, folder into folder; otherwise what comes later replaces what
+    is there, a file or a folder (a merge that was interrupted is done again the same way)."""
     for entry in source.iterdir():
         destination = target / entry.name
         if entry.is_dir() and not entry.is_symlink() and destination.is_dir():
@@ -247,4 +247,6 @@ def _merge(source: Path, target: Path) -> None:
         else:
             if destination.is_dir() and not destination.is_symlink():
                 shutil.rmtree(destination)
+            elif entry.is_dir() and (destination.exists() or destination.is_symlink()):
+                destination.unlink()  # a folder is not renamed over a file
             os.replace(entry, destination)

@@ -54,6 +54,8 @@ LOGGER = logging.getLogger(__name__)
 
 LINK_MODES = ("hardlink", "symlink", "copy")
 SPLITS = ("train", "val", "test")
+MAX_CSV_LINE_BYTES = 4096  # one SKU-110K row: about 50 ('train_0.jpg,208,537,422,814,object,3024,3024')
+MAX_VISDRONE_INTEGER = 1 << 31  # a VisDrone field: pixels, a score, a category (beyond a float: OverflowError)
 _UNSAFE_XML = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
@@ -201,7 +203,7 @@ def image_header_size(path: Path) -> tuple[int, int]:
     try:
         with Image.open(path) as image:
             return image.size
-    except (OSError, UnidentifiedImageError) as error:
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:  # the last: > 2x MAX_IMAGE_PIXELS
         raise AnnotationError(f"{path}: cannot read the image size ({error})") from None
 
 
@@ -297,12 +299,23 @@ def _voc_split_of(stems: list[str], lists: Path | None, split: str | None,
         for name in SPLITS:
             list_file = lists / f"{name}.txt"
             if list_file.is_file():
-                for line in list_file.read_text().split("\n"):
+                for line in _read_list(list_file):
                     if line.split():
                         assigned.setdefault(line.split()[0], name)
         return {stem: assigned[stem] for stem in stems if stem in assigned}
     threshold = int(val_fraction * 10000)
     return {stem: "val" if zlib.crc32(stem.encode()) % 10000 < threshold else "train" for stem in stems}
+
+
+def _read_list(path: Path) -> list[str]:
+    """The lines of a VOC ImageSets list (UTF-8, at most MAX_ANNOTATION_TXT_BYTES), or AnnotationError."""
+    data = _read_at_most(path, MAX_ANNOTATION_TXT_BYTES)
+    if data is None:
+        raise AnnotationError(f"{path}: larger than {MAX_ANNOTATION_TXT_BYTES >> 20} MB, not an image set list")
+    try:
+        return data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as error:
+        raise AnnotationError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def voc_to_yolo(source: str | os.PathLike, out_dir: str | os.PathLike, images_dir: str | os.PathLike | None = None,
@@ -408,6 +421,8 @@ def _load_coco(path: Path) -> dict:
         raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise AnnotationError(f"{path}: malformed JSON ({str(error)[:200]})") from None
+    except RecursionError:
+        raise AnnotationError(f"{path}: malformed JSON (nested deeper than the parser goes)") from None
     if not isinstance(data, dict):
         raise AnnotationError(f"{path}: top level must be an object with images, annotations, categories")
     for key in ("images", "annotations", "categories"):
@@ -567,9 +582,9 @@ def _visdrone_objects(path: Path) -> list[tuple[int, int, int, int, int]]:
             values = [int(field) for field in fields[:6]] if len(fields) >= 6 else None
         except ValueError:
             values = None
-        if values is None:
+        if values is None or max(map(abs, values)) > MAX_VISDRONE_INTEGER:
             raise AnnotationError(f"{path}: line {number}: {shorten(line.strip(), 80)}: expected "
-                                  "left,top,width,height,score,category,... as integers")
+                                  "left,top,width,height,score,category,... as integers (up to 2^31)")
         if values[4] != 0:
             objects.append((values[0], values[1], values[2], values[3], values[5]))
     return objects
@@ -622,23 +637,42 @@ def sku110k_to_yolo(folder: str | os.PathLike) -> ImportSummary:
 def _sku110k_images(path: Path):
     """(image name, YOLO rows, boxes dropped for no area) for each run of rows of one image in the CSV ``path``."""
     name, rows, skipped = None, [], 0
-    try:
-        with open(path, newline="", encoding="utf-8") as file:
-            for number, record in enumerate(csv.reader(file), 1):
-                if not record or number == 1 and record[0].strip() == "image_name":  # a header line, if any
-                    continue
-                box = _sku110k_row(record, path, number)
-                if box[0] != name:
-                    if name is not None:
-                        yield name, rows, skipped
-                    name, rows, skipped = box[0], [], 0
-                row = yolo_row(0, *box[1:])
-                rows.extend([row] if row else [])
-                skipped += row is None
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise AnnotationError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    for number, record in _csv_records(path):
+        if not record or number == 1 and record[0].strip() == "image_name":  # a header line, if any
+            continue
+        box = _sku110k_row(record, path, number)
+        if box[0] != name:
+            if name is not None:
+                yield name, rows, skipped
+            name, rows, skipped = box[0], [], 0
+        row = yolo_row(0, *box[1:])
+        rows.extend([row] if row else [])
+        skipped += row is None
     if name is not None:
         yield name, rows, skipped
+
+
+def _csv_records(path: Path):
+    """(line number, fields) of each line of the CSV ``path``, read a line at a time: a line is one record (a
+    quoted field never spans lines) of at most MAX_CSV_LINE_BYTES of UTF-8; AnnotationError naming file and line."""
+    try:
+        with open(path, "rb") as file:
+            for number, line in enumerate(iter(lambda: file.readline(MAX_CSV_LINE_BYTES + 1), b""), 1):
+                if len(line) > MAX_CSV_LINE_BYTES:
+                    raise AnnotationError(f"{path}: line {number}: longer than {MAX_CSV_LINE_BYTES} bytes, not a "
+                                          "SKU-110K row")
+                yield number, _csv_record(line, path, number)
+    except OSError as error:
+        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
+
+
+def _csv_record(line: bytes, path: Path, number: int) -> list[str]:
+    try:
+        return next(csv.reader([line.decode("utf-8")]), [])
+    except UnicodeDecodeError as error:
+        raise AnnotationError(f"{path}: line {number}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except csv.Error as error:
+        raise AnnotationError(f"{path}: line {number}: {shorten(str(error), 120)}") from None
 
 
 def _sku110k_row(record: list[str], path: Path, number: int) -> tuple:
@@ -648,7 +682,8 @@ def _sku110k_row(record: list[str], path: Path, number: int) -> tuple:
         values = [float(record[index]) for index in (1, 2, 3, 4, 6, 7)] if len(record) == 8 else None
     except ValueError:
         values = None
-    plain = name and Path(name).name == name and name not in (".", "..") and "\0" not in name
+    plain = (name and name.isprintable()  # no NUL, line break or control character: a name is one line of SPLIT.txt
+             and Path(name).name == name and name not in (".", ".."))
     if values is None or not plain or not all(math.isfinite(v) for v in values) or min(values[4:]) <= 0:
         raise AnnotationError(f"{path}: line {number}: {shorten(','.join(record), 120)}: expected "
                               "image_name,x1,y1,x2,y2,class,image_width,image_height (a file name and pixels)")
