@@ -123,13 +123,14 @@ def test_calls_return_at_once_and_close_waits_a_bounded_time(monkeypatch, caplog
 
 
 def test_a_stuck_tracker_holds_up_neither_training_nor_the_other_trackers(monkeypatch, caplog):
-    monkeypatch.setattr(dispatch, "CLOSE_WAIT_SECONDS", 0.5)
-    release = threading.Event()
+    monkeypatch.setattr(dispatch, "CLOSE_WAIT_SECONDS", 2.0)  # the good tracker's few calls take milliseconds
+    release, stuck_in_epoch = threading.Event(), threading.Event()
 
     class Stuck(FakeTracker):  # its server stops answering at the first epoch
         name, label = "stuck", "Stuck"
 
         def log_epoch(self, epoch, values):
+            stuck_in_epoch.set()
             release.wait()
 
     stuck, good = Stuck(), FakeTracker()
@@ -137,10 +138,11 @@ def test_a_stuck_tracker_holds_up_neither_training_nor_the_other_trackers(monkey
     trackers.start([])
     for epoch in range(3):
         trackers.log_epoch(epoch, dict.fromkeys(RESULTS_KEYS, 1.0))
+    assert stuck_in_epoch.wait(10)  # its thread has taken epoch 0: epochs 1-2 and the end wait behind it
     trackers.close(finished=True)
     assert good.calls == [("start", "exp", []), ("log_epoch", 0), ("log_epoch", 1), ("log_epoch", 2),
                           ("finish", True)]  # every call, while the other tracker hangs
-    assert "WARNING: Trackers: 4 call(s) still unsent after 0.5 s" in caplog.text  # the stuck one: epochs 0-2, end
+    assert "WARNING: Trackers: 4 call(s) still unsent after 2 s" in caplog.text  # the stuck one: epochs 0-2, end
     release.set()
 
 

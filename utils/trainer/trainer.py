@@ -41,6 +41,7 @@ from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps, build_optimizer, lr_lambda,
                                  restore_optimizer, restore_scaler, restore_schedule, scaled_weight_decay,
                                  warmup_iterations)
+from utils.trainer import time_budget
 from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import epoch_values, fitness_of, open_recorder
@@ -344,7 +345,7 @@ class Trainer:
         """Validate the EMA model through its fused copy, every process its share of the val set (when
         ``validate``); (results row, fitness, per-class mAPs), the same on every process. Every --bbox_interval
         epochs the first val batch's predictions go to the experiment trackers (``_keep_predictions``)."""
-        val_start = time.perf_counter()
+        val_start = time_budget.clock()  # the --time budget's clock: the reserve it sets aside is on it too
         metrics = None
         if validate:
             keep = self._keep_predictions(epoch)
@@ -353,7 +354,7 @@ class Trainer:
                                      precision=self.step.precision, distributed=self.info.distributed,
                                      first_batch=keep)
             self._validation = metrics if self.main else None
-        stats.validation_time = time.perf_counter() - val_start
+        stats.validation_time = time_budget.clock() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
         fitness = fitness_of(values) if metrics is not None else 0.0
         return values, fitness, (metrics.maps.tolist() if metrics is not None else None)
