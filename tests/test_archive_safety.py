@@ -216,6 +216,22 @@ def test_a_plain_tar_and_its_compressed_forms_unpack_alike(tmp_path, folder):
         assert (target / "set" / "sub" / "b.txt").read_bytes() == b"beta" * 1000
 
 
+def test_a_plain_tar_cut_at_a_header_is_refused_and_one_lone_zero_block_ends_it(tmp_path, folder):
+    """A plain tar has no checksum of its own: cut between two members it would read as an archive that ends
+    there, without the zero block tar writes at its end. One zero block (which GNU tar accepts) ends it."""
+    entries = [file_entry(f"set/{index}.txt", b"x" * 700) for index in range(4)]
+    whole = make_tar(tmp_path / "whole.tar", entries).read_bytes()
+    member = 512 + 1024  # a header and 700 bytes padded to 1024
+    archive = tmp_path / "cut.tar"
+    for members in (1, 3, 4):
+        archive.write_bytes(whole[:members * member])
+        refused(archives.extract_tar, archive, folder, f"ends without the tar end-of-archive block after "
+                                                       f"{members * member} bytes")
+    archive.write_bytes(whole[:4 * member] + bytes(512))
+    target = archives.extract_tar(archive, folder)
+    assert sorted(path.name for path in (target / "set").iterdir()) == ["0.txt", "1.txt", "2.txt", "3.txt"]
+
+
 # ----------------------------------------------------------------------------- zip: what zipfile cannot read
 
 def _patched(archive: Path, local: int, central: int, value: bytes, mask: bool = False) -> Path:

@@ -272,6 +272,9 @@ def _tar_members(opened, stream: _CountedStream):
         stream.header_end = math.inf
         opened.members.clear()
         if member is None:
+            if stream.count < opened.offset + 512:  # tar's end is a zero block; a file cut at a header has none
+                raise DownloadError(f"{stream.archive}: ends without the tar end-of-archive block after "
+                                    f"{opened.offset} bytes (cut short?): the archive is refused")
             return
         yield member
 
