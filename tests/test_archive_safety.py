@@ -152,21 +152,19 @@ def test_a_header_larger_than_the_bound_is_refused_while_it_is_read(tmp_path, fo
 def test_the_download_check_of_a_tar_reads_its_first_header_within_the_bound(tmp_path, build):
     """verify_tar (a downloaded archive's check, before it is kept) reads the first member as extract_tar does: a
     header declaring 16 MB is refused after MAX_HEADER_BYTES, not read whole; a good archive passes."""
-    from utils.downloads import verify_tar
-
     archive = build(tmp_path / "header.tar.gz", 16 << 20)
     tracemalloc.start()
     try:
         with pytest.raises(ValueError, match=r"header \(.*\) is larger than \d+ KiB") as raised:
-            verify_tar(archive)
+            archives.verify_tar(archive)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 8 * archives.MAX_HEADER_BYTES, f"{peak / 1e6:.0f} MB held for a refused header"
     assert str(archive) not in str(raised.value)  # the download names the file itself
-    verify_tar(make_tar(tmp_path / "good.tar.gz", [file_entry("set/a.txt")], "w:gz"))
+    archives.verify_tar(make_tar(tmp_path / "good.tar.gz", [file_entry("set/a.txt")], "w:gz"))
     with pytest.raises(ValueError, match="not a tar archive"):
-        verify_tar(make_zip(tmp_path / "not.tar.gz", [("a.txt", b"x")]))
+        archives.verify_tar(make_zip(tmp_path / "not.tar.gz", [("a.txt", b"x")]))
 
 
 def test_the_100x_bound_counts_the_bytes_decompressed_not_the_sizes_declared(tmp_path, folder):

@@ -211,15 +211,24 @@ def extract_tar(archive: Path, folder: Path) -> Path:
     return target
 
 
-def check_tar_start(archive: Path) -> None:
-    """Read the first member's headers of tar ``archive`` as ``extract_tar`` does (bounded: a header declaring
-    megabytes is refused before it is read whole); tarfile's or the decompressor's error, or DownloadError."""
+def verify_tar(path: Path) -> None:
+    """A downloaded tar archive (compressed or not) whose first member's headers read, within the bound that
+    ``extract_tar`` keeps (a header declaring megabytes is refused before it is read whole); ValueError (the
+    download's check: it names the file itself) otherwise. Members are checked as they are unpacked, and a
+    compressed stream cut short is found there (a gzip stream has no directory to read first)."""
+    import lzma
     import tarfile
+    import zlib
 
-    with open(archive, "rb") as file, _decompressed(file) as plain:
-        stream = _CountedStream(plain, archive, archive.stat().st_size)
-        with tarfile.open(fileobj=stream, mode="r|") as opened:
-            next(_tar_members(opened, stream), None)
+    try:
+        with open(path, "rb") as file, _decompressed(file) as plain:
+            stream = _CountedStream(plain, path, path.stat().st_size)
+            with tarfile.open(fileobj=stream, mode="r|") as opened:
+                next(_tar_members(opened, stream), None)
+    except DownloadError as error:
+        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
+    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as error:
+        raise ValueError(f"not a tar archive ({error})") from None
 
 
 def _decompressed(file):

@@ -190,23 +190,6 @@ def verify_zip(path: Path) -> None:
         raise ValueError(f"not a complete zip archive ({error})") from None
 
 
-def verify_tar(path: Path) -> None:
-    """A tar archive (compressed or not) whose first entry reads; members are checked as unpacked, and a
-    compressed stream cut short is found there (a gzip stream has no directory to read first)."""
-    import lzma
-    import tarfile
-    import zlib
-
-    from utils.archives import check_tar_start
-
-    try:
-        check_tar_start(path)  # the first member's headers read within a bound (a PAX header may declare gigabytes)
-    except DownloadError as error:
-        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
-    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as error:
-        raise ValueError(f"not a tar archive ({error})") from None
-
-
 def verify_media(path: Path) -> None:
     """An image that decodes, or a video whose first frame does (an error page saved as bus.jpg does not)."""
     import cv2

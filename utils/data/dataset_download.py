@@ -35,8 +35,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_tar, verify_zip
-from utils.archives import TAR_SUFFIXES, extract_tar, extract_zip, is_tar_name
+from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_zip
+from utils.archives import TAR_SUFFIXES, extract_tar, extract_zip, is_tar_name, verify_tar
 from utils.errors import UserError, shorten
 
 LOGGER = logging.getLogger(__name__)

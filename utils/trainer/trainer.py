@@ -41,7 +41,7 @@ from utils.trainer.loop import TrainStep, make_warmup, train_one_epoch
 from utils.trainer.optim import (NOMINAL_BATCH, EpochSchedule, accumulate_steps, build_optimizer, lr_lambda,
                                  restore_optimizer, restore_scaler, restore_schedule, scaled_weight_decay,
                                  warmup_iterations)
-from utils.trainer import time_budget
+import utils.trainer.time_budget as time_budget
 from utils.trainer.time_budget import TimeBudget, end_reserve, epochs_that_fit, validation_estimate
 from utils.trainer.resume import claim_run_folder, clear_marker, release_run_folder
 from utils.trainer.recorder import epoch_values, fitness_of, open_recorder
