@@ -259,6 +259,27 @@ def test_resume_keeps_the_chosen_epoch_count_and_is_exact(tmp_path, epoch_clock,
 
 
 @pytest.mark.slow
+def test_the_reserve_counts_validation_on_the_budgets_clock(tmp_path, epoch_clock, monkeypatch):
+    """The first epoch's validation sets the reserve for the final one; it is timed on the clock the budget is
+    spent on (timed by another clock, a slow validation on a loaded machine changed the epoch count a controlled
+    clock had fixed)."""
+    data, cfg = make_tiny_run(tmp_path)
+    real = trainer.validate_epoch
+
+    def validation_of_6_s(*args, **kwargs):
+        metrics = real(*args, **kwargs)
+        epoch_clock.now += 6.0
+        return metrics
+
+    monkeypatch.setattr(trainer, "validate_epoch", validation_of_6_s)
+    status, out = train_capturing_stdout(tiny_args(tmp_path, data, cfg, "reserve", "--time", "0.01", "--noplots"))
+    assert status == 0
+    (hours, took, epochs, kept), = DECISION.findall(out)[:1]
+    assert float(took) == 16.0 and float(kept) == pytest.approx(end_reserve(6.0, False, plots=False), abs=0.05)
+    assert int(epochs) == epochs_that_fit(36.0, 16.0, 1, end_reserve(6.0, False, plots=False), most=50)
+
+
+@pytest.mark.slow
 def test_the_epoch_that_runs_out_of_time_is_validated_and_recorded(tmp_path, epoch_clock, monkeypatch, capsys):
     """--noval: only the final epoch is validated. When the budget ends the run earlier than planned, the epoch
     it ends on is validated too (its results row, best.pt and the final metrics are the run's, not zeros), and
