@@ -176,36 +176,28 @@ def is_tar_name(name: str) -> bool:
 def extract_tar(archive: Path, folder: Path) -> Path:
     """Unpack tar ``archive`` into a new temporary folder inside ``folder`` and return it (module doc: each member
     checked as it comes; a refusal or a broken archive removes what was written); a progress bar over the bytes."""
-    import lzma
-    import tarfile
-    import zlib
-
     from tqdm import tqdm
 
     size = archive.stat().st_size
     budget = min(MAX_EXPANSION * max(size, 1), shutil.disk_usage(folder).free)
-    broken = (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
-    with _unpack_folder(archive, folder, broken) as target, open(archive, "rb") as file, \
-            _decompressed(file) as plain, \
+    with _unpack_folder(archive, folder, _tar_errors()) as target, _open_tar(archive) as (opened, stream), \
             tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"Unpacking {archive.name}", disable=None,
                  leave=False) as bar:
-        stream = _CountedStream(plain, archive, size)
-        with tarfile.open(fileobj=stream, mode="r|") as opened:
-            total = count = 0
-            for member in _tar_members(opened, stream):
-                count += 1
-                total += member.size if member.isfile() else 0
-                _check_tar_member(archive, member, count, total, size, budget, folder)
-                path = target.joinpath(*[part for part in member.name.split("/") if part not in ("", ".")])
-                if member.isdir():
-                    path.mkdir(parents=True, exist_ok=True)
-                    continue
-                path.parent.mkdir(parents=True, exist_ok=True)
-                source = opened.extractfile(member)
-                with source, open(path, "xb") as out:
-                    while chunk := source.read(CHUNK):
-                        out.write(chunk)
-                        bar.update(len(chunk))
+        total = count = 0
+        for member in _tar_members(opened, stream):
+            count += 1
+            total += member.size if member.isfile() else 0
+            _check_tar_member(archive, member, count, total, size, budget, folder)
+            path = target.joinpath(*[part for part in member.name.split("/") if part not in ("", ".")])
+            if member.isdir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            source = opened.extractfile(member)
+            with source, open(path, "xb") as out:
+                while chunk := source.read(CHUNK):
+                    out.write(chunk)
+                    bar.update(len(chunk))
         while stream.read(CHUNK):  # to the compression's end and checksum: a stream cut short is refused
             pass
     return target
@@ -216,19 +208,33 @@ def verify_tar(path: Path) -> None:
     ``extract_tar`` keeps (a header declaring megabytes is refused before it is read whole); ValueError (the
     download's check: it names the file itself) otherwise. Members are checked as they are unpacked, and a
     compressed stream cut short is found there (a gzip stream has no directory to read first)."""
+    try:
+        with _open_tar(path) as (opened, stream):
+            next(_tar_members(opened, stream), None)
+    except DownloadError as error:
+        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
+    except _tar_errors() as error:
+        raise ValueError(f"not a tar archive ({error})") from None
+
+
+def _tar_errors() -> tuple:
+    """What reading a broken tar archive raises: tarfile's errors, I/O, a stream cut short, damaged compressed data."""
     import lzma
     import tarfile
     import zlib
 
-    try:
-        with open(path, "rb") as file, _decompressed(file) as plain:
-            stream = _CountedStream(plain, path, path.stat().st_size)
-            with tarfile.open(fileobj=stream, mode="r|") as opened:
-                next(_tar_members(opened, stream), None)
-    except DownloadError as error:
-        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
-    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as error:
-        raise ValueError(f"not a tar archive ({error})") from None
+    return tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError
+
+
+@contextlib.contextmanager
+def _open_tar(archive: Path):
+    """(TarFile in stream mode, the ``_CountedStream`` it reads) of tar ``archive``, decompressed by ``_decompressed``."""
+    import tarfile
+
+    with open(archive, "rb") as file, _decompressed(file) as plain:
+        stream = _CountedStream(plain, archive, archive.stat().st_size)
+        with tarfile.open(fileobj=stream, mode="r|") as opened:
+            yield opened, stream
 
 
 def _decompressed(file):
