@@ -91,6 +91,7 @@ def test_the_compiled_forward_trains_the_eager_run_and_other_shapes_run_eagerly(
     run without it (``aot_eager`` runs the same operators: to the bit), with optimizer steps of 1 and 2 micro-steps;
     full batches run compiled, a smaller one and eval mode eagerly, and the one shape compiles once."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them: another test's recompiles would count here
     plain, compiled = tiny_step(), tiny_step()
     compiled.runner = CompiledModel(compiled.model, compiled.precision, batch_size=2, backend="aot_eager")
     loader = batches(5)

@@ -307,8 +307,10 @@ def test_a_stalled_stream_is_opened_again_and_read_on(cameras, quick, caplog):
 
 
 def test_each_stream_of_a_list_keeps_its_own_pace(cameras, monkeypatch):
-    """A 20 fps and a 1 fps camera read together for 4 s: nearly every frame of each is yielded, none twice. (Each
-    stream was waited for in turn: the fast one ran at the slow one's rate, 12 frames each in 8 s.)"""
+    """A 20 fps and a 1 fps camera read together for 4 s: most frames of each are yielded, none twice. (Each
+    stream was waited for in turn: the fast one ran at the slow one's rate, 12 frames each in 8 s.) The bounds
+    leave room for a loaded machine: half the fast camera's 80 frames (the old code gave at most 12), the slow
+    one's 4 but one."""
     monkeypatch.setattr(streams, "RECONNECTS", 0)
     seconds, rates = 4, (20, 1)
     fast, slow = (cameras((1, seconds * rate, rate, "close"), warmup=3) for rate in rates)
@@ -320,7 +322,7 @@ def test_each_stream_of_a_list_keeps_its_own_pace(cameras, monkeypatch):
     for index, rate in enumerate(rates):
         numbers = [number for number in seen[index] if number]  # warm-up frames are numbered 0
         assert numbers == sorted(set(numbers)), index  # none twice, in order
-        assert len(numbers) >= seconds * rate * 7 / 8, (index, len(numbers))
+        assert len(numbers) >= (seconds * rate / 2 if rate > 1 else seconds * rate - 1), (index, len(numbers))
 
 
 def test_a_list_of_silent_servers_is_one_line_within_the_open_timeout(tmp_path, monkeypatch):
