@@ -15,6 +15,12 @@
                                                 #   images/, in place (utils/data/importers.py)
       - sku110k: SKU-110K                       # or our SKU-110K converter: annotations/*.csv -> labels/ and
                                                 #   the split lists train.txt, val.txt, test.txt
+      - objects365: Objects365                  # or our Objects365 converter (utils/data/converters.py); a
+                                                #   ``url`` of a .json file is fetched and placed as it is
+    download:                                   # a dataset downloaded by hand (YOLOv5's xView and Argoverse):
+      - manual: https://challenge.xviewdataset.org  # where from (shown in the message)
+        files: [xView/train_images, xView/xView_train.geojson]  # what must be there, relative to path's parent
+      - xview: xView                            # then converted in place: xview or argoverse
 
 ``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
 it (``.NAME.download``): each archive is fetched there (through ``YOLO_TRAINER_MIRROR`` by file name, as YOLOv5's
@@ -23,6 +29,10 @@ outside it, no links, the declared size against free space and 100x the archive)
 and only when every archive is in does the staged ``NAME`` folder move to ``path``: an interrupted download never
 looks like a dataset. Started again, it keeps the archives already fetched and unpacked (a 20 GB dataset need not
 start over). A lock in the parent folder makes processes that start together download once.
+
+A dataset downloaded by hand has no archives: while the YAML's train or val is missing, each listed file must be
+there (else one line with where to get them) and the conversion steps then run in place, under the same lock; each
+converter writes the YAML's splits last, so one that was interrupted runs again.
 
 A ``download:`` that is Python or shell code (YOLOv5's scripts) is refused: it is never run.
 """
@@ -71,11 +81,42 @@ class Sku110kImport:
     sku110k: str  # the SKU-110K folder (annotations/, images/), relative to the dataset's parent folder
 
 
+@dataclass(frozen=True)
+class XviewImport:
+    xview: str  # xView as downloaded by hand (train_images/, xView_train.geojson), relative to path's parent
+
+
+@dataclass(frozen=True)
+class ArgoverseImport:
+    argoverse: str  # Argoverse-HD as downloaded by hand (Argoverse-1.1/tracking/, Argoverse-HD/annotations/)
+
+
+@dataclass(frozen=True)
+class Objects365Import:
+    objects365: str  # Objects365 as its archives unpack (zhiyuan_objv2_*.json, images/{train,val}/)
+
+
+@dataclass(frozen=True)
+class ManualDownload:
+    manual: str  # where the dataset is downloaded from by hand (a URL or words, shown in the message)
+    files: tuple[str, ...]  # what must be there first, relative to the dataset's parent folder
+
+
+FOLDER_STEPS = {"visdrone": VisDroneImport, "sku110k": Sku110kImport, "xview": XviewImport,
+                "argoverse": ArgoverseImport, "objects365": Objects365Import}  # kind -> step of one folder
+PLAIN_FILE_SUFFIXES = (".json",)  # fetched and placed as they are (Objects365's val annotations)
+
+
+def by_hand(value) -> bool:
+    """Whether a ``download:`` value describes a dataset downloaded by hand (a ``manual:`` entry)."""
+    return isinstance(value, list) and any(isinstance(entry, dict) and "manual" in entry for entry in value)
+
+
 def parse_download(value, label: str) -> list:
-    """The steps a ``download:`` value describes (Archive, VocImport, VisDroneImport, Sku110kImport);
+    """The steps a ``download:`` value describes (Archive, ManualDownload, then the converters' steps);
     DatasetDownloadError for code or anything else."""
     entries = value if isinstance(value, list) else [value]
-    archives, imports = [], []
+    archives, manual, imports = [], [], []
     for entry in entries:
         if isinstance(entry, str) and is_url(entry.strip()) and len(entry.split()) == 1:
             archives.append(Archive(entry.strip()))
@@ -89,23 +130,31 @@ def parse_download(value, label: str) -> list:
                 and entry.get("split") in (None, "train", "val", "test"):
             imports.append(VocImport(_relative(entry["voc"], label), _relative(entry["into"], label),
                                      entry.get("split")))
-        elif isinstance(entry, dict) and set(entry) == {"visdrone"} and isinstance(entry["visdrone"], str):
-            imports.append(VisDroneImport(_relative(entry["visdrone"], label)))
-        elif isinstance(entry, dict) and set(entry) == {"sku110k"} and isinstance(entry["sku110k"], str):
-            imports.append(Sku110kImport(_relative(entry["sku110k"], label)))
+        elif isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in FOLDER_STEPS \
+                and isinstance(next(iter(entry.values())), str):
+            kind, folder = next(iter(entry.items()))
+            imports.append(FOLDER_STEPS[kind](_relative(folder, label)))
+        elif isinstance(entry, dict) and set(entry) == {"manual", "files"} and isinstance(entry["manual"], str) \
+                and isinstance(entry["files"], list) and entry["files"] \
+                and all(isinstance(name, str) for name in entry["files"]):
+            manual.append(ManualDownload(entry["manual"], tuple(_relative(name, label) for name in entry["files"])))
         else:
             raise DatasetDownloadError(f"{label}: download: {shorten(entry)}: not a URL of an archive or a "
                                        "{url, into, from} entry (scripts in a dataset YAML are never run: download the "
                                        "dataset yourself, or describe its archives)")
     for archive in archives:
         path = archive.url.lower().split("?")[0]
-        if not (path.endswith(".zip") or is_tar_name(path)):
+        if not (path.endswith(".zip") or is_tar_name(path) or path.endswith(PLAIN_FILE_SUFFIXES)):
             raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip and tar archives "
-                                       f"({', '.join(TAR_SUFFIXES)}) are unpacked")
+                                       f"({', '.join(TAR_SUFFIXES)}) are unpacked, and "
+                                       f"{', '.join(PLAIN_FILE_SUFFIXES)} files placed")
         url_file_name(archive.url)  # a plain file name to keep it as
-    if not archives:
+    if manual and (archives or len(manual) > 1):
+        raise DatasetDownloadError(f"{label}: download: a dataset downloaded by hand lists one manual: entry and no "
+                                   "archives")
+    if not archives and not manual:
         raise DatasetDownloadError(f"{label}: download: no archive URL listed")
-    return archives + imports  # the imports run once every archive is in
+    return archives + manual + imports  # the imports run once every archive is in
 
 
 def _relative(into: str, label: str) -> str:
@@ -116,12 +165,18 @@ def _relative(into: str, label: str) -> str:
     return into
 
 
-def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = None) -> None:
-    """Fetch and unpack the archives of ``value`` so that the dataset folder ``root`` exists (see module doc);
-    ``names``: the YAML's class names, the order VOC imports number the classes in."""
+def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = None,
+                      ready=lambda: False) -> None:
+    """Fetch and unpack the archives of ``value`` so that the dataset folder ``root`` exists, or convert a dataset
+    downloaded by hand in place (see module doc); ``names``: the YAML's class names, the order VOC imports number
+    the classes in; ``ready()``: whether the YAML's splits are there (a dataset downloaded by hand)."""
     steps = parse_download(value, label)
     archives = [step for step in steps if isinstance(step, Archive)]
     parent = root.parent
+    manual = next((step for step in steps if isinstance(step, ManualDownload)), None)
+    if manual is not None:
+        _prepare_in_place(root, manual, [step for step in steps if step is not manual], label, names, ready)
+        return
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -139,7 +194,7 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
             if isinstance(step, Archive):
                 _fetch_and_unpack(step, staging, label)
             else:
-                _import_labels(step, staging, label, names)
+                _import_once(step, staging, label, names)
         staged = staging / "tree" / root.name
         if not staged.is_dir():
             raise DatasetDownloadError(f"{label}: the archives hold no folder '{root.name}' (the YAML's path): "
@@ -152,6 +207,26 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         if staging.is_dir() and not any(path.is_file() for path in staging.rglob("*")):
             shutil.rmtree(staging, ignore_errors=True)  # nothing fetched yet: nothing to keep for a restart
         raise DatasetDownloadError(f"{label}: {error}") from None
+    finally:
+        os.close(lock)
+
+
+def _prepare_in_place(root: Path, manual: ManualDownload, steps: list, label: str, names: list[str] | None,
+                      ready) -> None:
+    """A dataset downloaded by hand: its files checked, then its conversion steps run in place, under the lock."""
+    parent = root.parent
+    missing = [name for name in manual.files if not (parent / name).exists()]
+    if missing:
+        raise DatasetDownloadError(f"{label}: this dataset is downloaded by hand (from {manual.manual}): put "
+                                   f"{', '.join(missing)} into {parent}, then run again (its labels are converted "
+                                   "then)")
+    lock = _open_lock(parent / f".{root.name}.download.lock", label)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting it: wait, then find it done
+        if not ready():
+            LOGGER.info("%s: converting the dataset in %s", label, root)
+            for step in steps:
+                _convert(step, parent, names, label)
     finally:
         os.close(lock)
 
@@ -181,18 +256,28 @@ def _remove_leftovers(staging: Path) -> None:
 
 
 def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
+    """One archive fetched into the staging folder (a folder per URL: Objects365's train and val patches share
+    file names) and unpacked into the staged tree, or a plain file placed there."""
+    import hashlib
+
     name = url_file_name(archive.url)
-    tar = is_tar_name(name)
-    stored, done = staging / "archives" / name, staging / "archives" / f"{name}.unpacked"
+    tar, plain = is_tar_name(name), name.lower().endswith(PLAIN_FILE_SUFFIXES)
+    folder = staging / "archives" / hashlib.sha256(archive.url.encode()).hexdigest()[:12]
+    stored, done = folder / name, folder / f"{name}.unpacked"
     if done.exists():
         LOGGER.info("%s: %s unpacked earlier", label, name)
         return
     if not stored.is_file():
-        fetch(archive.url, stored, what="dataset archive", max_bytes=MAX_ARCHIVE_BYTES,
-              verify=verify_tar if tar else verify_zip, named=True,
+        verify = _verify_json if plain else verify_tar if tar else verify_zip
+        fetch(archive.url, stored, what="dataset file" if plain else "dataset archive", max_bytes=MAX_ARCHIVE_BYTES,
+              verify=verify, named=True,
               resumable=True)  # under the dataset's lock: a broken transfer is resumed by the next start
     tree = staging / "tree" / archive.into
     tree.mkdir(parents=True, exist_ok=True)
+    if plain:
+        os.replace(stored, tree / name)
+        done.touch()
+        return
     try:
         unpacked = (extract_tar if tar else extract_zip)(stored, staging)
     except DownloadError:
@@ -210,31 +295,49 @@ def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
     stored.unlink()  # unpacked: the space goes back
 
 
-def _import_labels(step: VocImport | VisDroneImport | Sku110kImport, staging: Path, label: str,
-                   names: list[str] | None) -> None:
-    """Our VOC importer on an unpacked VOC root (difficult objects left out, as YOLOv5's VOC.yaml does; the images
-    hard links where the file system allows), or our VisDrone or SKU-110K converter on its unpacked folder. Done
-    once (a marker); an interrupted import starts over."""
+def _verify_json(path: Path) -> None:
+    """A fetched .json file begins as a JSON object does (read whole when converted); ValueError otherwise."""
+    with open(path, "rb") as file:
+        start = file.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")
+    if not start.startswith(b"{"):
+        raise ValueError("not a JSON object")
+
+
+def _import_once(step, staging: Path, label: str, names: list[str] | None) -> None:
+    """A converter step on the staged tree, done once (a marker); an interrupted import starts over."""
     import hashlib
 
-    from utils.data.importers import sku110k_to_yolo, visdrone_to_yolo, voc_to_yolo
-
-    kind = {VocImport: "voc", VisDroneImport: "visdrone", Sku110kImport: "sku110k"}[type(step)]
-    folder = getattr(step, kind)  # each step's one folder field is named as its kind
-    done = staging / "archives" / f"{kind}-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
+    done = staging / "archives" / f"{_kind(step)}-{hashlib.sha256(repr(step).encode()).hexdigest()[:12]}.imported"
     if done.exists():
         return
-    source = staging / "tree" / folder
-    if not source.is_dir():
-        raise DatasetDownloadError(f"{label}: download: {kind}: {folder} is not in the unpacked archives")
-    if isinstance(step, VocImport):
-        voc_to_yolo(source, staging / "tree" / step.into, names=names, split=step.split, keep_difficult=False)
-    elif isinstance(step, VisDroneImport):
-        visdrone_to_yolo(source)
-    else:
-        sku110k_to_yolo(source)
+    _convert(step, staging / "tree", names, label)
     done.parent.mkdir(parents=True, exist_ok=True)
     done.touch()
+
+
+def _kind(step) -> str:
+    return "voc" if isinstance(step, VocImport) else next(kind for kind, cls in FOLDER_STEPS.items()
+                                                          if isinstance(step, cls))
+
+
+def _convert(step, base: Path, names: list[str] | None, label: str) -> None:
+    """Our VOC importer on a VOC root (difficult objects left out, as YOLOv5's VOC.yaml does; the images hard links
+    where the file system allows), or one of our converters on its folder, relative to ``base``."""
+    import utils.data.converters as converters
+    from utils.data.importers import sku110k_to_yolo, visdrone_to_yolo, voc_to_yolo
+
+    kind = _kind(step)
+    folder = getattr(step, kind)  # each step's one folder field is named as its kind
+    source = base / folder
+    if not source.is_dir():
+        raise DatasetDownloadError(f"{label}: download: {kind}: {folder} is not in {base}")
+    if isinstance(step, VocImport):
+        voc_to_yolo(source, base / step.into, names=names, split=step.split, keep_difficult=False)
+    elif isinstance(step, Objects365Import):
+        converters.objects365_to_yolo(source, names)
+    else:
+        {"visdrone": visdrone_to_yolo, "sku110k": sku110k_to_yolo, "xview": converters.xview_to_yolo,
+         "argoverse": converters.argoverse_to_yolo}[kind](source)
 
 
 def _merge(source: Path, target: Path) -> None:

@@ -6,7 +6,8 @@ list of those; relative to ``path``), ``names`` (a list, or a ``{id: name}`` dic
 0..nc-1; each a string of 1 to 256 characters, numbers are converted with a warning) and optional
 ``nc`` (must agree with ``names``; at most 100,000 classes). When ``path`` does not exist, a ``download`` key
 that lists archives (URLs) is followed: they are fetched and unpacked safely (utils/data/dataset_download.py);
-one that is code is refused and never run. Errors are ``DataConfigError`` naming the file, the key and the path
+one that describes a dataset downloaded by hand converts it in place while train or val is missing; one that is
+code is refused and never run. Errors are ``DataConfigError`` naming the file, the key and the path
 that was tried; values from the file are cut in messages. The file is read with the bounded YAML
 loader (alias bombs refused).
 """
@@ -155,13 +156,26 @@ def _resolve_root(content: dict[str, Any], file: Path, label: str, names: list[s
         return folder
     _check_path_text(value, "path", label)
     root = _absolute(value, folder)
-    if not root.exists() and content.get("download"):
-        from utils.data.dataset_download import ensure_downloaded
+    download = content.get("download")
+    if download:
+        from utils.data.dataset_download import by_hand, ensure_downloaded
 
-        ensure_downloaded(root, content["download"], label, names)
+        if not root.exists() or by_hand(download) and not _splits_exist(content, root):
+            ensure_downloaded(root, download, label, names, ready=lambda: _splits_exist(content, root))
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
     return root
+
+
+def _splits_exist(content: dict[str, Any], root: Path) -> bool:
+    """Whether every path of train and val exists (values that are not paths count as there: resolve_split
+    names them)."""
+    for key in REQUIRED_SPLITS:
+        value = content.get(key)
+        for entry in value if isinstance(value, list) else [value]:
+            if isinstance(entry, str) and entry and not _absolute(entry, root).exists():
+                return False
+    return True
 
 
 def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> list[str]:
