@@ -22,20 +22,25 @@ steps):
 Unlike YOLOv5's scripts: a name from a file (an image id, a sequence folder) never steers a write outside the
 label folder (plain names and relative folders without '..' only, else one line naming the file); a box with no
 area inside its image is dropped (YOLOv5 writes it with width or height 0); each problem is one line naming the
-file. The JSON files are read whole, as YOLOv5 reads them (Objects365's train JSON needs tens of GB of memory).
+file. The JSON files are read an item at a time (utils/data/json_stream.py) where YOLOv5 parses them whole: the
+memory a conversion needs is that of its compact results (32 bytes a box: an Objects365 stand-in of 10 million boxes
+converted in 965 MB, where json.load alone took 7.3 GB; benchmarks/bench_convert.py).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import random
+from array import array
 from collections import Counter, defaultdict
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+
 from utils.data.images import IMG_EXTENSIONS
 from utils.data.importers import AnnotationError, ImportSummary, image_header_size, write_labels, yolo_row
+from utils.data.json_stream import iter_arrays
 from utils.errors import shorten, writing
 from utils.files import atomic_write
 
@@ -54,22 +59,6 @@ XVIEW_CLASS_OF = {type_id: index for index, type_id in enumerate(XVIEW_TYPE_IDS)
 # ----------------------------------------------------------------------------- shared
 
 
-def load_json(path: Path, what: str):
-    """The parsed JSON file ``path`` (an object at the top), or AnnotationError naming it."""
-    try:
-        with open(path, "rb") as file:
-            data = json.load(file)
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise AnnotationError(f"{path}: malformed JSON ({shorten(str(error), 200)})") from None
-    except RecursionError:
-        raise AnnotationError(f"{path}: malformed JSON (nested deeper than the parser goes)") from None
-    if not isinstance(data, dict):
-        raise AnnotationError(f"{path}: top level must be an object ({what})")
-    return data
-
-
 def _plain_name(value, path: Path, where: str) -> str:
     """``value`` as a file name that names no folder (no separator, not '.' or '..', printable), else one line."""
     if isinstance(value, str) and value and value.isprintable() and "/" not in value and "\\" not in value \
@@ -85,13 +74,6 @@ def _relative_folder(value, path: Path, where: str) -> PurePosixPath:
             or not all(part not in (".", "..") and part.isprintable() and "\\" not in part for part in folder.parts):
         raise AnnotationError(f"{path}: {where}: {shorten(value)} is not a relative folder without '..'")
     return folder
-
-
-def _list(data: dict, key: str, path: Path) -> list:
-    value = data.get(key)
-    if not isinstance(value, list):
-        raise AnnotationError(f"{path}: missing or non-list {key!r}")
-    return value
 
 
 def _number(value) -> bool:
@@ -164,11 +146,10 @@ def xview_to_yolo(folder: str | os.PathLike) -> ImportSummary:
         raise AnnotationError(f"{folder}: expected xView's xView_train.geojson and train_images/ (from "
                               "https://challenge.xviewdataset.org)")
     summary = ImportSummary(folder / "labels" / "train", [f"type {type_id}" for type_id in XVIEW_TYPE_IDS])
-    features = _list(load_json(geojson, "a GeoJSON FeatureCollection"), "features", geojson)
     rows_of: dict[Path, list[tuple]] = defaultdict(list)
     sizes: dict[str, tuple[int, int] | None] = {}
     unknown = Counter()
-    for index, feature in enumerate(features):
+    for index, (_, feature) in enumerate(iter_arrays(geojson, ("features",))):
         where = f"features[{index}]"
         properties = feature.get("properties") if isinstance(feature, dict) else None
         if not isinstance(properties, dict):
@@ -248,8 +229,12 @@ def argoverse_to_yolo(folder: str | os.PathLike) -> ImportSummary:
 
 
 def _argoverse_rows(path: Path, labels: Path, summary: ImportSummary) -> dict[Path, list[tuple]]:
-    data = load_json(path, "Argoverse-HD annotations")
-    images, folders = _list(data, "images", path), _list(data, "seq_dirs", path)
+    images, folders, boxes = [], [], []
+    for key, item in iter_arrays(path, ("images", "seq_dirs", "annotations")):
+        if key == "annotations":
+            boxes.append(_argoverse_box(item, path, len(boxes)))
+        else:
+            (images if key == "images" else folders).append(item)
     by_id = {}
     for index, entry in enumerate(images):  # YOLOv5 takes an image_id as the entry's position: its id, where given
         if not isinstance(entry, dict):
@@ -257,26 +242,34 @@ def _argoverse_rows(path: Path, labels: Path, summary: ImportSummary) -> dict[Pa
         by_id[entry.get("id", index)] = (index, entry)
     rows_of: dict[Path, list[tuple]] = defaultdict(list)
     checked: dict[int, Path] = {}
-    for index, annotation in enumerate(_list(data, "annotations", path)):
-        where = f"annotations[{index}]"
-        image_id = annotation.get("image_id") if isinstance(annotation, dict) else None
+    for index, (image_id, category, x, y, w, h) in enumerate(boxes):
         if isinstance(image_id, bool) or image_id not in by_id:
-            raise AnnotationError(f"{path}: {where} refers to unknown image_id {shorten(image_id)}")
+            raise AnnotationError(f"{path}: annotations[{index}] refers to unknown image_id {shorten(image_id)}")
         if image_id not in checked:
             checked[image_id] = _argoverse_label(*by_id[image_id], folders, labels, path)
-        bbox, category = annotation.get("bbox"), annotation.get("category_id")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
-            raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
-        width, height = _argoverse_size(by_id[image_id][1])
-        x, y, w, h = bbox
-        row = yolo_row(category, x, y, x + w, y + h, width, height) \
-            if isinstance(category, int) and not isinstance(category, bool) \
-            and 0 <= category < len(ARGOVERSE_NAMES) else None
+        row = yolo_row(category, x, y, x + w, y + h, *_argoverse_size(by_id[image_id][1])) \
+            if 0 <= category < len(ARGOVERSE_NAMES) else None
         if row is None:
             summary.skipped_boxes += 1
             continue
         rows_of[checked[image_id]].append(row)
     return rows_of
+
+
+def _argoverse_box(annotation, path: Path, index: int) -> tuple:
+    """(image_id, category, x, y, w, h) of one annotation, or AnnotationError naming it."""
+    where = f"annotations[{index}]"
+    if not isinstance(annotation, dict):
+        raise AnnotationError(f"{path}: {where} is not an object")
+    bbox, category = annotation.get("bbox"), annotation.get("category_id")
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
+        raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
+    if isinstance(category, bool) or not isinstance(category, int):
+        raise AnnotationError(f"{path}: {where}.category_id must be an integer, got {shorten(category)}")
+    image_id = annotation.get("image_id")
+    if isinstance(image_id, bool) or not isinstance(image_id, (int, str)):
+        raise AnnotationError(f"{path}: {where}.image_id must be an integer or a string, got {shorten(image_id)}")
+    return (image_id, category, *bbox)
 
 
 def _argoverse_label(index: int, entry: dict, folders: list, labels: Path, path: Path) -> Path:
@@ -310,9 +303,7 @@ def objects365_to_yolo(folder: str | os.PathLike, names: list[str] | None = None
         if not path.is_file() or not images.is_dir():
             raise AnnotationError(f"{folder}: expected Objects365's zhiyuan_objv2_{split}.json and images/{split}/")
         present = _flatten_images(images)
-        rows_of = _objects365_rows(path, images, present, folder / "labels" / split, names, summary)
-        _write_label_files(rows_of, summary)
-        summary.images[split] = len(rows_of)
+        summary.images[split] = _objects365_labels(path, images, present, folder / "labels" / split, names, summary)
     LOGGER.info("Objects365 labels: %s", summary.line())
     return summary
 
@@ -336,13 +327,132 @@ def _flatten_images(images: Path) -> set[str]:
     return {entry.name for entry in os.scandir(images) if entry.is_file()}
 
 
-def _objects365_rows(path: Path, folder: Path, present: set[str], labels: Path, names: list[str] | None,
-                     summary: ImportSummary) -> dict[Path, list[tuple]]:
-    data = load_json(path, "COCO-style annotations")
+MAX_ID = 1 << 62  # an image or category id (stored in 64-bit arrays)
+LABELS_AT_ONCE = 10_000  # label files whose rows are made Python numbers together (Objects365: ~15 boxes a file)
+
+
+def _objects365_labels(path: Path, folder: Path, present: set[str], labels: Path, names: list[str] | None,
+                       summary: ImportSummary) -> int:
+    """labels/SPLIT/NAME.txt for each image of ``present`` with boxes in the JSON ``path`` (module doc); the boxes are
+    kept in compact arrays (32 bytes each) while the file streams by. Returns the label files written."""
+    categories, images = [], {}
+    image_ids, category_ids, boxes = array("q"), array("q"), array("d")
+    index = -1
+    for key, item in iter_arrays(path, ("categories", "images", "annotations")):
+        if key == "annotations":
+            index += 1
+            image_id, category_id, bbox = _objects365_box(item, path, index)
+            if item.get("iscrowd"):
+                summary.skipped_boxes += 1
+                continue
+            image_ids.append(image_id)
+            category_ids.append(category_id)
+            boxes.extend(bbox)
+        elif key == "images":
+            image_id, entry = _objects365_image(item, path, len(images))
+            if image_id in images:
+                raise AnnotationError(f"{path}: images[{len(images)}]: the id {image_id} is listed twice")
+            images[image_id] = entry
+        else:
+            categories.append(item)
+    class_of = _objects365_classes(categories, path, names)
+    summary.names = summary.names or [str(entry.get("name")) for entry in categories]
+    if not image_ids:
+        return 0
+    known = np.array(sorted(images), np.int64)
+    position = _positions(known, np.frombuffer(image_ids, np.int64), path, "image").astype(np.int32)
+    category_known = np.array(sorted(class_of), np.int64)
+    classes = np.array([class_of[c] for c in category_known.tolist()], np.int32)[
+        _positions(category_known, np.frombuffer(category_ids, np.int64), path, "category")]
+    del image_ids, category_ids  # the compact arrays are all that is kept from here on
+    entries = [images[image_id] for image_id in known.tolist()]
+    here = np.array([entry[0] in present for entry in entries])
+    missing = int(np.unique(position[~here[position]]).size)
+    summary.skipped_images += missing
+    if missing:
+        LOGGER.warning("%s: %d images with annotations are not in %s, left out", path, missing, folder)
+    corners = _normalised_corners(np.frombuffer(boxes, np.float64).reshape(-1, 4), position, entries)
+    keep = here[position] & (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])  # as yolo_row
+    summary.skipped_boxes += int((here[position] & ~keep).sum())
+    kept = np.flatnonzero(keep)
+    del keep
+    order = kept[np.lexsort((classes[kept], position[kept]))]  # by image, then class (YOLOv5's); stable: file order
+    del kept
+    starts = np.flatnonzero(np.diff(position[order], prepend=-1)).tolist()
+    ends = [*starts[1:], len(order)]
+    for first in range(0, len(starts), LABELS_AT_ONCE):  # rows as Python numbers for some files at a time
+        low, high = starts[first], ends[min(first + LABELS_AT_ONCE, len(starts)) - 1]
+        box = corners[order[low:high]]
+        columns = classes[order[low:high]], (box[:, 0] + box[:, 2]) / 2, (box[:, 1] + box[:, 3]) / 2, \
+            box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+        rows = list(zip(*(column.tolist() for column in columns)))
+        for start, end in zip(starts[first:first + LABELS_AT_ONCE], ends[first:first + LABELS_AT_ONCE]):
+            label = labels / f"{Path(entries[position[order[start]]][0]).stem}.txt"
+            with writing(label):
+                write_labels(label, rows[start - low:end - low])
+    summary.boxes += len(order)
+    return len(starts)
+
+
+def _normalised_corners(boxes: np.ndarray, position: np.ndarray, entries: list) -> np.ndarray:
+    """``boxes`` (x, y, w, h pixels from the top-left) made (x0, y0, x1, y1) normalised to each box's image and
+    clipped to [0, 1], in place and a part at a time (no array of the boxes' size is added); the same arithmetic as
+    yolo_row."""
+    width = np.array([entry[1] for entry in entries], np.float64)
+    height = np.array([entry[2] for entry in entries], np.float64)
+    for low in range(0, len(boxes), 1 << 20):
+        part, where = boxes[low:low + (1 << 20)], position[low:low + (1 << 20)]
+        part[:, 2:] += part[:, :2]
+        part[:, 0::2] /= width[where][:, None]
+        part[:, 1::2] /= height[where][:, None]
+        np.clip(part, 0.0, 1.0, out=part)
+    return boxes
+
+
+def _positions(known: np.ndarray, ids: np.ndarray, path: Path, what: str) -> np.ndarray:
+    """Where each of ``ids`` is in the sorted ``known``; AnnotationError naming the first annotation that refers to
+    an id not there."""
+    position = np.minimum(np.searchsorted(known, ids), len(known) - 1) if len(known) else np.zeros_like(ids)
+    wrong = np.flatnonzero(known[position] != ids) if len(known) else np.arange(len(ids))
+    if len(wrong):
+        raise AnnotationError(f"{path}: an annotation refers to {what} id {int(ids[wrong[0]])}, which is not listed")
+    return position
+
+
+def _int_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -MAX_ID <= value < MAX_ID
+
+
+def _objects365_box(annotation, path: Path, index: int) -> tuple:
+    where = f"annotations[{index}]"
+    if not isinstance(annotation, dict) or not _int_id(annotation.get("image_id")) \
+            or not _int_id(annotation.get("category_id")):
+        raise AnnotationError(f"{path}: {where} has no integer image_id and category_id")
+    bbox = annotation.get("bbox")
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
+        raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
+    return annotation["image_id"], annotation["category_id"], bbox
+
+
+def _objects365_image(entry, path: Path, index: int) -> tuple:
+    """(id, (file name, width, height)) of one image entry; the file name is its last part (images are flat)."""
+    if not isinstance(entry, dict) or not _int_id(entry.get("id")):
+        raise AnnotationError(f"{path}: images[{index}] has no integer 'id'")
+    file_name = entry.get("file_name")
+    name = _plain_name(PurePosixPath(file_name).name if isinstance(file_name, str) else file_name, path,
+                       f"images[{index}].file_name")
+    width, height = entry.get("width"), entry.get("height")
+    if not (_number(width) and _number(height) and width > 0 and height > 0):
+        raise AnnotationError(f"{path}: images[{index}] has no valid width and height")
+    return entry["id"], (name, width, height)
+
+
+def _objects365_classes(categories: list, path: Path, names: list[str] | None) -> dict[int, int]:
+    """category id -> class, in the JSON's category order (YOLOv5's loop over pycocotools' getCatIds)."""
     class_of, found = {}, []
-    for index, entry in enumerate(_list(data, "categories", path)):
+    for index, entry in enumerate(categories):
         category_id = entry.get("id") if isinstance(entry, dict) else None
-        if isinstance(category_id, bool) or not isinstance(category_id, int) or category_id in class_of:
+        if not _int_id(category_id) or category_id in class_of:
             raise AnnotationError(f"{path}: categories[{index}] has no valid or a repeated 'id'")
         class_of[category_id] = len(class_of)
         found.append(str(entry.get("name")))
@@ -352,39 +462,4 @@ def _objects365_rows(path: Path, folder: Path, present: set[str], labels: Path, 
         first = next(index for index, (a, b) in enumerate(zip(found, names)) if a != b)
         LOGGER.warning("%s: category names differ from the YAML's (class %d: %s against %s); numbered in the JSON's "
                        "order", path, first, shorten(found[first]), shorten(names[first]))
-    images = {}
-    for index, entry in enumerate(_list(data, "images", path)):
-        image_id = entry.get("id") if isinstance(entry, dict) else None
-        if not isinstance(image_id, (int, str)) or isinstance(image_id, bool):
-            raise AnnotationError(f"{path}: images[{index}] has no valid 'id'")
-        name = _plain_name(PurePosixPath(str(entry.get("file_name", ""))).name or None, path,
-                           f"images[{index}].file_name")
-        width, height = entry.get("width"), entry.get("height")
-        if not (_number(width) and _number(height) and width > 0 and height > 0):
-            raise AnnotationError(f"{path}: images[{index}] has no valid width and height")
-        images[image_id] = (name, width, height)
-    rows_of: dict[Path, list[tuple]] = defaultdict(list)
-    missing = set()
-    for index, annotation in enumerate(_list(data, "annotations", path)):
-        where = f"annotations[{index}]"
-        if not isinstance(annotation, dict) or annotation.get("image_id") not in images \
-                or annotation.get("category_id") not in class_of:
-            raise AnnotationError(f"{path}: {where} refers to no listed image and category")
-        bbox = annotation.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
-            raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
-        name, width, height = images[annotation["image_id"]]
-        if name not in present:
-            missing.add(name)
-            continue
-        x, y, w, h = bbox
-        row = None if annotation.get("iscrowd") else \
-            yolo_row(class_of[annotation["category_id"]], x, y, x + w, y + h, width, height)
-        if row is None:
-            summary.skipped_boxes += 1
-            continue
-        rows_of[labels / f"{Path(name).stem}.txt"].append(row)
-    summary.skipped_images += len(missing)
-    if missing:
-        LOGGER.warning("%s: %d images with annotations are not in %s, left out", path, len(missing), folder)
-    return rows_of
+    return class_of
