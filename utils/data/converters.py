@@ -39,7 +39,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from utils.data.images import IMG_EXTENSIONS
-from utils.data.importers import AnnotationError, ImportSummary, image_header_size, write_labels, yolo_row
+from utils.data.importers import (AnnotationError, ImportSummary, check_bbox, finite_number, image_header_size,
+                                  plain_file_name, write_labels, yolo_row)
 from utils.data.json_stream import iter_arrays
 from utils.errors import shorten, writing
 from utils.files import atomic_write
@@ -61,8 +62,7 @@ XVIEW_CLASS_OF = {type_id: index for index, type_id in enumerate(XVIEW_TYPE_IDS)
 
 def _plain_name(value, path: Path, where: str) -> str:
     """``value`` as a file name that names no folder (no separator, not '.' or '..', printable), else one line."""
-    if isinstance(value, str) and value and value.isprintable() and "/" not in value and "\\" not in value \
-            and value not in (".", ".."):
+    if plain_file_name(value):
         return value
     raise AnnotationError(f"{path}: {where}: {shorten(value)} is not a plain file name")
 
@@ -74,10 +74,6 @@ def _relative_folder(value, path: Path, where: str) -> PurePosixPath:
             or not all(part not in (".", "..") and part.isprintable() and "\\" not in part for part in folder.parts):
         raise AnnotationError(f"{path}: {where}: {shorten(value)} is not a relative folder without '..'")
     return folder
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _write_label_files(rows_of: dict[Path, list[tuple]], summary: ImportSummary) -> None:
@@ -113,7 +109,7 @@ def autosplit(path: str | os.PathLike, weights: tuple[float, float, float] = (0.
     path = Path(path)
     if not path.is_dir():
         raise AnnotationError(f"{path}: not a folder of images")
-    if len(weights) != 3 or not all(_number(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+    if len(weights) != 3 or not all(finite_number(w) and w >= 0 for w in weights) or sum(weights) <= 0:
         raise AnnotationError(f"autosplit: weights {shorten(weights)}: expected 3 non-negative numbers, not all 0")
     files = sorted((file for file in path.rglob("*") if file.suffix[1:].lower() in IMG_EXTENSIONS and file.is_file()),
                    key=lambda file: file.parts)
@@ -261,9 +257,7 @@ def _argoverse_box(annotation, path: Path, index: int) -> tuple:
     where = f"annotations[{index}]"
     if not isinstance(annotation, dict):
         raise AnnotationError(f"{path}: {where} is not an object")
-    bbox, category = annotation.get("bbox"), annotation.get("category_id")
-    if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
-        raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
+    bbox, category = check_bbox(annotation.get("bbox"), path, where), annotation.get("category_id")
     if isinstance(category, bool) or not isinstance(category, int):
         raise AnnotationError(f"{path}: {where}.category_id must be an integer, got {shorten(category)}")
     image_id = annotation.get("image_id")
@@ -284,7 +278,7 @@ def _argoverse_label(index: int, entry: dict, folders: list, labels: Path, path:
 
 def _argoverse_size(entry: dict) -> tuple[float, float]:
     width, height = entry.get("width"), entry.get("height")
-    if _number(width) and _number(height) and width > 0 and height > 0:
+    if finite_number(width) and finite_number(height) and width > 0 and height > 0:
         return width, height
     return ARGOVERSE_SIZE
 
@@ -428,10 +422,7 @@ def _objects365_box(annotation, path: Path, index: int) -> tuple:
     if not isinstance(annotation, dict) or not _int_id(annotation.get("image_id")) \
             or not _int_id(annotation.get("category_id")):
         raise AnnotationError(f"{path}: {where} has no integer image_id and category_id")
-    bbox = annotation.get("bbox")
-    if not (isinstance(bbox, list) and len(bbox) == 4 and all(map(_number, bbox))):
-        raise AnnotationError(f"{path}: {where}.bbox must be 4 finite numbers, got {shorten(bbox)}")
-    return annotation["image_id"], annotation["category_id"], bbox
+    return annotation["image_id"], annotation["category_id"], check_bbox(annotation.get("bbox"), path, where)
 
 
 def _objects365_image(entry, path: Path, index: int) -> tuple:
@@ -442,7 +433,7 @@ def _objects365_image(entry, path: Path, index: int) -> tuple:
     name = _plain_name(PurePosixPath(file_name).name if isinstance(file_name, str) else file_name, path,
                        f"images[{index}].file_name")
     width, height = entry.get("width"), entry.get("height")
-    if not (_number(width) and _number(height) and width > 0 and height > 0):
+    if not (finite_number(width) and finite_number(height) and width > 0 and height > 0):
         raise AnnotationError(f"{path}: images[{index}] has no valid width and height")
     return entry["id"], (name, width, height)
 

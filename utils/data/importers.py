@@ -87,6 +87,13 @@ class ImportSummary:
 # ----------------------------------------------------------------------------- shared writers
 
 
+def plain_file_name(name) -> bool:
+    """A file name from an annotation that names no folder: a non-empty printable string (no NUL, line break or
+    control character: it may be a line of a list) without a path separator, not '.' or '..'."""
+    return isinstance(name, str) and bool(name) and name.isprintable() and "/" not in name and "\\" not in name \
+        and name not in (".", "..")
+
+
 def yolo_row(cls: int, x0: float, y0: float, x1: float, y1: float, width: float, height: float):
     """Pixel corners -> (cls, cx, cy, w, h) normalised and clipped, or None when no area is left."""
     x0, x1 = np.clip([x0 / width, x1 / width], 0.0, 1.0)
@@ -459,9 +466,7 @@ def _coco_boxes(data: dict, path: Path, class_of: dict[int, int], image_ids: set
         where = f"annotations[{index}]"
         image_id = _field(entry, "image_id", (int, str), path, where)
         category_id = _field(entry, "category_id", int, path, where)
-        bbox = _field(entry, "bbox", list, path, where)
-        if len(bbox) != 4 or not all(_finite(v) for v in bbox):
-            raise AnnotationError(f"{path}: {where} bbox must be 4 finite numbers, got {shorten(bbox)}")
+        bbox = check_bbox(_field(entry, "bbox", list, path, where), path, where)
         if image_id not in image_ids or category_id not in class_of:
             raise AnnotationError(f"{path}: {where} refers to unknown image_id {shorten(image_id)} "
                                   f"or category_id {shorten(category_id)}")
@@ -509,14 +514,21 @@ def coco_to_yolo(coco_json: str | os.PathLike, images_dir: str | os.PathLike, ou
     return summary
 
 
-def _finite(value) -> bool:
+def check_bbox(value, path: Path, where: str) -> list:
+    """A COCO-style ``bbox`` (x, y, w, h: 4 finite numbers) of the entry ``where``, or AnnotationError naming it."""
+    if not (isinstance(value, list) and len(value) == 4 and all(map(finite_number, value))):
+        raise AnnotationError(f"{path}: {where} bbox must be 4 finite numbers, got {shorten(value)}")
+    return value
+
+
+def finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _coco_rows(boxes: list[tuple], entry: dict, image_path: Path, where: str) -> list[tuple]:
     """YOLO rows of one COCO image; the size comes from the entry, else from the image header."""
     width, height = entry.get("width"), entry.get("height")
-    if not (_finite(width) and _finite(height) and width > 0 and height > 0):
+    if not (finite_number(width) and finite_number(height) and width > 0 and height > 0):
         width, height = image_header_size(image_path)
     rows = []
     for cls, x0, y0, x1, y1 in boxes:
@@ -682,9 +694,7 @@ def _sku110k_row(record: list[str], path: Path, number: int) -> tuple:
         values = [float(record[index]) for index in (1, 2, 3, 4, 6, 7)] if len(record) == 8 else None
     except ValueError:
         values = None
-    plain = (name and name.isprintable()  # no NUL, line break or control character: a name is one line of SPLIT.txt
-             and Path(name).name == name and name not in (".", ".."))
-    if values is None or not plain or not all(math.isfinite(v) for v in values) or min(values[4:]) <= 0:
+    if values is None or not plain_file_name(name) or not all(math.isfinite(v) for v in values) or min(values[4:]) <= 0:
         raise AnnotationError(f"{path}: line {number}: {shorten(','.join(record), 120)}: expected "
                               "image_name,x1,y1,x2,y2,class,image_width,image_height (a file name and pixels)")
     return (name, *values)
