@@ -1,0 +1,7 @@
+#!/bin/bash
+# COCO128 (128 images of COCO train2017) into ../datasets beside this repository, as YOLOv5's script of this
+# name: python -m tools.download follows data/coco128.yaml's download: (archives checked and unpacked safely; a
+# restart goes on where it stopped; YOLO_TRAINER_MIRROR takes them from elsewhere).
+# Example usage: bash data/scripts/get_coco128.sh
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" exec python -m tools.download coco128.yaml "$@"

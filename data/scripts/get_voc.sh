@@ -1,0 +1,7 @@
+#!/bin/bash
+# Pascal VOC 2007 + 2012 (as YOLO labels) into ../datasets beside this repository, as YOLOv5's script of this
+# name: python -m tools.download follows data/VOC.yaml's download: (archives checked and unpacked safely; a
+# restart goes on where it stopped; YOLO_TRAINER_MIRROR takes them from elsewhere).
+# Example usage: bash data/scripts/get_voc.sh
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" exec python -m tools.download VOC.yaml "$@"
