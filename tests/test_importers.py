@@ -175,7 +175,7 @@ def test_malformed_voc_names_the_file(tmp_path, text, reason):
 
 @pytest.mark.parametrize("content, reason", [
     ("{not json", "malformed JSON"),
-    ("[" * 100_000, "malformed JSON"),  # nested deeper than the parser recurses
+    ('{"images": ' + "[" * 100_000, "malformed JSON"),  # nested deeper than the parser recurses
     (json.dumps([1, 2]), "top level"),
     (json.dumps({"images": [], "annotations": []}), "'categories'"),
     (json.dumps({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": 1, "name": "c"}],

@@ -111,3 +111,11 @@ def test_memory_is_bounded_by_the_largest_item_not_the_file(tmp_path, monkeypatc
         tracemalloc.stop()
     assert count == whole == 50_000
     assert streamed < 2 << 20 and streamed * 10 < loaded, (streamed, loaded)
+
+
+def test_an_optional_key_may_be_missing_and_a_required_one_may_not(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('{"images": [1]}')
+    assert list(iter_arrays(path, ("images", "annotations"), optional=("annotations",))) == [("images", 1)]
+    with pytest.raises(AnnotationError, match="missing or non-list 'annotations'"):
+        items(path, ("images", "annotations"))

@@ -89,6 +89,11 @@ class CheckpointError(UserError):
     """A weights file that cannot be used; the one-line message names the file and the reason."""
 
 
+class AnnotationError(UserError):
+    """An annotation file (or the dataset it describes) that cannot be imported; names file and reason. Here, not in
+    utils/data/importers.py, because utils/data/json_stream.py raises it too and the importers read through it."""
+
+
 class SourceError(UserError):
     """A --source that cannot be used (missing, empty, unsupported); one line naming it. Here, not in utils/sources.py,
     because utils/streams.py raises it too (as StreamError) and utils/sources.py imports utils/streams.py."""

@@ -30,7 +30,6 @@ Conventions (as YOLOv5's own converters):
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -46,7 +45,8 @@ import numpy as np
 import yaml
 
 from utils.data.images import IMG_EXTENSIONS
-from utils.errors import UserError, shorten, writing
+from utils.data.json_stream import iter_arrays
+from utils.errors import AnnotationError, shorten, writing
 from utils.limits import MAX_ANNOTATION_TXT_BYTES, MAX_ANNOTATION_XML_BYTES, MAX_CLASSES, MAX_NAME_LENGTH
 from utils.safe_yaml import read_yaml, yaml_reason
 
@@ -57,10 +57,6 @@ SPLITS = ("train", "val", "test")
 MAX_CSV_LINE_BYTES = 4096  # one SKU-110K row: about 50 ('train_0.jpg,208,537,422,814,object,3024,3024')
 MAX_VISDRONE_INTEGER = 1 << 31  # a VisDrone field: pixels, a score, a category (beyond a float: OverflowError)
 _UNSAFE_XML = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
-
-
-class AnnotationError(UserError):
-    """An annotation file (or the dataset it describes) that cannot be imported; names file and reason."""
 
 
 class SkippedAnnotation(AnnotationError):
@@ -422,19 +418,11 @@ def _write_sample(out_dir: Path, split: str, image_path: Path, rows: list[tuple]
 
 
 def _load_coco(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AnnotationError(f"{path}: cannot read ({error.strerror or error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise AnnotationError(f"{path}: malformed JSON ({str(error)[:200]})") from None
-    except RecursionError:
-        raise AnnotationError(f"{path}: malformed JSON (nested deeper than the parser goes)") from None
-    if not isinstance(data, dict):
-        raise AnnotationError(f"{path}: top level must be an object with images, annotations, categories")
-    for key in ("images", "annotations", "categories"):
-        if not isinstance(data.get(key, [] if key == "annotations" else None), list):
-            raise AnnotationError(f"{path}: missing or non-list {key!r}")
+    """The images, annotations (optional: a test split's file has none) and categories of a COCO JSON file, read an
+    item at a time (utils/data/json_stream.py: the file's text is never held whole); AnnotationError naming it."""
+    data = {"images": [], "annotations": [], "categories": []}
+    for key, item in iter_arrays(path, ("images", "annotations", "categories"), optional=("annotations",)):
+        data[key].append(item)
     return data
 
 

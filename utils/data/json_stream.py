@@ -6,7 +6,7 @@ and yields ``(key, item)`` for each item of the arrays named in ``keys``, in fil
 parsed and dropped (arrays an item at a time). Every item is parsed by the standard library's decoder
 (``json.JSONDecoder.raw_decode``), so what it accepts is what ``json.load`` accepts.
 
-Refused in one line naming the file (``AnnotationError``): text that is not UTF-8, malformed or truncated JSON (the
+Refused in one line naming the file (``AnnotationError``, utils/errors.py): text that is not UTF-8, malformed or truncated JSON (the
 character offset given), a top level that is not an object, a key of ``keys`` whose value is not an array or that
 is missing, one item larger than ``MAX_ITEM_CHARS``, nesting deeper than the decoder goes.
 """
@@ -16,8 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from utils.data.importers import AnnotationError
-from utils.errors import shorten
+from utils.errors import AnnotationError, shorten
 
 CHUNK_CHARS = 1 << 22  # read 4 M characters at a time
 MAX_ITEM_CHARS = 64 << 20  # one annotation, image or feature is well under 1 KB; GeoJSON polygons a few KB
@@ -95,8 +94,9 @@ class _Reader:
         return AnnotationError(f"{self.path}: malformed JSON at character {at} ({reason})")
 
 
-def iter_arrays(path: str | Path, keys: tuple[str, ...] | set[str]):
-    """``(key, item)`` for each item of the top-level arrays named in ``keys``, in file order (module doc)."""
+def iter_arrays(path: str | Path, keys: tuple[str, ...] | set[str], optional: tuple[str, ...] = ()):
+    """``(key, item)`` for each item of the top-level arrays named in ``keys``, in file order (module doc); a key of
+    ``optional`` may be missing."""
     path = Path(path)
     try:
         file = open(path, encoding="utf-8-sig")  # a byte order mark is skipped, as Python's text readers do
@@ -136,6 +136,6 @@ def iter_arrays(path: str | Path, keys: tuple[str, ...] | set[str]):
                     break
         if reader.peek():
             raise reader.error("data after the top-level object")
-    missing = sorted(set(keys) - seen)
+    missing = sorted(set(keys) - seen - set(optional))
     if missing:
         raise AnnotationError(f"{path}: missing or non-list {missing[0]!r}")
