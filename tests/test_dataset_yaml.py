@@ -34,6 +34,24 @@ def test_relative_path_resolves_against_yaml_folder(tmp_path, monkeypatch):
     assert config.yaml_file == file
 
 
+def test_a_roboflow_export_finds_its_dot_dot_splits_beside_its_yaml(tmp_path, caplog):
+    """Roboflow's YOLOv5 export: data.yaml beside train/, valid/, test/, naming ../train/images. A '../' path that
+    is not there is looked for without it, as YOLOv5 does; one that is there is used as written."""
+    export = tmp_path / "export"
+    for split in ("train", "valid", "test"):
+        (export / split / "images").mkdir(parents=True)
+    (tmp_path / "test" / "images").mkdir(parents=True)  # a real ../test/images: taken as written
+    file = write_yaml(export, "train: ../train/images\nval: ../valid/images\ntest: ../test/images\nnc: 1\n"
+                              "names: ['cell']\n")
+    with caplog.at_level(logging.INFO):
+        config = load_data_config(file)
+    assert config.train == [str(export / "train" / "images")] and config.val == [str(export / "valid" / "images")]
+    assert config.test == [str(tmp_path / "test" / "images")]
+    assert "a '../' path taken from the dataset folder, as YOLOv5 does" in caplog.text
+    with pytest.raises(DataConfigError, match=r"val: .*/valid/images does not exist"):
+        load_data_config(write_yaml(export, "train: ../train/images\nval: ../../valid/images\nnames: [a]\n", "b.yaml"))
+
+
 def test_path_defaults_to_yaml_folder_and_accepts_lists_and_txt(tmp_path):
     make_dataset(tmp_path, ("train", "extra", "val"))
     (tmp_path / "test.txt").write_text("images/val/a.jpg\n")

@@ -2,7 +2,8 @@
 
 Keys: ``path`` (dataset root; relative to the YAML file's folder, default that folder), ``train``,
 ``val`` and optional ``test`` (each a folder, a ``.txt`` list of image paths, an image file, or a
-list of those; relative to ``path``), ``names`` (a list, or a ``{id: name}`` dict with ids
+list of those; relative to ``path``; one starting with '../' that is not there is also looked for without that
+'../', as YOLOv5 does for Roboflow's exports), ``names`` (a list, or a ``{id: name}`` dict with ids
 0..nc-1; each a string of 1 to 256 characters, numbers are converted with a warning) and optional
 ``nc`` (must agree with ``names``; at most 100,000 classes). When ``path`` does not exist, a ``download`` key
 that lists archives (URLs) is followed: they are fetched and unpacked safely (utils/data/dataset_download.py);
@@ -173,9 +174,22 @@ def _splits_exist(content: dict[str, Any], root: Path) -> bool:
     for key in REQUIRED_SPLITS:
         value = content.get(key)
         for entry in value if isinstance(value, list) else [value]:
-            if isinstance(entry, str) and entry and not _absolute(entry, root).exists():
+            if isinstance(entry, str) and entry and not split_path(entry, root).exists():
                 return False
     return True
+
+
+def split_path(entry: str, root: Path) -> Path:
+    """A split's path ``entry`` resolved against ``root``; one starting with '../' that is not there is also looked
+    for without that first '../', as YOLOv5 does (Roboflow's exports name ../train/images beside their data.yaml)."""
+    source = _absolute(entry, root)
+    if not source.exists() and entry.replace("\\", "/").startswith("../"):
+        inside = _absolute(entry[3:], root)
+        if inside.exists():
+            LOGGER.info("%s: not found, using %s (a '../' path taken from the dataset folder, as YOLOv5 does)", source,
+                        inside)
+            return inside
+    return source
 
 
 def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> list[str]:
@@ -189,7 +203,7 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
     sources = []
     for entry in entries:
         _check_path_text(entry, key, label)
-        source = _absolute(entry, root)
+        source = split_path(str(entry), root)
         if not source.exists():
             raise DataConfigError(f"{label}: {key}: {source} does not exist")
         sources.append(str(source))
