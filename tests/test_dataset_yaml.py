@@ -185,3 +185,58 @@ def test_numeric_class_names_are_used_as_text_with_a_warning(tmp_path, caplog):
         config = load_data_config(file)
     assert config.names == ["0", "1", "two", "3.5"]
     assert "3 class name(s) given as numbers, used as text (e.g. class 0: '0')" in caplog.text
+
+
+def roboflow_export(folder: Path) -> Path:
+    """Roboflow's YOLOv5 export layout: data.yaml naming ../train/images beside train/, valid/ (one image each)."""
+    import cv2
+    import numpy as np
+
+    for split in ("train", "valid"):
+        (folder / split / "images").mkdir(parents=True)
+        (folder / split / "labels").mkdir(parents=True)
+        cv2.imwrite(str(folder / split / "images" / "a.jpg"), np.full((32, 48, 3), 90, np.uint8))
+        (folder / split / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (folder / "data.yaml").write_text("train: ../train/images\nval: ../valid/images\nnc: 1\nnames: ['cell']\n")
+    (folder / "__MACOSX").mkdir()
+    (folder / "__MACOSX" / "._data.yaml").write_bytes(b"\0\5\26\7")  # a macOS zip's resource fork: never the YAML
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["zip", "gztar"])
+def test_a_dataset_archive_is_unpacked_once_beside_the_repository_as_yolov5_takes_it(tmp_path, monkeypatch, kind):
+    """--data export.zip (or .tar.gz): unpacked into DATASETS_DIR/export, checked as any archive, and the YAML inside
+    read from its own folder; the second use takes the folder as it is."""
+    import shutil
+
+    from utils.data import dataset_download
+
+    monkeypatch.setattr(dataset_yaml, "DATASETS_DIR", tmp_path / "datasets")
+    archive = Path(shutil.make_archive(str(tmp_path / "export"), kind, roboflow_export(tmp_path / "made")))
+    config = load_data_config(archive)
+    root = tmp_path / "datasets" / "export"
+    assert config.path == root and config.yaml_file == root / "data.yaml" and config.names == ["cell"]
+    assert config.train == [str(root / "train" / "images")] and config.val == [str(root / "valid" / "images")]
+    for unpack in ("extract_zip", "extract_tar"):
+        monkeypatch.setattr(dataset_download, unpack, lambda *args: pytest.fail("unpacked twice"))
+    assert load_data_config(archive).train == config.train
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".export.download.lock", "export"]
+
+
+def test_a_dataset_archive_without_a_yaml_or_with_an_escaping_member_is_one_line(tmp_path, monkeypatch):
+    import zipfile
+
+    from utils.data.dataset_download import DatasetDownloadError
+
+    monkeypatch.setattr(dataset_yaml, "DATASETS_DIR", tmp_path / "datasets")
+    with zipfile.ZipFile(tmp_path / "empty.zip", "w") as out:
+        out.writestr("images/a.txt", "x")
+    with pytest.raises(DatasetDownloadError, match=r"empty.zip: holds no dataset YAML \(unpacked into .*empty\)"):
+        load_data_config(tmp_path / "empty.zip")
+    with zipfile.ZipFile(tmp_path / "bad.zip", "w") as out:
+        out.writestr("data.yaml", "train: .\nval: .\nnames: [a]\n")
+        out.writestr("../../escape.txt", "x")
+    with pytest.raises(DatasetDownloadError, match="bad.zip.*outside"):
+        load_data_config(tmp_path / "bad.zip")
+    assert not (tmp_path / "datasets" / "bad").exists() and not list(tmp_path.rglob("escape.txt"))
+    assert not list((tmp_path / "datasets").glob(".*.download"))

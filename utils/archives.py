@@ -28,6 +28,7 @@ from pathlib import Path
 
 from utils.downloads import CHUNK, DownloadError
 from utils.errors import one_line
+from utils.paths import TAR_SUFFIXES
 
 MAX_EXPANSION = 100  # an archive may unpack to at most this many times its own size (a zip bomb unpacks to more)
 MAX_MEMBERS = 20_000_000
@@ -166,7 +167,6 @@ def extract_zip(archive: Path, folder: Path) -> Path:
     return target
 
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 def is_tar_name(name: str) -> bool:

@@ -16,6 +16,16 @@ from pathlib import Path
 
 from utils.errors import UserError
 
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+ARCHIVE_SUFFIXES = (".zip", *TAR_SUFFIXES)  # what utils/archives.py unpacks
+
+
+def archive_stem(name: str) -> str | None:
+    """``name`` without its archive suffix (.zip, or a tar's), or None when it names no archive."""
+    lower = name.lower()
+    suffix = next((suffix for suffix in ARCHIVE_SUFFIXES if lower.endswith(suffix)), None)
+    return name[: -len(suffix)] if suffix and len(name) > len(suffix) else None
+
 MAX_COMPONENT = 100  # characters kept of a name used as a folder name
 UNSAFE_CHARACTERS = '/\\:*?"<>|'  # separators here or on Windows, and characters Windows refuses in names
 

@@ -30,6 +30,9 @@ and only when every archive is in does the staged ``NAME`` folder move to ``path
 looks like a dataset. Started again, it keeps the archives already fetched and unpacked (a 20 GB dataset need not
 start over). A lock in the parent folder makes processes that start together download once.
 
+``--data x.zip`` (a dataset with its YAML, e.g. a Roboflow export) is unpacked once into ../datasets/x beside the
+repository, as YOLOv5 does (``unpack_dataset_archive``); the YAML inside is read from its own folder.
+
 A dataset downloaded by hand has no archives: while the YAML's train or val is missing, each listed file must be
 there (else one line with where to get them) and the conversion steps then run in place, under the same lock; each
 converter writes the YAML's splits last, so one that was interrupted runs again.
@@ -48,6 +51,7 @@ from pathlib import Path
 from utils.downloads import DownloadError, fetch, is_url, url_file_name, verify_zip
 from utils.archives import TAR_SUFFIXES, extract_tar, extract_zip, is_tar_name, verify_tar
 from utils.errors import UserError, shorten
+from utils.paths import archive_stem
 
 LOGGER = logging.getLogger(__name__)
 MAX_ARCHIVE_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
@@ -209,6 +213,41 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         raise DatasetDownloadError(f"{label}: {error}") from None
     finally:
         os.close(lock)
+
+
+def unpack_dataset_archive(archive: Path, datasets: Path, label: str) -> Path:
+    """``--data x.zip`` (or a tar), YOLOv5's way: unpacked once into ``datasets``/x, members checked as any
+    archive's, under the download lock (a folder already there is used as it is); returns the dataset YAML inside,
+    the shallowest (then first by name), leaving out hidden files and macOS's __MACOSX copies."""
+    name = archive_stem(archive.name)
+    target = datasets / name
+    if not target.is_dir():
+        try:
+            datasets.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DatasetDownloadError(f"{label}: cannot make {datasets} ({error.strerror})") from None
+        lock = _open_lock(datasets / f".{name}.download.lock", label)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                LOGGER.info("%s: unpacking into %s", label, target)
+                staging = datasets / f".{name}.download"
+                staging.mkdir(exist_ok=True)
+                try:
+                    unpacked = (extract_tar if is_tar_name(archive.name) else extract_zip)(archive, staging)
+                    os.rename(unpacked, target)
+                except DownloadError as error:
+                    raise DatasetDownloadError(f"{label}: {error}") from None
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            os.close(lock)
+    found = sorted((path for path in target.rglob("*") if path.suffix.lower() in (".yaml", ".yml") and path.is_file()
+                    and not any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(target).parts)),
+                   key=lambda path: (len(path.parts), str(path)))
+    if not found:
+        raise DatasetDownloadError(f"{label}: holds no dataset YAML (unpacked into {target})")
+    return found[0]
 
 
 def _prepare_in_place(root: Path, manual: ManualDownload, steps: list, label: str, names: list[str] | None,

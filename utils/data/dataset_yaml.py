@@ -8,7 +8,8 @@ list of those; relative to ``path``; one starting with '../' that is not there i
 ``nc`` (must agree with ``names``; at most 100,000 classes). When ``path`` does not exist, a ``download`` key
 that lists archives (URLs) is followed: they are fetched and unpacked safely (utils/data/dataset_download.py);
 one that describes a dataset downloaded by hand converts it in place while train or val is missing; one that is
-code is refused and never run. Errors are ``DataConfigError`` naming the file, the key and the path
+code is refused and never run. ``--data x.zip`` (or a tar) is a dataset and its YAML in one archive, unpacked once
+into ../datasets/x beside the repository, as YOLOv5 takes it. Errors are ``DataConfigError`` naming the file, the key and the path
 that was tried; values from the file are cut in messages. The file is read with the bounded YAML
 loader (alias bombs refused).
 """
@@ -25,12 +26,14 @@ import yaml
 
 from utils.errors import UserError, shorten
 from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH
+from utils.paths import archive_stem
 from utils.safe_yaml import read_yaml, yaml_reason
 
 LOGGER = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "data"
+DATASETS_DIR = ROOT.parent / "datasets"  # where YOLOv5 puts datasets: beside the repository
 SPLITS = ("train", "val", "test")
 REQUIRED_SPLITS = ("train", "val")
 MAX_PATH_LENGTH = 4096  # characters in a path value (Linux PATH_MAX)
@@ -212,10 +215,23 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
 
 def load_data_config(path: str | Path) -> DataConfig:
     """Read and check a dataset YAML; see the module docstring for the format."""
-    file = find_data_yaml(path)
-    label = str(path) if Path(path).expanduser().is_file() else str(file)
-    content = _read_yaml(file, label)
-    names = parse_names(content, label)
-    root = _resolve_root(content, file, label, names)
+    given = Path(path).expanduser()
+    if given.is_file() and archive_stem(given.name):  # a dataset and its YAML in one archive, as YOLOv5 takes it
+        from utils.data.dataset_download import unpack_dataset_archive
+
+        file = unpack_dataset_archive(given, DATASETS_DIR, str(path))
+        label = f"{path} ({file})"
+        content = _read_yaml(file, label)
+        names = parse_names(content, label)
+        if content.get("path") not in (None, "", "."):
+            LOGGER.info("%s: path: %s not used: an archive's dataset is where it unpacked, as YOLOv5 takes it", label,
+                        shorten(content["path"]))
+        root = Path(os.path.abspath(file.parent))
+    else:
+        file = find_data_yaml(path)
+        label = str(path) if given.is_file() else str(file)
+        content = _read_yaml(file, label)
+        names = parse_names(content, label)
+        root = _resolve_root(content, file, label, names)
     splits = {key: resolve_split(content, key, root, label) for key in SPLITS}
     return DataConfig(path=root, names=names, nc=len(names), yaml_file=Path(os.path.abspath(file)), **splits)
