@@ -119,3 +119,15 @@ def test_hyp_alias_bomb_and_odd_keys_give_short_messages(tmp_path):
         Hyp.load(odd)
     message = str(error.value)
     assert "unknown hyperparameter(s) 1, xxx" in message and len(message) < 200 + len(str(odd))
+
+
+def test_yolov5s_dataset_hyps_load_and_their_evolved_anchor_count_builds_three_anchors():
+    """hyp.VOC.yaml and hyp.Objects365.yaml: YOLOv5 v7's values, with the evolved ``anchors`` (3.412, 3.2)
+    rounded to 3 anchors per level when the model is built, as YOLOv5 does."""
+    from models.yolo import DetectionModel
+
+    voc, objects365 = Hyp.load("hyp.VOC.yaml"), Hyp.load("hyp.Objects365.yaml")
+    assert (voc.lr0, voc.mosaic, voc.mixup, voc.anchors) == (0.00334, 0.85834, 0.04266, 3.412)
+    assert (objects365.lr0, objects365.scale, objects365.anchors) == (0.00258, 0.491, 3.2)
+    model = DetectionModel("yolov5n.yaml", ch=3, nc=20, anchors=voc.anchors)
+    assert model.model[-1].na == 3 and model.model[-1].anchors.shape == (3, 3, 2)
