@@ -92,7 +92,7 @@ def test_xview_by_name_asks_for_the_manual_download_in_one_line(tmp_path):
         load_data_config(repo_copy_with(tmp_path, "xView.yaml"))
     message = str(raised.value)
     assert len(message.splitlines()) == 1 and "https://challenge.xviewdataset.org" in message
-    assert "xView/train_images, xView/xView_train.geojson" in message and str(tmp_path / "datasets") in message
+    assert "put xView/xView_train.geojson into" in message and str(tmp_path / "datasets") in message
 
 
 def test_xview_by_name_is_converted_in_place_as_yolov5_does(tmp_path, caplog, monkeypatch):
@@ -120,7 +120,7 @@ def test_an_interrupted_xview_conversion_runs_again_from_the_moved_images(tmp_pa
     xview_standin(root, XVIEW_FEATURES)
     (root / "images").mkdir()
     (root / "train_images").rename(root / "images" / "train")
-    converters.xview_to_yolo(root)
+    load_data_config(repo_copy_with(tmp_path, "xView.yaml"))
     assert (root / "images" / "autosplit_val.txt").read_text() == "./train/10.tif\n"
     assert labels_of(root / "labels" / "train" / "01.txt") == [[48, 0.25, 0.5, 0.5, 1.0]]
 
@@ -164,7 +164,7 @@ def argoverse_standin(root, seq_dir="train/seqA/ring_front_center", val_annotati
 
 def test_argoverse_by_name_is_converted_in_place_as_yolov5_does(tmp_path):
     root = tmp_path / "datasets" / "Argoverse"
-    with pytest.raises(DatasetDownloadError, match="downloaded by hand .*drive.google.com.*Argoverse-1.1/tracking"):
+    with pytest.raises(DatasetDownloadError, match="downloaded by hand .*drive.google.com.*Argoverse-HD/annotations"):
         load_data_config(repo_copy_with(tmp_path / "first", "Argoverse.yaml"))
     argoverse_standin(root)
     config = load_data_config(repo_copy_with(tmp_path, "Argoverse.yaml"))

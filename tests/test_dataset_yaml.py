@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -204,7 +205,8 @@ def roboflow_export(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["zip", "gztar"])
-def test_a_dataset_archive_is_unpacked_once_beside_the_repository_as_yolov5_takes_it(tmp_path, monkeypatch, kind):
+def test_a_dataset_archive_is_unpacked_once_beside_the_repository_as_yolov5_takes_it(tmp_path, monkeypatch, kind,
+                                                                                      caplog):
     """--data export.zip (or .tar.gz): unpacked into DATASETS_DIR/export, checked as any archive, and the YAML inside
     read from its own folder; the second use takes the folder as it is."""
     import shutil
@@ -220,7 +222,12 @@ def test_a_dataset_archive_is_unpacked_once_beside_the_repository_as_yolov5_take
     for unpack in ("extract_zip", "extract_tar"):
         monkeypatch.setattr(dataset_download, unpack, lambda *args: pytest.fail("unpacked twice"))
     assert load_data_config(archive).train == config.train
-    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".export.download.lock", "export"]
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [".export.download.lock",
+                                                                         ".export.unpacked-from", "export"]
+    os.utime(archive, ns=(0, 0))  # the archive changed (a new export): said, and the folder left as it is
+    with caplog.at_level(logging.WARNING):
+        assert load_data_config(archive).train == config.train
+    assert f"{archive} changed since it was unpacked into {root}" in caplog.text
 
 
 def test_a_dataset_archive_without_a_yaml_or_with_an_escaping_member_is_one_line(tmp_path, monkeypatch):

@@ -19,7 +19,8 @@
                                                 #   ``url`` of a .json file is fetched and placed as it is
     download:                                   # a dataset downloaded by hand (YOLOv5's xView and Argoverse):
       - manual: https://challenge.xviewdataset.org  # where from (shown in the message)
-        files: [xView/train_images, xView/xView_train.geojson]  # what must be there, relative to path's parent
+        files: [xView/xView_train.geojson]      # what must be there, relative to path's parent (files the
+                                                #   conversion never moves: checked again after an interruption)
       - xview: xView                            # then converted in place: xview or argoverse
 
 ``ensure_downloaded`` runs when the YAML's ``path`` does not exist. Everything happens in a staging folder beside
@@ -220,7 +221,11 @@ def unpack_dataset_archive(archive: Path, datasets: Path, label: str) -> Path:
     archive's, under the download lock (a folder already there is used as it is); returns the dataset YAML inside,
     the shallowest (then first by name), leaving out hidden files and macOS's __MACOSX copies."""
     name = archive_stem(archive.name)
-    target = datasets / name
+    target, source = datasets / name, datasets / f".{name}.unpacked-from"
+    identity = f"{os.path.abspath(archive)} {archive.stat().st_size} {archive.stat().st_mtime_ns}\n"
+    if target.is_dir() and source.is_file() and source.read_text(errors="replace") != identity:
+        LOGGER.warning("WARNING: %s: %s changed since it was unpacked into %s; using what is there (remove %s to "
+                       "unpack it again)", label, archive, target, target)
     if not target.is_dir():
         try:
             datasets.mkdir(parents=True, exist_ok=True)
@@ -232,10 +237,12 @@ def unpack_dataset_archive(archive: Path, datasets: Path, label: str) -> Path:
             if not target.exists():
                 LOGGER.info("%s: unpacking into %s", label, target)
                 staging = datasets / f".{name}.download"
-                staging.mkdir(exist_ok=True)
+                shutil.rmtree(staging, ignore_errors=True)  # what a killed unpack left (under the lock: no one's now)
+                staging.mkdir()
                 try:
                     unpacked = (extract_tar if is_tar_name(archive.name) else extract_zip)(archive, staging)
                     os.rename(unpacked, target)
+                    source.write_text(identity)
                 except DownloadError as error:
                     raise DatasetDownloadError(f"{label}: {error}") from None
                 finally:
@@ -254,18 +261,22 @@ def _prepare_in_place(root: Path, manual: ManualDownload, steps: list, label: st
                       ready) -> None:
     """A dataset downloaded by hand: its files checked, then its conversion steps run in place, under the lock."""
     parent = root.parent
-    missing = [name for name in manual.files if not (parent / name).exists()]
-    if missing:
+    if not parent.is_dir():
         raise DatasetDownloadError(f"{label}: this dataset is downloaded by hand (from {manual.manual}): put "
-                                   f"{', '.join(missing)} into {parent}, then run again (its labels are converted "
-                                   "then)")
+                                   f"{', '.join(manual.files)} into {parent}, then run again")
     lock = _open_lock(parent / f".{root.name}.download.lock", label)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting it: wait, then find it done
-        if not ready():
-            LOGGER.info("%s: converting the dataset in %s", label, root)
-            for step in steps:
-                _convert(step, parent, names, label)
+        if ready():
+            return
+        missing = [name for name in manual.files if not (parent / name).exists()]
+        if missing:
+            raise DatasetDownloadError(f"{label}: this dataset is downloaded by hand (from {manual.manual}): put "
+                                       f"{', '.join(missing)} into {parent}, then run again (its labels are "
+                                       "converted then)")
+        LOGGER.info("%s: converting the dataset in %s", label, root)
+        for step in steps:
+            _convert(step, parent, names, label)
     finally:
         os.close(lock)
 
