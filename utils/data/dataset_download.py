@@ -42,6 +42,7 @@ A ``download:`` that is Python or shell code (YOLOv5's scripts) is refused: it i
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -176,7 +177,6 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
     downloaded by hand in place (see module doc); ``names``: the YAML's class names, the order VOC imports number
     the classes in; ``ready()``: whether the YAML's splits are there (a dataset downloaded by hand)."""
     steps = parse_download(value, label)
-    archives = [step for step in steps if isinstance(step, Archive)]
     parent = root.parent
     manual = next((step for step in steps if isinstance(step, ManualDownload)), None)
     if manual is not None:
@@ -186,12 +186,17 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DatasetDownloadError(f"{label}: cannot make {parent} for the download ({error.strerror})") from None
-    lock = _open_lock(parent / f".{root.name}.download.lock", label)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together: one downloads, the others wait
+    with _download_lock(parent, root.name, label):  # processes starting together: one downloads, the others wait
         if root.exists():
             return
-        staging = parent / f".{root.name}.download"
+        _download(root, steps, label, names)
+
+
+def _download(root: Path, steps: list, label: str, names: list[str] | None) -> None:
+    """Under the lock: the archives fetched and unpacked in the staging folder, converted, moved into place."""
+    parent, archives = root.parent, [step for step in steps if isinstance(step, Archive)]
+    staging = parent / f".{root.name}.download"
+    try:
         _remove_leftovers(staging)
         LOGGER.info("%s: downloading %d archive(s) into %s (%s)", label, len(archives), parent,
                     ", ".join(url_file_name(a.url) for a in archives))
@@ -208,10 +213,18 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         shutil.rmtree(staging, ignore_errors=True)
         LOGGER.info("%s: dataset ready in %s", label, root)
     except DownloadError as error:
-        staging = parent / f".{root.name}.download"
         if staging.is_dir() and not any(path.is_file() for path in staging.rglob("*")):
             shutil.rmtree(staging, ignore_errors=True)  # nothing fetched yet: nothing to keep for a restart
         raise DatasetDownloadError(f"{label}: {error}") from None
+
+
+@contextlib.contextmanager
+def _download_lock(folder: Path, name: str, label: str):
+    """Hold ``folder``/.NAME.download.lock (exclusive; waits for another process holding it)."""
+    lock = _open_lock(folder / f".{name}.download.lock", label)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(lock)
 
@@ -231,9 +244,7 @@ def unpack_dataset_archive(archive: Path, datasets: Path, label: str) -> Path:
             datasets.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise DatasetDownloadError(f"{label}: cannot make {datasets} ({error.strerror})") from None
-        lock = _open_lock(datasets / f".{name}.download.lock", label)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _download_lock(datasets, name, label):
             if not target.exists():
                 LOGGER.info("%s: unpacking into %s", label, target)
                 staging = datasets / f".{name}.download"
@@ -247,8 +258,6 @@ def unpack_dataset_archive(archive: Path, datasets: Path, label: str) -> Path:
                     raise DatasetDownloadError(f"{label}: {error}") from None
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
-        finally:
-            os.close(lock)
     found = sorted((path for path in target.rglob("*") if path.suffix.lower() in (".yaml", ".yml") and path.is_file()
                     and not any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(target).parts)),
                    key=lambda path: (len(path.parts), str(path)))
@@ -264,9 +273,7 @@ def _prepare_in_place(root: Path, manual: ManualDownload, steps: list, label: st
     if not parent.is_dir():
         raise DatasetDownloadError(f"{label}: this dataset is downloaded by hand (from {manual.manual}): put "
                                    f"{', '.join(manual.files)} into {parent}, then run again")
-    lock = _open_lock(parent / f".{root.name}.download.lock", label)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting it: wait, then find it done
+    with _download_lock(parent, root.name, label):  # another process converting it: wait, then find it done
         if ready():
             return
         missing = [name for name in manual.files if not (parent / name).exists()]
@@ -277,8 +284,6 @@ def _prepare_in_place(root: Path, manual: ManualDownload, steps: list, label: st
         LOGGER.info("%s: converting the dataset in %s", label, root)
         for step in steps:
             _convert(step, parent, names, label)
-    finally:
-        os.close(lock)
 
 
 def _open_lock(path: Path, label: str) -> int:
