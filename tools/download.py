@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 from utils.cli import ArgumentParser
-from utils.downloads import RELEASE_WEIGHTS, is_url, weights_file
+from utils.downloads import RELEASE_WEIGHT_NAMES, RELEASE_WEIGHTS, is_url, weights_file
 from utils.errors import UserError, run_main
 
-ALL_WEIGHTS = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")
+ALL_WEIGHTS = RELEASE_WEIGHT_NAMES  # --all-weights, in YOLOv5's order
 
 
 class DownloadNameError(UserError):
@@ -49,7 +49,7 @@ def fetch_name(name: str, folder: Path) -> str:
         return f"{name}: dataset in {config.path}"
     if is_url(name):
         return f"{name}: {weights_file(name)}"
-    if Path(name).name in RELEASE_WEIGHTS and Path(name).name == name:
+    if name in RELEASE_WEIGHTS:
         path = folder / name
         there = path.exists()
         weights_file(path)

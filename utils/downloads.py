@@ -47,7 +47,8 @@ LOGGER = logging.getLogger(__name__)
 
 MIRROR_VARIABLE = "YOLO_TRAINER_MIRROR"
 RELEASE = "https://github.com/ultralytics/yolov5/releases/download/v7.0/"
-RELEASE_WEIGHTS = frozenset(f"yolov5{size}{p6}.pt" for size in "nsmlx" for p6 in ("", "6"))
+RELEASE_WEIGHT_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")  # n..x, then P6
+RELEASE_WEIGHTS = frozenset(RELEASE_WEIGHT_NAMES)
 # Single-file models the loaders read (models/backends.py), by the suffix a downloaded weights file may have.
 # TorchScript is left out on purpose: loading it runs the code it holds. Folders (OpenVINO, NCNN, Core ML) are
 # not single downloads.

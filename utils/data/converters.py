@@ -70,8 +70,7 @@ def _plain_name(value, path: Path, where: str) -> str:
 def _relative_folder(value, path: Path, where: str) -> PurePosixPath:
     """``value`` as a relative folder without '..' of plain names, else one line naming the file."""
     folder = PurePosixPath(value) if isinstance(value, str) and value else None
-    if folder is None or folder.is_absolute() or not folder.parts \
-            or not all(part not in (".", "..") and part.isprintable() and "\\" not in part for part in folder.parts):
+    if folder is None or folder.is_absolute() or not folder.parts or not all(map(plain_file_name, folder.parts)):
         raise AnnotationError(f"{path}: {where}: {shorten(value)} is not a relative folder without '..'")
     return folder
 
@@ -114,9 +113,10 @@ def autosplit(path: str | os.PathLike, weights: tuple[float, float, float] = (0.
     files = sorted((file for file in path.rglob("*") if file.suffix[1:].lower() in IMG_EXTENSIONS and file.is_file()),
                    key=lambda file: file.parts)
     draws = random.Random(0).choices([0, 1, 2], weights=weights, k=len(files))
+    labels = img2label_paths([str(file) for file in files]) if annotated_only else [None] * len(files)
     lists = [[], [], []]
-    for index, file in zip(draws, files):
-        if not annotated_only or os.path.isfile(img2label_paths([str(file)])[0]):
+    for index, file, label in zip(draws, files, labels):
+        if label is None or os.path.isfile(label):
             lists[index].append(f"./{file.relative_to(path.parent).as_posix()}\n")
     for name in AUTOSPLIT_FILES:
         (path.parent / name).unlink(missing_ok=True)
@@ -161,9 +161,9 @@ def xview_to_yolo(folder: str | os.PathLike) -> ImportSummary:
         if sizes[name] is None:
             continue
         row = yolo_row(XVIEW_CLASS_OF[type_id], *corners, *sizes[name]) if type_id in XVIEW_CLASS_OF else None
-        if type_id not in XVIEW_CLASS_OF:
-            unknown[type_id] += 1
-        if row is None:
+        if row is None:  # no class of the 60 (counted by type id), or no area inside the image
+            if type_id not in XVIEW_CLASS_OF:
+                unknown[type_id] += 1
             summary.skipped_boxes += 1
             continue
         rows_of[folder / "labels" / "train" / f"{Path(name).stem}.txt"].append(row)

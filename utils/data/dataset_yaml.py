@@ -216,22 +216,23 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
 def load_data_config(path: str | Path) -> DataConfig:
     """Read and check a dataset YAML; see the module docstring for the format."""
     given = Path(path).expanduser()
-    if given.is_file() and archive_stem(given.name):  # a dataset and its YAML in one archive, as YOLOv5 takes it
+    archive = given.is_file() and archive_stem(given.name) is not None  # a dataset and its YAML in one archive
+    if archive:
         from utils.data.dataset_download import unpack_dataset_archive
 
         file = unpack_dataset_archive(given, DATASETS_DIR, str(path))
         label = f"{path} ({file})"
-        content = _read_yaml(file, label)
-        names = parse_names(content, label)
+    else:
+        file = find_data_yaml(path)
+        label = str(path) if given.is_file() else str(file)
+    content = _read_yaml(file, label)
+    names = parse_names(content, label)
+    if archive:  # where it unpacked, whatever its path says, as YOLOv5 takes an archive
         if content.get("path") not in (None, "", "."):
             LOGGER.info("%s: path: %s not used: an archive's dataset is where it unpacked, as YOLOv5 takes it", label,
                         shorten(content["path"]))
         root = Path(os.path.abspath(file.parent))
     else:
-        file = find_data_yaml(path)
-        label = str(path) if given.is_file() else str(file)
-        content = _read_yaml(file, label)
-        names = parse_names(content, label)
         root = _resolve_root(content, file, label, names)
     splits = {key: resolve_split(content, key, root, label) for key in SPLITS}
     return DataConfig(path=root, names=names, nc=len(names), yaml_file=Path(os.path.abspath(file)), **splits)
