@@ -24,11 +24,22 @@ class Yolov5Files:
     shapes: Path  # JSON: state-dict shapes, strides, parameter counts of yolov5n / yolov5s
 
 
-def write_yolov5_lookalike(folder: Path) -> Yolov5Files:
+def _write(folder: Path, *extra: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)  # nothing may put the project's models package ahead of the look-alike
-    done = subprocess.run([sys.executable, str(SCRIPT), str(ROOT / "models"), str(folder)], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(SCRIPT), str(ROOT / "models"), str(folder), *extra], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def write_yolov5_run(folder: Path, cfg: Path, data: Path, epochs: int, epoch: int, layout: str = "v7") -> Path:
+    """A YOLOv5 run folder (``folder/exp``) interrupted after ``epoch`` of ``epochs``, the model ``cfg`` with
+    ``data``'s classes; ``folder/momentum.pt`` holds its momentum buffers by parameter name (write_checkpoint.py)."""
+    _write(folder, "run", str(cfg), str(data), str(epochs), str(epoch), layout)
+    return folder / "exp"
+
+
+def write_yolov5_lookalike(folder: Path) -> Yolov5Files:
+    _write(folder)
     return Yolov5Files(folder / "yolov5n_lookalike.pt", folder / "yolov5n_lookalike_last.pt",
                        folder / "yolov5n_lookalike_io.pt", folder / "state_dict_shapes.json")

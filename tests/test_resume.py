@@ -161,15 +161,16 @@ def test_resume_refusals_are_one_line(tmp_path, capsys):
     assert "no run to resume" in capsys.readouterr().err
 
 
-def test_resuming_a_yolov5_checkpoint_says_how_to_train_on_from_it(yolov5_lookalike, tmp_path, capsys):
-    """A YOLOv5 run's last.pt: its optimizer and schedule are YOLOv5's, so --resume names the way on (--weights)."""
+def test_resuming_a_yolov5_checkpoint_without_its_options_is_one_line(yolov5_lookalike, tmp_path, capsys):
+    """A YOLOv5 last.pt whose options are not a v6.0+ run's (no opt.yaml beside it; tests/test_yolov5_resume.py
+    resumes complete ones)."""
     last = tmp_path / "exp" / "weights" / "last.pt"
     last.parent.mkdir(parents=True)
-    shutil.copy(yolov5_lookalike.training_checkpoint, last)  # model, EMA, optimizer, as YOLOv5 v7 writes last.pt
+    shutil.copy(yolov5_lookalike.training_checkpoint, last)  # model, EMA, optimizer; opt holds only imgsz
     assert train_script.main(["--resume", str(last), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"train.py: error: {last}: not resumable (a YOLOv5 checkpoint, whose run resumes with YOLOv5; to "
-                   f"train on from it here: --weights {last})"]
+    assert err == [f"train.py: error: {last} (opt): has no --optimizer (or --adam): not the options of a YOLOv5 "
+                   "v6.0 or later run"]
 
 
 def test_truncated_last_falls_back_to_previous(tmp_path, caplog):

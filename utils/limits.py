@@ -47,7 +47,9 @@ MAX_MODEL_MODULES = 10_000  # modules in one model: yolov5x6 has 575 (each takes
 
 # ---------------------------------------------------------------- checkpoints (YOLOv5 pickles)
 MAX_PICKLE_BYTES = 32_000_000  # data.pkl: 87 KB for yolov5n, well under 2 MB for a yolov5x6 training file
-MAX_TENSOR_BYTES = 2_000_000_000  # storages read for "model" + "ema": yolov5x6 in float32 needs 1.13 GB
+# storages read for "model" + "ema" and a resumed YOLOv5 run's optimizer: yolov5x6 in float32 needs 1.13 GB; its
+# YOLOv5 last.pt (fp16 model and EMA, SGD momentum in float32) 1.13 GB, with Adam 1.69 GB
+MAX_TENSOR_BYTES = 2_000_000_000
 MAX_TENSORS = 100_000  # tensors in one module tree: yolov5x6 has about 1,000
 MAX_MODULES = 100_000  # module records walked in one tree: yolov5x6 has about 800
 MAX_TENSOR_DIMS = 8

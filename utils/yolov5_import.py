@@ -439,11 +439,13 @@ def model_entry_from_record(record, source: str) -> dict:
             "stride": stride if isinstance(stride, TensorRecord) and math.prod(stride.size) <= 16 else None}
 
 
-def _materialise(entries: list[dict], archive: zipfile.ZipFile, prefix: str, source: str) -> None:
-    """Read the storages the entries' TensorRecords use (each once, MAX_TENSOR_BYTES in all) and
-    replace every record by a view of its storage."""
+def _materialise(entries: list[dict], archive: zipfile.ZipFile, prefix: str, source: str,
+                 extra: list | None = None) -> dict:
+    """Read the storages the entries' TensorRecords (and ``extra`` records) use, each once, MAX_TENSOR_BYTES in all,
+    and replace every entry's record by a view of its storage; returns {id(record): view} for ``extra``."""
+    extra = extra or []
     records = [tensor for entry in entries for tensor in entry["state_dict"].values()]
-    records += [entry["stride"] for entry in entries if entry["stride"] is not None]
+    records += [entry["stride"] for entry in entries if entry["stride"] is not None] + extra
     storages = {record.storage.key: record.storage for record in records}
     total = sum(storage.nbytes for storage in storages.values())
     if total > MAX_TENSOR_BYTES:
@@ -458,6 +460,7 @@ def _materialise(entries: list[dict], archive: zipfile.ZipFile, prefix: str, sou
         entry["state_dict"] = {name: view(record) for name, record in entry["state_dict"].items()}
         stride = entry["stride"]
         entry["stride"] = [float(s) for s in view(stride).tolist()] if stride is not None else []
+    return {id(record): view(record) for record in extra}
 
 
 def _plain_fields(data: dict) -> dict:
@@ -466,6 +469,8 @@ def _plain_fields(data: dict) -> dict:
               if value is None or isinstance(value, (float, str)) or _small_int(value)}
     updates = data.get("updates")
     fields["ema_updates"] = updates if _small_int(updates) else None
+    if data.get("optimizer") is None:  # YOLOv5's strip_optimizer (a finished run's files, the release weights)
+        fields["finished"] = True
     return fields
 
 
@@ -473,10 +478,72 @@ def _small_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2 ** 63
 
 
-def load_yolov5_checkpoint(path) -> dict:
+# ---------------------------------------------------------------------- a YOLOv5 run's training state
+
+MAX_STATE_KEYS = 8  # per-parameter optimizer state entries: SGD keeps 1, Adam 3 (4 with amsgrad)
+
+
+def optimizer_records(optimizer, source: str) -> tuple[dict, list]:
+    """A pickled ``optimizer.state_dict()`` checked for shape (parameter index -> dict of at most MAX_STATE_KEYS
+    entries, at most MAX_TENSORS entries; groups as a list of dicts with a ``params`` list) and its TensorRecords."""
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict) \
+            or not isinstance(optimizer.get("param_groups"), list):
+        raise CheckpointError(f"{source}: 'optimizer' is not an optimizer state_dict (state, param_groups)")
+    state, groups = optimizer["state"], optimizer["param_groups"]
+    if len(state) > MAX_TENSORS or len(groups) > 16:
+        raise CheckpointError(f"{source}: 'optimizer' holds {len(state)} parameter states in {len(groups)} groups, "
+                              f"more than a model's {MAX_TENSORS} tensors")
+    records = []
+    for index, entry in state.items():
+        if not _is_index(index) or not isinstance(entry, dict) or len(entry) > MAX_STATE_KEYS:
+            raise CheckpointError(f"{source}: optimizer state {shorten(index, 20)}: expected a parameter index -> "
+                                  f"dict of at most {MAX_STATE_KEYS} entries")
+        records += [value for value in entry.values() if isinstance(value, TensorRecord)]
+    for group in groups:
+        params = group.get("params") if isinstance(group, dict) else None
+        if not isinstance(params, list) or len(params) > MAX_TENSORS or not all(map(_is_index, params)):
+            raise CheckpointError(f"{source}: optimizer group without a list of parameter indices")
+    return {"state": state, "param_groups": [{"params": list(group["params"])} for group in groups]}, records
+
+
+def _parameters_by_module(record, prefix: str, out: list, walk: _Walk, depth: int = 0) -> None:
+    """(full name, name in its module, the module's class) of every parameter, in ``model.modules()`` order."""
+    if depth > MAX_MODULE_DEPTH:
+        raise CheckpointError("module tree too deep (cyclic?)")
+    walk.visit_module()
+    state = record.state if isinstance(record, Record) else {}
+    kind = record.qualified_name if isinstance(record, Record) else "?"
+    for name, tensor in _items(state.get("_parameters")):
+        if tensor is not None and isinstance(name, str):
+            out.append((prefix + name, name, kind))
+    for name, child in _items(state.get("_modules")):
+        if child is not None and isinstance(name, str):
+            _parameters_by_module(child, f"{prefix}{name}.", out, walk, depth + 1)
+
+
+def optimizer_layouts(record) -> dict[str, list[list[str]]]:
+    """The parameter names of each YOLOv5 optimizer layout, group by group, for the model ``record``:
+
+    - ``v6.2+`` (smart_optimizer): biases; other weights (decayed); normalisation weights (a torch.nn class
+      whose name holds "Norm") -- the groups of utils.trainer.optim, in its order;
+    - ``v6.1-``: BatchNorm2d weights; other modules' ``weight``; every ``bias`` (no other parameter)."""
+    found: list = []
+    _parameters_by_module(record, "", found, _Walk())
+    norm = [full for full, name, kind in found if name == "weight" and "Norm" in kind.rsplit(".", 1)[-1]
+            and kind.startswith("torch.nn.")]
+    biases = [full for full, name, _ in found if name == "bias"]
+    weights = [full for full, name, _ in found if name != "bias" and full not in set(norm)]
+    batchnorm = [full for full, name, kind in found if name == "weight" and kind.endswith(".BatchNorm2d")]
+    old_weights = [full for full, name, _ in found if name == "weight" and full not in set(batchnorm)]
+    return {"v6.2+": [biases, weights, norm], "v6.1-": [batchnorm, old_weights, biases]}
+
+
+def load_yolov5_checkpoint(path, training: bool = False) -> dict:
     """Our checkpoint format (utils.checkpoint) from a YOLOv5 file: "model" and "ema" entries plus
-    plain fields (epoch, best_fitness, date, ema_updates). YOLOv5 optimizer state is not carried over
-    (nor read: only the storages of "model" and "ema" are)."""
+    plain fields (epoch, best_fitness, date, ema_updates; finished when it has no optimizer, as YOLOv5 strips
+    them). With ``training`` (a resume: utils.checkpoint.yolov5_run) also "yolov5_training": the optimizer's
+    state (its tensors read), YOLOv5's ``opt`` dict and ``optimizer_layouts`` of the model; otherwise the optimizer's
+    storages are not read."""
     path = Path(path)
     source = str(path)
     try:
@@ -488,7 +555,17 @@ def load_yolov5_checkpoint(path) -> dict:
             ckpt = {"source": "yolov5",
                     "model": model_entry_from_record(model if model is not None else ema, source),
                     "ema": model_entry_from_record(ema, source) if ema is not None else None}
-            _materialise([entry for entry in (ckpt["model"], ckpt["ema"]) if entry], archive, prefix, source)
+            extra = []
+            if training and data.get("optimizer") is not None:
+                optimizer, extra = optimizer_records(data["optimizer"], source)
+                ckpt["yolov5_training"] = {"optimizer": optimizer, "opt": data.get("opt"),
+                                           "layouts": optimizer_layouts(model if model is not None else ema)}
+            views = _materialise([entry for entry in (ckpt["model"], ckpt["ema"]) if entry], archive, prefix, source,
+                                 extra)
+            if extra:
+                for entry in ckpt["yolov5_training"]["optimizer"]["state"].values():
+                    entry.update({key: views[id(value)] for key, value in entry.items()
+                                  if isinstance(value, TensorRecord)})
     except CORRUPT as error:
         raise _corrupt(path, error) from None
     ckpt.update(_plain_fields(data))

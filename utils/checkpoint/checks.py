@@ -100,7 +100,8 @@ def check_training(ckpt: dict, path) -> tuple[TrainConfig, Hyp]:
     run = check_run(training["run"], config.epochs, where)
     global_step = run["counters"]["global_step"]
     where.integer(training["ema_updates"], "training.ema_updates", 0, global_step, " (at most one per batch trained)")
-    check_rng(training["rng"], run["world_size"], where)
+    if training["rng"] or ckpt.get("source") != "yolov5":  # YOLOv5's files hold no generator states
+        check_rng(training["rng"], run["world_size"], where)
     check_optimizer_layout(training["optimizer"], where)
     check_scaler(training["scaler"], where)
     where.kind(training["scheduler"], "training.scheduler", dict, "a dict")  # not used: rebuilt from the hyp
@@ -308,9 +309,10 @@ def check_scaler(scaler: dict, where: Fields) -> None:
 # ---------------------------------------------------------------------- stage 2: against the built run
 
 def check_against_run(resume, optimizer: torch.optim.Optimizer, ema_model, batches_per_epoch: int,
-                      classes: int) -> None:
+                      classes: int, parameter_names: list[str] | None = None) -> None:
     """The parts of ``resume`` (a utils.checkpoint.TrainingState) that depend on what was built: called
-    before anything of it is loaded."""
+    before anything of it is loaded. ``parameter_names``: the name of each of ``optimizer``'s parameters, in
+    order, compared with the file's where it names them (a YOLOv5 run's: its state is placed by name)."""
     where = Fields(resume.path)
     run = resume.run
     if run["batch"] and run["batch"] >= batches_per_epoch:
@@ -319,6 +321,14 @@ def check_against_run(resume, optimizer: torch.optim.Optimizer, ema_model, batch
     if run["maps"] is not None and len(run["maps"]) != classes:
         where.fail("training.run.maps", f"{len(run['maps'])} per-class values for {classes} classes")
     check_optimizer_state(resume.optimizer, optimizer, where)
+    saved_names = resume.parameter_names
+    if saved_names is not None and parameter_names is not None and saved_names != parameter_names:
+        index = next((i for i, (a, b) in enumerate(zip(saved_names, parameter_names)) if a != b),
+                     min(len(saved_names), len(parameter_names)))
+        saved = saved_names[index] if index < len(saved_names) else "none"
+        own = parameter_names[index] if index < len(parameter_names) else "none"
+        where.fail(f"optimizer parameter {index}", f"is {shorten(saved, 60)} in the file but {shorten(own, 60)} in "
+                                                   "this model (its parameters come in another order)")
     if ema_model is not None:
         entry = resume.ema if resume.ema is not None else resume.model
         check_weights(entry.get("state_dict"), ema_model.state_dict(), "ema.state_dict" if resume.ema else

@@ -218,6 +218,8 @@ class TrainingState:
     config: dict
     hyp: dict
     identity: tuple | None = None
+    origin: str = ""  # "yolov5": a run YOLOv5 started (utils.checkpoint.yolov5_run)
+    parameter_names: list | None = None  # the parameter of each optimizer index, where the file names them (YOLOv5's)
 
 
 def model_entry(ckpt: dict) -> dict:
@@ -252,11 +254,16 @@ def training_state(ckpt: dict, path) -> TrainingState:
     """The resumable part of ``ckpt``, every field's type and range checked (utils.checkpoint.checks:
     options through the command line's bounds, hyp, position, counters, results, generator states,
     optimizer layout) before anything is built; CheckpointError naming the file and field otherwise."""
+    origin = ""
+    if _is_imported(ckpt) and not is_finished(ckpt):  # a YOLOv5 run's last.pt: read again with its training state
+        from utils.checkpoint.yolov5_run import yolov5_resumable
+
+        ckpt, origin = yolov5_resumable(path), "yolov5"
     training = ckpt.get("training")
     if not isinstance(training, dict):
         reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"
-        if _is_imported(ckpt):  # YOLOv5's optimizer and schedule state are not read: its run resumes in YOLOv5
-            reason = f"a YOLOv5 checkpoint, whose run resumes with YOLOv5; to train on from it here: --weights {path}"
+        if _is_imported(ckpt):
+            reason = f"a YOLOv5 file without training state; to train on from it: --weights {path}"
         raise CheckpointError(f"{path}: not resumable ({reason})")
     version = training.get("version")
     if version != TRAINING_VERSION:
@@ -272,7 +279,7 @@ def training_state(ckpt: dict, path) -> TrainingState:
     check_training(ckpt, path)
     return TrainingState(Path(path), ckpt["model"], ckpt.get("ema"), training["ema_updates"], training["optimizer"],
                          training["scaler"], training["scheduler"], training["run"], training["rng"],
-                         ckpt["config"], ckpt["hyp"])
+                         ckpt["config"], ckpt["hyp"], origin=origin, parameter_names=ckpt.get("parameter_names"))
 
 
 def load_resumable(path) -> tuple[dict, Path]:

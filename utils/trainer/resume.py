@@ -180,8 +180,9 @@ def finished_message(path: Path, checkpoint: dict) -> str:
     epochs = last + 1 if type(last) is int and 0 <= last < MAX_EPOCHS_SHOWN else "?"  # file content: type-checked
     stored = config.get("data")
     data = f" --data {stored}" if isinstance(stored, str) and 0 < len(stored) <= 4096 else ""
-    return (f"{path}: this run finished its {epochs} epochs. To train it further, start a new run from its "
-            f"weights: python train.py --weights {path}{data} --epochs N")
+    done = f"finished its {epochs} epochs" if epochs != "?" else "has finished"  # YOLOv5's stripped files: epoch -1
+    return (f"{path}: this run {done}. To train it further, start a new run from its weights: python train.py "
+            f"--weights {path}{data} --epochs N")
 
 
 def option_changes(explicit: dict, saved: TrainConfig) -> dict:
@@ -357,6 +358,10 @@ def claim_run_folder(config: TrainConfig, resume: TrainingState | None) -> Path:
     try:
         if resume is not None:
             check_unchanged(resume)
+            if resume.origin == "yolov5":
+                from utils.checkpoint.yolov5_run import keep_yolov5_files
+
+                keep_yolov5_files(folder, Path(resume.path))
         mark_folder(folder, dist.launch_info().launch_id)
     except BaseException:
         release_run_folder(folder)

@@ -154,8 +154,10 @@ class Trainer:
         """Optimizer state, loss scale, EMA and run state as they were saved (checked against the model,
         optimizer and loader first); learning rates and every optimizer setting from the hyp and position."""
         step = self.step
+        names = {id(parameter): name for name, parameter in self.model.named_parameters()}
         check_against_run(resume, step.optimizer, step.ema.ema if step.ema is not None else None,
-                          self.data.batches_per_epoch, len(self.data.names))
+                          self.data.batches_per_epoch, len(self.data.names),
+                          [names.get(id(p), "?") for group in step.optimizer.param_groups for p in group["params"]])
         restore_optimizer(step.optimizer, resume.optimizer)
         restore_scaler(step.precision.scaler, resume.scaler)
         restore_schedule(self.scheduler, resume.run["epoch"])
@@ -164,12 +166,22 @@ class Trainer:
             step.ema.ema.load_state_dict(ema_entry["state_dict"])
             step.ema.updates = int(resume.ema_updates)
         self.state = RunState.from_dict(resume.run)
+        if resume.origin == "yolov5":  # its files count no batches: YOLOv5 numbers them epoch x batches per epoch
+            counters = self.state.counters
+            counters.global_step = self.state.epoch * self.data.batches_per_epoch
+            counters.last_optimizer_step = counters.global_step - 1  # an optimizer step ended the epoch
         planned = self.state.planned_epochs or (None if self.config.time else self.config.epochs)
         LOGGER.info("Resuming %s from epoch %d/%s, batch %d/%d", resume.path, self.state.epoch + 1,
                     planned or "?", self.state.batch, self.data.batches_per_epoch)
 
     def _restore_rng(self, saved: list) -> None:
-        """Each process's generators as saved; with another number of processes, a warning instead."""
+        """Each process's generators as saved; with another number of processes, a warning instead; a file without
+        them (a YOLOv5 run's), the generators as --seed set them."""
+        if not saved:
+            LOGGER.info("Resume: %s holds no generator states; the random draws go on from --seed %d",
+                        self.config.resume, self.config.seed)
+            self.state.world_size = self.info.world_size
+            return
         if self.state.world_size == self.info.world_size and len(saved) == self.info.world_size:
             restore_rng(saved[max(self.info.rank, 0)])
             return
