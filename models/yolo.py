@@ -23,7 +23,6 @@ if __name__ == "__main__" and str(Path(__file__).resolve().parents[1]) not in sy
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # python models/yolo.py: the project's packages
 
 import torch
-import yaml
 from torch import nn
 
 from models.bounds import (REQUIRED_KEYS, check_anchors, check_arguments, check_config, check_nc, is_count,
@@ -35,7 +34,7 @@ from models.common import (C3, C3SPP, C3TR, SPP, SPPF, BatchNormRow, Bottleneck,
                            default_activation, fuse_conv_and_bn)
 from utils.errors import UserError, shorten
 from utils.limits import MAX_ARGUMENT, MAX_CHANNELS, MAX_MODEL_MODULES, MAX_PARAMETERS, MAX_REPEATS
-from utils.safe_yaml import read_yaml, yaml_reason
+from utils.safe_yaml import read_yaml_as
 
 LOGGER = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent
@@ -198,12 +197,7 @@ def load_model_config(cfg) -> tuple[dict, str]:
                 break
     if not path.is_file():
         raise ModelConfigError(f"{cfg}: model YAML not found")
-    try:
-        data = read_yaml(path)
-    except OSError as error:
-        raise ModelConfigError(f"{path}: cannot read ({error.strerror or error})") from None
-    except yaml.YAMLError as error:
-        raise ModelConfigError(f"{path}: invalid YAML ({yaml_reason(error)})") from None
+    data = read_yaml_as(path, ModelConfigError)
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path}: a model YAML must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
     data["yaml_file"] = path.name

@@ -89,3 +89,13 @@ def read_yaml(path):
     if len(data) > MAX_YAML_BYTES:
         raise YamlLimitError(f"file larger than the {MAX_YAML_BYTES >> 20} MB limit for a YAML file")
     return load_yaml(data)
+
+
+def read_yaml_as(path, error: type[Exception]):
+    """``read_yaml``, with a file that cannot be read or parsed raised as one-line ``error`` naming ``path``."""
+    try:
+        return read_yaml(path)
+    except OSError as failure:
+        raise error(f"{path}: cannot read ({failure.strerror or failure})") from None
+    except yaml.YAMLError as failure:
+        raise error(f"{path}: invalid YAML ({yaml_reason(failure)})") from None

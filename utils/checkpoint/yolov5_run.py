@@ -37,14 +37,13 @@ from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from utils.config import ConfigError, TrainConfig
 from utils.errors import CheckpointError, shorten, writing
 from utils.files import read_regular
 from utils.loggers import RESULTS_KEYS
 from utils.metrics import fitness
-from utils.safe_yaml import read_yaml, yaml_reason
+from utils.safe_yaml import read_yaml_as
 
 LOGGER = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def yolov5_resumable(path) -> dict:
     folder = path.parent.parent
     opt, opt_source = run_options(folder, training["opt"], path)
     config = config_from_options(opt, folder, opt_source)
-    hyp = run_hyp(opt, folder, opt_source)
+    hyp = run_hyp(opt, folder)
     done = epoch + 1
     rows = read_results(folder / "results.csv", done)
     optimizer, names, layout = own_optimizer(training["optimizer"], training["layouts"], path)
@@ -96,12 +95,7 @@ def run_options(folder: Path, stored, path: Path) -> tuple[dict, str]:
     """(YOLOv5's options, where they came from): ``<run>/opt.yaml`` when present, else the checkpoint's ``opt``."""
     source = folder / "opt.yaml"
     if source.is_file():
-        try:
-            stored = read_yaml(source)
-        except OSError as error:
-            raise CheckpointError(f"{source}: cannot read ({error.strerror or error})") from None
-        except yaml.YAMLError as error:
-            raise CheckpointError(f"{source}: invalid YAML ({yaml_reason(error)})") from None
+        stored = read_yaml_as(source, CheckpointError)
     else:
         source = f"{path} (opt)"
     if not isinstance(stored, dict) or not all(isinstance(key, str) for key in stored):
@@ -140,19 +134,13 @@ def config_from_options(opt: dict, folder: Path, source: str) -> dict:
     return values
 
 
-def run_hyp(opt: dict, folder: Path, source: str) -> dict:
+def run_hyp(opt: dict, folder: Path) -> dict:
     """The run's hyperparameters: opt's ``hyp`` dict (YOLOv5 v6.0+), else ``<run>/hyp.yaml``."""
     hyp = opt.get("hyp")
     if isinstance(hyp, dict):
         return hyp
     where = folder / "hyp.yaml"
-    try:
-        hyp = read_yaml(where)
-    except OSError as error:
-        raise CheckpointError(f"{source}: its hyp is no mapping and {where} cannot be read "
-                              f"({error.strerror or error})") from None
-    except yaml.YAMLError as error:
-        raise CheckpointError(f"{where}: invalid YAML ({yaml_reason(error)})") from None
+    hyp = read_yaml_as(where, CheckpointError)
     if not isinstance(hyp, dict):
         raise CheckpointError(f"{where}: expected a mapping of hyperparameters")
     return hyp
