@@ -258,7 +258,7 @@ def training_state(ckpt: dict, path) -> TrainingState:
     if _is_imported(ckpt) and not is_finished(ckpt):  # a YOLOv5 run's last.pt: read again with its training state
         from utils.checkpoint.yolov5_run import yolov5_resumable
 
-        ckpt, origin = yolov5_resumable(path), "yolov5"
+        ckpt, origin = yolov5_resumable(path, TRAINING_VERSION), "yolov5"
     training = ckpt.get("training")
     if not isinstance(training, dict):
         reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"

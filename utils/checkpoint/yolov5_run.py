@@ -52,10 +52,10 @@ MAX_RESULTS_BYTES = 64 << 20  # results.csv: about 300 bytes a row
 KEPT_LAST, KEPT_RESULTS = "last.yolov5.pt", "results.yolov5.csv"
 
 
-def yolov5_resumable(path) -> dict:
-    """Our resumable checkpoint layout (utils.checkpoint) for YOLOv5's last.pt ``path``, plus "parameter_names":
-    the parameter of each optimizer index. CheckpointError (one line, naming the file) when it cannot be resumed."""
-    from utils.checkpoint.store import TRAINING_VERSION
+def yolov5_resumable(path, version: int) -> dict:
+    """Our resumable checkpoint layout (utils.checkpoint; its "training" entry of layout ``version``) for YOLOv5's
+    last.pt ``path``, plus "parameter_names": the parameter of each optimizer index. CheckpointError (one line, naming
+    the file) when it cannot be resumed."""
     from utils.yolov5_import import load_yolov5_checkpoint
 
     path = Path(path)
@@ -87,7 +87,7 @@ def yolov5_resumable(path) -> dict:
     LOGGER.info("%s: a YOLOv5 run (options from %s), continued from epoch %d with its optimizer state (%s layout), "
                 "EMA and %d results rows", path, opt_source, done, layout, len(rows))
     return {**ckpt, "config": config, "hyp": hyp, "parameter_names": names,
-            "training": {"version": TRAINING_VERSION, "optimizer": optimizer, "scaler": {}, "scheduler": {},
+            "training": {"version": version, "optimizer": optimizer, "scaler": {}, "scheduler": {},
                          "ema_updates": updates, "run": run, "rng": []}}
 
 
