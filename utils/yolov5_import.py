@@ -532,9 +532,11 @@ def optimizer_layouts(record) -> dict[str, list[list[str]]]:
     norm = [full for full, name, kind in found if name == "weight" and "Norm" in kind.rsplit(".", 1)[-1]
             and kind.startswith("torch.nn.")]
     biases = [full for full, name, _ in found if name == "bias"]
-    weights = [full for full, name, _ in found if name != "bias" and full not in set(norm)]
+    norm_set = set(norm)
+    weights = [full for full, name, _ in found if name != "bias" and full not in norm_set]
     batchnorm = [full for full, name, kind in found if name == "weight" and kind.endswith(".BatchNorm2d")]
-    old_weights = [full for full, name, _ in found if name == "weight" and full not in set(batchnorm)]
+    batchnorm_set = set(batchnorm)
+    old_weights = [full for full, name, _ in found if name == "weight" and full not in batchnorm_set]
     return {"v6.2+": [biases, weights, norm], "v6.1-": [batchnorm, old_weights, biases]}
 
 
