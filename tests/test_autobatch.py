@@ -175,11 +175,11 @@ def test_the_chosen_batch_is_saved_with_the_run(tmp_path, monkeypatch, multi_sca
 
 
 def test_augment_device_sets_its_tables_memory_aside(tmp_path, monkeypatch, capsys):
-    """--augment-device keeps two HSV tables on the device (utils/data/device_augment.py: RESIDENT_BYTES, 109 MiB):
-    AutoBatch sizes the step in what is left, and its line says so."""
-    from utils.data.device_augment import RESIDENT_BYTES, hsv_tables_cpu
+    """--augment-device keeps up to three HSV tables on the device (utils/data/device_augment.py: RESIDENT_BYTES,
+    154 MiB): AutoBatch sizes the step in what is left, and its line says so."""
+    from utils.data.device_augment import RESIDENT_BYTES, hsv_tables_cpu, scalar_rgb_table_cpu
 
-    assert sum(table.nbytes for table in hsv_tables_cpu()) == RESIDENT_BYTES
+    assert sum(table.nbytes for table in (*hsv_tables_cpu(), scalar_rgb_table_cpu())) == RESIDENT_BYTES
     data, cfg = make_tiny_run(tmp_path)
     monkeypatch.setattr(autobatch, "refuse_on", lambda device: None)
     monkeypatch.setattr(autobatch, "training_step_probe", lambda *args: linear_probe(GIB, 0.5 * GIB))
@@ -193,7 +193,8 @@ def test_augment_device_sets_its_tables_memory_aside(tmp_path, monkeypatch, caps
     assert "set aside" not in capsys.readouterr().out
     assert train_script.main(args + ["--augment-device"]) == 0
     assert yaml.safe_load((tmp_path / "runs" / "exp2" / "opt.yaml").read_text())["batch_size"] == 4
-    assert "(after 0.106 GiB set aside for --augment-device)" in capsys.readouterr().out
+    assert f"(after {RESIDENT_BYTES / GIB:.3g} GiB set aside for --augment-device)" in capsys.readouterr().out
+    assert f"{RESIDENT_BYTES / GIB:.3g}" == "0.15"
 
 
 def test_multi_scale_bounds_are_the_sizes_it_draws():

@@ -7,7 +7,8 @@ Tolerance, per image:
 - share of values that differ below 0.005.
 Measured on these cases (CPU, torch 2.14.1, OpenCV 5.0.0), the worst image of each case: mean and share
 0.00011-0.00098 (rect: 0.0012, on 96 x 64 images), 99.9th percentile 0 (rect: 1), largest difference 1-2 (a warped
-value 1 off can move by more through OpenCV's HSV conversion); no augmentation: identical.
+value 1 off can move by more through OpenCV's HSV conversion); no augmentation: identical. With OpenCV 5.1.0 the
+same, rect 0. Both versions pass (the pixels OpenCV's HSV -> RGB converts with its scalar code take its table).
 """
 from __future__ import annotations
 
@@ -178,10 +179,10 @@ def test_warp_matches_opencv(projective):
         assert_close(render_plans(batch)[0], torch.from_numpy(expected.copy()).permute(2, 0, 1))
 
 
-@pytest.mark.parametrize("width", [64, 75])
+@pytest.mark.parametrize("width", [64, 75, 96, 100])
 def test_hsv_tables_give_opencvs_hsv(width):
-    """Exact where OpenCV converts with its vector code (rows of a multiple of 32 pixels); elsewhere its scalar code
-    rounds a few values of a row's tail differently, by 1."""
+    """Exact at every width: where OpenCV converts a row's last pixels with its scalar code (past its blocks of
+    vector code: 32 pixels with OpenCV 5.0, 64 with 5.1), those pixels take the scalar code's table."""
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, (24, width, 3), dtype=np.uint8)
     img[:12] = cv2.GaussianBlur(img[:12], (5, 5), 0)
@@ -189,11 +190,42 @@ def test_hsv_tables_give_opencvs_hsv(width):
     expected = augment_hsv(img.copy(), 0.015, 0.7, 0.4, np.random.default_rng(4), rgb=True)
     got = colour_step(torch.from_numpy(img)[None], torch.from_numpy(hsv_lut(gains)[:, 0])[None], torch.tensor([True]),
                       torch.device("cpu"))[0].numpy()
-    diff = np.abs(got.astype(int) - expected)
-    if width % 32 == 0:
-        assert diff.max() == 0
-    else:
-        assert diff.max() <= 1 and diff[:, : width // 32 * 32].max() == 0
+    assert np.array_equal(got, expected)
+
+
+def test_scalar_positions_are_where_opencvs_codes_differ():
+    """The probe finds exactly the pixels whose conversion is the scalar code's: a row's tail past OpenCV's blocks,
+    the same columns on every row; none where the blocks divide the width."""
+    inputs, vector, scalar = device_augment.probe_inputs()
+    assert len(inputs) == 4 and (vector != scalar).any(axis=1).all()
+    assert len(device_augment.scalar_positions(24, 256)) == 0
+    flat = device_augment.scalar_positions(24, 100)
+    rows, cols = np.divmod(flat, 100)
+    tail = sorted(set(cols.tolist()))
+    assert tail and tail == list(range(tail[0], 100)) and tail[0] % 32 == 0  # a tail past whole blocks
+    assert np.array_equal(np.bincount(rows, minlength=24), np.full(24, len(tail)))
+    img = np.broadcast_to(inputs[0], (24, 100, 3)).copy()
+    out = cv2.cvtColor(img, cv2.COLOR_HSV2RGB).reshape(-1, 3)
+    assert (out[flat] == scalar[0]).all()
+    assert (np.delete(out, flat, axis=0) == vector[0]).all()
+
+
+def test_images_of_their_own_size_take_their_own_scalar_pixels():
+    """An image smaller than its colour step's frame (a distributed rank's two rect shapes) is converted as OpenCV
+    converts an image of its own size; an image without HSV takes none."""
+    rng = np.random.default_rng(3)
+    frame = rng.integers(0, 256, (2, 20, 100, 3), dtype=np.uint8)
+    gains = hsv_gains(0.015, 0.7, 0.4, np.random.default_rng(4))
+    tables = torch.from_numpy(np.stack([hsv_lut(gains)[:, 0]] * 2))
+    sizes = torch.tensor([[100, 20], [75, 12]])
+    got = colour_step(torch.from_numpy(frame), tables, torch.tensor([True, True]), torch.device("cpu"), sizes).numpy()
+    for image, (w, h) in enumerate(sizes.tolist()):
+        own = frame[image, :h, :w].copy()
+        expected = augment_hsv(own, 0.015, 0.7, 0.4, np.random.default_rng(4), rgb=True)
+        assert np.array_equal(got[image, :h, :w], expected)
+    positions = device_augment.scalar_step_positions((2, 20, 100), torch.tensor([False, True]), sizes)
+    own = device_augment.scalar_positions(12, 75)
+    assert positions is None or (len(positions) == len(own) and positions.min() >= 20 * 100)
 
 
 def test_device_augment_is_a_batch_transform(split):

@@ -8,9 +8,11 @@ What the CPU path does with OpenCV per image, done here for a whole batch (docs/
   floating point and rounds to nearest, as this does: the two differ by 1 on a few pixels in 100,000 (rounding of
   values within float error of .5);
 - HSV: OpenCV's own uint8 BGR -> HSV and HSV -> RGB conversions as two tables, made once per device by cv2 on
-  every possible input (64 MiB + 45 MiB as int32), with the plan's table in between: exact, except that OpenCV's
-  HSV -> RGB rounds the last pixels of a row that are not a multiple of its vector width (32 pixels with OpenCV
-  5.0 on AVX-512) a little differently (by 1);
+  every possible input (64 MiB + 45 MiB as int32), with the plan's table in between: exact. OpenCV's HSV -> RGB
+  converts the last pixels of a row past its blocks of vector code (32 pixels with OpenCV 5.0, 64 with 5.1) with
+  its scalar code, which rounds most inputs differently (by 1): where an image's shape has such pixels (asked of
+  cv2 once per shape, ``scalar_positions``), they take a third table, the scalar code's (45 MiB, made on first
+  need);
 - copy-paste: the canvas pixels under the plan's mask take the mirrored canvas's (exact);
 - mixup: the second mosaic warped the same way, blended in float32 and rounded as cv2.addWeighted (exact);
 - flips: folded into the sampling (exact);
@@ -24,6 +26,7 @@ The result is ``collate``'s layout: (B, 3, H, W) uint8 RGB, channels_last.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import cv2
@@ -35,29 +38,42 @@ from utils.data.images import ImageError
 from utils.data.transforms import FILL
 
 CANVAS_BYTES = 256 << 20  # float32 canvas memory one rendering step uses at most (more images: several steps)
-# what the rendering keeps on the device between batches: the two HSV tables as int32 (AutoBatch sets it aside; the
-# rendering's other buffers are freed before the forward pass, whose peak is larger, and reused by it)
-RESIDENT_BYTES = (256 ** 3 + 180 * 256 ** 2) * 4
+# what the rendering keeps on the device between batches, at most: the two HSV tables as int32 and, once an image's
+# shape has pixels that OpenCV's HSV -> RGB converts with its scalar code, that code's table (AutoBatch sets it all
+# aside; the rendering's other buffers are freed before the forward pass, whose peak is larger, and reused by it)
+RESIDENT_BYTES = (256 ** 3 + 2 * 180 * 256 ** 2) * 4
 COLOUR_STEP = 16  # images per HSV step (its index tensors: 12 bytes per pixel)
 _TABLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_SCALAR_TABLES: dict[str, torch.Tensor] = {}
 _TABLES_LOCK = threading.Lock()
+_POSITIONS: dict[tuple[int, int], np.ndarray] = {}
+_POSITIONS_LOCK = threading.Lock()
+
+
+def every_colour(first: int = 256) -> np.ndarray:
+    """Every uint8 triple whose first byte is below ``first``, in packed-index order: (first, 256, 256, 3)."""
+    values = np.arange(256, dtype=np.uint8)
+    colours = np.empty((first, 256, 256, 3), np.uint8)
+    colours[..., 0] = values[:first, None, None]
+    colours[..., 1] = values[None, :, None]
+    colours[..., 2] = values[None, None, :]
+    return colours
+
+
+def packed_conversion(colours: np.ndarray, row: int, code: int) -> np.ndarray:
+    """cv2.cvtColor(code) of every colour, converted as rows of ``row`` pixels, as int32 of packed bytes."""
+    packed = np.zeros((colours.size // 3, 4), np.uint8)
+    packed[:, :3] = cv2.cvtColor(colours.reshape(-1, row, 3), code).reshape(-1, 3)
+    return packed.view("<i4")[:, 0].copy()
 
 
 def hsv_tables_cpu() -> tuple[np.ndarray, np.ndarray]:
     """OpenCV's uint8 conversions on every input, as int32 tables of packed bytes: BGR -> HSV indexed by
     b << 16 | g << 8 | r, holding h | s << 8 | v << 16; HSV -> RGB indexed by h << 16 | s << 8 | v (hue is below
     180), holding r | g << 8 | b << 16. Rows of 256 pixels, so that OpenCV converts every pixel with its vector code."""
-    values = np.arange(256, dtype=np.uint8)
-    colours = np.empty((256, 256, 256, 3), np.uint8)
-    colours[..., 0] = values[:, None, None]
-    colours[..., 1] = values[None, :, None]
-    colours[..., 2] = values[None, None, :]
-    packed = np.zeros((256 ** 3, 4), np.uint8)
-    packed[:, :3] = cv2.cvtColor(colours.reshape(-1, 256, 3), cv2.COLOR_BGR2HSV).reshape(-1, 3)
-    to_hsv = packed.view("<i4")[:, 0].copy()
-    packed = np.zeros((180 * 256 ** 2, 4), np.uint8)
-    packed[:, :3] = cv2.cvtColor(colours[:180].reshape(-1, 256, 3), cv2.COLOR_HSV2RGB).reshape(-1, 3)
-    return to_hsv, packed.view("<i4")[:, 0].copy()
+    colours = every_colour()
+    return (packed_conversion(colours, 256, cv2.COLOR_BGR2HSV),
+            packed_conversion(colours[:180], 256, cv2.COLOR_HSV2RGB))
 
 
 def hsv_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +84,55 @@ def hsv_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
             to_hsv, to_rgb = hsv_tables_cpu()
             _TABLES[key] = to_device(torch.from_numpy(to_hsv), device), to_device(torch.from_numpy(to_rgb), device)
         return _TABLES[key]
+
+
+def hsv_inputs(index: np.ndarray) -> np.ndarray:
+    """The uint8 HSV inputs at ``index`` of the HSV -> RGB table (h << 16 | s << 8 | v, hue below 180): (N, 3)."""
+    index = np.asarray(index)
+    return np.stack([index >> 16, (index >> 8) & 255, index & 255], axis=1).astype(np.uint8)
+
+
+def scalar_rgb_table_cpu() -> np.ndarray:
+    """``hsv_tables_cpu``'s HSV -> RGB table as OpenCV's scalar code computes it: rows of one pixel, which have no
+    block of vector code."""
+    return packed_conversion(every_colour(180), 1, cv2.COLOR_HSV2RGB)
+
+
+def scalar_rgb_table(device: torch.device) -> torch.Tensor:
+    """``scalar_rgb_table_cpu`` on ``device``, made once per device on first need (45 MiB as int32)."""
+    key = str(device)
+    with _TABLES_LOCK:
+        if key not in _SCALAR_TABLES:
+            _SCALAR_TABLES[key] = to_device(torch.from_numpy(scalar_rgb_table_cpu()), device)
+        return _SCALAR_TABLES[key]
+
+
+@functools.lru_cache(maxsize=None)
+def probe_inputs(count: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` HSV inputs that OpenCV's two HSV -> RGB codes convert differently, with the vector code's and the
+    scalar code's results: (count, 3) each."""
+    inputs = hsv_inputs(np.arange(2048) * 4099)  # spread over the table; most inputs differ between the codes
+    vector = cv2.cvtColor(inputs.reshape(1, -1, 3), cv2.COLOR_HSV2RGB).reshape(-1, 3)  # one long row: its blocks
+    scalar = cv2.cvtColor(inputs.reshape(-1, 1, 3), cv2.COLOR_HSV2RGB).reshape(-1, 3)
+    differ = np.flatnonzero((vector != scalar).any(axis=1))[:count]
+    return inputs[differ], vector[differ], scalar[differ]
+
+
+def scalar_positions(height: int, width: int) -> np.ndarray:
+    """The pixels of a contiguous (height, width) image that OpenCV's HSV -> RGB converts with its scalar code, as
+    flat indices (empty where it has none: every width OpenCV's blocks divide). Found by converting images of that
+    shape filled with inputs that the two codes convert differently, so whatever the installed OpenCV and CPU do;
+    cached per shape (a few cv2 calls)."""
+    key = (int(height), int(width))
+    with _POSITIONS_LOCK:
+        if key not in _POSITIONS:
+            inputs, _, scalar = probe_inputs()
+            found = np.ones(key, bool)
+            for value, result in zip(inputs, scalar):
+                out = cv2.cvtColor(np.broadcast_to(value, (*key, 3)).copy(), cv2.COLOR_HSV2RGB)
+                found &= (out == result).all(axis=-1)
+            _POSITIONS[key] = np.flatnonzero(found)
+        return _POSITIONS[key]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -88,7 +153,8 @@ def render_plans(batch, device: torch.device | str = "cpu") -> torch.Tensor:
     out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=device)
     for first in range(0, count, COLOUR_STEP):
         last = min(first + COLOUR_STEP, count)
-        out[first:last] = colour_step(bgr[first:last], batch.hsv[first:last], batch.has_hsv[first:last], device)
+        out[first:last] = colour_step(bgr[first:last], batch.hsv[first:last], batch.has_hsv[first:last], device,
+                                      batch.out_sizes[first:last], batch.flips[first:last])
     for image, (w, h) in enumerate(batch.out_sizes.tolist()):  # smaller than the batch: grey beyond, as collate pads
         if (h, w) != (height, width):
             out[image, h:] = FILL
@@ -265,8 +331,11 @@ def blend_step(bgr: torch.Tensor, blends: torch.Tensor, ratios: torch.Tensor, de
     bgr[images] = mixed.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, device) -> torch.Tensor:
-    """(n, H, W, 3) uint8 BGR -> RGB, through each image's HSV table where it has one (OpenCV's conversions)."""
+def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, device,
+                out_sizes: torch.Tensor | None = None, flips: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, H, W, 3) uint8 BGR -> RGB, through each image's HSV table where it has one (OpenCV's conversions, each
+    image as OpenCV converts an image of its own size, before its flips: ``out_sizes`` (n, 2) (w, h), else the
+    frame's; ``flips`` (n, 2) (up-down, left-right), else none; both on the host)."""
     if not bool(has_hsv.any()):
         return bgr.flip(-1)
     to_hsv, to_rgb = hsv_tables(device)
@@ -281,10 +350,35 @@ def colour_step(bgr: torch.Tensor, hsv: torch.Tensor, has_hsv: torch.Tensor, dev
     index = tables.index_select(0, ((packed & 255) + base).view(-1))
     index += tables.index_select(0, (((packed >> 8) & 255) + (base + 256)).view(-1))
     index += tables.index_select(0, ((packed >> 16) + (base + 512)).view(-1))
-    coloured = to_rgb.index_select(0, index).view(torch.uint8).view(*bgr.shape[:3], 4)[..., :3]
+    rgb = to_rgb.index_select(0, index)
+    positions = scalar_step_positions(bgr.shape[:3], has_hsv, out_sizes, flips)
+    if positions is not None:
+        positions = to_device(positions, device)
+        rgb.index_copy_(0, positions, scalar_rgb_table(device).index_select(0, index.index_select(0, positions)))
+    coloured = rgb.view(torch.uint8).view(*bgr.shape[:3], 4)[..., :3]
     if bool(has_hsv.all()):
         return coloured
     return torch.where(to_device(has_hsv, device).view(-1, 1, 1, 1), coloured, bgr.flip(-1))
+
+
+def scalar_step_positions(shape, has_hsv: torch.Tensor, out_sizes: torch.Tensor | None = None,
+                          flips: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The flat indices into an (n, H, W) colour step of the pixels OpenCV converts with its scalar HSV -> RGB
+    code: ``scalar_positions`` of each coloured image's own size, mirrored by its flips (OpenCV flips after HSV),
+    placed in the frame; None where there are none. Known on the host from the shapes alone: the device never waits
+    for them."""
+    count, height, width = shape
+    sizes = [(width, height)] * count if out_sizes is None else out_sizes.tolist()
+    flipped = [(False, False)] * count if flips is None or not len(flips) else flips.tolist()
+    found = []
+    for image, ((w, h), (up_down, left_right), coloured) in enumerate(zip(sizes, flipped, has_hsv.tolist())):
+        flat = scalar_positions(h, w) if coloured else ()
+        if len(flat):
+            rows, cols = np.divmod(flat, w)
+            rows = h - 1 - rows if up_down else rows
+            cols = w - 1 - cols if left_right else cols
+            found.append(np.sort(image * height * width + rows * width + cols))
+    return torch.from_numpy(np.concatenate(found)) if found else None
 
 
 class DeviceAugment:

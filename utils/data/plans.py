@@ -212,7 +212,9 @@ class PlanBatch:
     ``ratios`` (M,) float64: image = ratio x image + (1 - ratio) x layer, before HSV. ``pastes`` (P, 6) int64: layer,
     x, y, width, height, offset in ``paste_masks`` (flat bool): copy-paste's masks. ``out_sizes`` (B, 2) int64: each
     image's (w, h); the batch is (height, width) = ``size``, smaller images padded grey bottom/right as ``collate``
-    pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables."""
+    pads them. ``hsv`` (B, 256, 3) uint8 and ``has_hsv`` (B,) bool: the HSV tables. ``flips`` (B, 2) bool: each
+    image's (up-down, left-right) flips, which follow HSV on the OpenCV path (the rendering's HSV sees the flipped
+    image, so it mirrors where OpenCV's HSV -> RGB uses its scalar code)."""
     pixels: torch.Tensor
     tiles: torch.Tensor
     canvases: torch.Tensor
@@ -225,6 +227,7 @@ class PlanBatch:
     out_sizes: torch.Tensor
     hsv: torch.Tensor
     has_hsv: torch.Tensor
+    flips: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.bool))
     size: tuple[int, int] = field(default=(0, 0))
     sources: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     source_table: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int64))
@@ -351,6 +354,7 @@ def collate_plans(batch, slots=None):
                       paste_masks=torch.from_numpy(np.concatenate(masks + [np.zeros(0, bool)])),
                       out_sizes=torch.tensor([plan.out_size for plan in plans], dtype=torch.int64),
                       hsv=torch.from_numpy(hsv), has_hsv=torch.tensor([plan.hsv is not None for plan in plans]),
+                      flips=torch.tensor([plan.flips for plan in plans], dtype=torch.bool).reshape(-1, 2),
                       size=(height, width), source_table=source_table, source_paths=[source.path for source in sources],
                       sources=data[offset:] if source_bytes else torch.empty(0, dtype=torch.uint8))
     collated = batch, torch.cat(labels, 0), list(paths), shapes
