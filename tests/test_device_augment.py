@@ -361,6 +361,31 @@ def test_rendering_on_cuda_matches_the_opencv_path_and_never_waits_for_the_gpu(s
             assert_close(got, want)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.py runs the cuda tests)")
+def test_the_scalar_codes_pixels_on_cuda_equal_the_cpus_and_never_wait_for_the_gpu():
+    """At width 100 (a tail past OpenCV 5.0's and 5.1's blocks) with a left-right flip: CUDA's colour step equals
+    the CPU's to the bit, and taking the scalar code's pixels does not wait for the device."""
+    rng = np.random.default_rng(5)
+    frame = torch.from_numpy(rng.integers(0, 256, (2, 20, 100, 3), dtype=np.uint8))
+    gains = hsv_gains(0.015, 0.7, 0.4, np.random.default_rng(4))
+    tables = torch.from_numpy(np.stack([hsv_lut(gains)[:, 0]] * 2))
+    args = (tables, torch.tensor([True, True]), torch.tensor([[100, 20], [100, 20]]), torch.tensor([[0, 0], [0, 1]],
+            dtype=torch.bool))
+    assert device_augment.scalar_step_positions(frame.shape[:3], *args[1:]) is not None
+    expected = colour_step(frame, args[0], args[1], torch.device("cpu"), *args[2:])
+    device = torch.device("cuda")
+    colour_step(frame.to(device), args[0], args[1], device, *args[2:])  # the tables, made and copied once
+    on_device = frame.to(device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = colour_step(on_device, args[0], args[1], device, *args[2:])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got.cpu(), expected)
+
+
 def test_render_ops_counts_operations_and_the_bytes_they_move(split):
     """benchmarks/render_ops.py's counter: every operation, and per kind of non-view operation its tensors' bytes in and
     out (an add of two 1,000-float tensors moves 12,000 bytes); a rendering's canvas warp is there, and the whole
