@@ -121,8 +121,8 @@ def probe_inputs(count: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def scalar_positions(height: int, width: int) -> np.ndarray:
     """The pixels of a contiguous (height, width) image that OpenCV's HSV -> RGB converts with its scalar code, as
     flat indices (empty where it has none: every width OpenCV's blocks divide). Found by converting images of that
-    shape filled with inputs that the two codes convert differently, so whatever the installed OpenCV and CPU do;
-    cached per shape (a few cv2 calls)."""
+    shape filled with inputs that the two codes convert differently: the installed cv2 is asked, no block size is
+    assumed; cached per shape (a few cv2 calls)."""
     key = (int(height), int(width))
     with _POSITIONS_LOCK:
         if key not in _POSITIONS:
@@ -369,7 +369,7 @@ def scalar_step_positions(shape, has_hsv: torch.Tensor, out_sizes: torch.Tensor 
     for them."""
     count, height, width = shape
     sizes = [(width, height)] * count if out_sizes is None else out_sizes.tolist()
-    flipped = [(False, False)] * count if flips is None or not len(flips) else flips.tolist()
+    flipped = [(False, False)] * count if flips is None else flips.tolist()
     found = []
     for image, ((w, h), (up_down, left_right), coloured) in enumerate(zip(sizes, flipped, has_hsv.tolist())):
         flat = scalar_positions(h, w) if coloured else ()

@@ -227,7 +227,7 @@ class PlanBatch:
     out_sizes: torch.Tensor
     hsv: torch.Tensor
     has_hsv: torch.Tensor
-    flips: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.bool))
+    flips: torch.Tensor
     size: tuple[int, int] = field(default=(0, 0))
     sources: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     source_table: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int64))
