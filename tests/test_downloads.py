@@ -82,6 +82,29 @@ def test_a_mirror_folder_and_the_release_address(checkpoint_bytes, workdir, monk
     assert downloads.RELEASE_WEIGHTS == {f"yolov5{s}{p}.pt" for s in "nsmlx" for p in ("", "6")}
 
 
+def test_a_mirror_folder_takes_a_file_at_its_urls_path_first(workdir, monkeypatch, tmp_path_factory):
+    """Objects365.yaml's train and val patches share file names: a folder laid out as the URLs' paths (wget -x -nH)
+    keeps them apart, a flat folder still serves by name, and a path that would leave the folder is not followed."""
+    folder = tmp_path_factory.mktemp("mirror")
+    base = "https://host.example/data-set/2020Objects365%E6%95%B0%E6%8D%AE%E9%9B%86/"
+    train, val = base + "train/patch0.tar.gz", base + "val/images/v1/patch0.tar.gz"
+    for url, body in ((train, b"train"), (val, b"val")):
+        at = folder / "data-set" / "2020Objects365数据集" / url[len(base):]
+        at.parent.mkdir(parents=True, exist_ok=True)
+        at.write_bytes(body)
+    (folder / "patch0.tar.gz").write_bytes(b"flat")
+    (folder / "secret.pt").write_bytes(b"outside the URL's path")
+    monkeypatch.setenv(downloads.MIRROR_VARIABLE, str(folder))
+    for url, body in ((train, b"train"), (val, b"val"), (base + "test/patch0.tar.gz", b"flat")):
+        target = workdir / "got" / url.replace("/", "_")
+        assert downloads.fetch(url, target, named=True).read_bytes() == body
+    assert downloads.source_for("https://h/a/%2E%2E/%2E%2E/secret.pt") == str(folder / "secret.pt")  # by name
+    assert downloads.source_for("https://h/a%2F..%2F..%2Fx/secret.pt") == str(folder / "secret.pt")
+    (folder / "a").mkdir()
+    (folder / "a" / "yolov5s.pt").mkdir()  # a folder at the path is not a file: the name is taken
+    assert downloads.source_for("https://h/a/yolov5s.pt") == str(folder / "yolov5s.pt")
+
+
 def test_a_url_is_fetched_as_given_under_its_own_file_name(checkpoint_bytes, server, workdir):
     base, routes = server
     routes["/files/custom.pt?token=1"] = (200, "application/octet-stream", checkpoint_bytes, None)

@@ -8,7 +8,8 @@ loaders, and it is kept only once the loader that will read it has opened it.
     weights_file("https://host/a.pt#sha256=<64 hex digits>")  # ... and its SHA-256 checked (an existing file too)
 
 ``YOLO_TRAINER_MIRROR`` names a base URL (``http://host/path``) or a local folder from which the named files are
-taken by file name instead of their home (an air-gapped site's copy; the tests' loopback server). URLs a user
+taken by file name instead of their home (an air-gapped site's copy; the tests' loopback server); a folder may
+also hold a file at its URL's path, which is taken first (``source_for``). URLs a user
 gives are fetched as given, through the proxy that HTTP_PROXY / HTTPS_PROXY / NO_PROXY name.
 
 The server never chooses a name or a folder, and a name from the network must end in a suffix its reader takes
@@ -134,12 +135,26 @@ def weights_file(value) -> Path:
 
 
 def source_for(url: str) -> str:
-    """Where a named file is taken from: ``url`` itself, or the same file name under YOLO_TRAINER_MIRROR."""
+    """Where a named file is taken from: ``url`` itself, or under YOLO_TRAINER_MIRROR: a server's file of the same
+    name; in a folder, the file at the URL's path (``wget -x -nH``'s layout, which keeps apart the train and val
+    archives of one name that Objects365.yaml lists) where there is one, else the file of the same name."""
     mirror = os.environ.get(MIRROR_VARIABLE, "").strip()
     if not mirror:
         return url
     name = url_file_name(url)
-    return f"{mirror.rstrip('/')}/{name}" if is_url(mirror) else str(Path(mirror).expanduser() / name)
+    if is_url(mirror):
+        return f"{mirror.rstrip('/')}/{name}"
+    folder = Path(mirror).expanduser()
+    at_path = _mirror_path(folder, url)
+    return str(at_path if at_path is not None and at_path.is_file() else folder / name)
+
+
+def _mirror_path(folder: Path, url: str) -> Path | None:
+    """``folder`` / the URL's path (percent-decoded), or None where a segment could leave the folder."""
+    segments = [urllib.parse.unquote(part) for part in urllib.parse.urlsplit(url).path.split("/") if part]
+    if any(part in (".", "..") or "/" in part or "\\" in part or "\0" in part for part in segments):
+        return None
+    return folder.joinpath(*segments)
 
 
 # ---------------------------------------------------------------------- checks of a downloaded file
