@@ -280,6 +280,28 @@ def test_a_webcam_or_screen_this_machine_lacks_is_one_line(weights, tmp_path, ca
         next(iter(Sources("screen")))
 
 
+def test_a_youtube_page_is_one_line_before_any_open(weights, tmp_path, capsys, monkeypatch):
+    """YOLOv5's tutorial source 'https://youtu.be/...' is a web page: refused at once with what to do instead (it
+    waited OPEN_TIMEOUT seconds, then said 'cannot open stream'), in a .streams list too; nothing is opened."""
+    import detect
+
+    opened = []
+    monkeypatch.setattr(streams.cv2, "VideoCapture", lambda *args: opened.append(args) or _Closed())
+    assert detect.main(["--weights", str(weights), "--source", "https://youtu.be/Zgi9g1ksQHc", "--project",
+                        str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("detect.py: error: --source https://youtu.be/Zgi9g1ksQHc: https://"
+                                               "youtu.be/Zgi9g1ksQHc is a YouTube page, not a video stream;")
+    assert "download the video" in err[0]
+    listing = tmp_path / "live.streams"
+    listing.write_text("rtsp://127.0.0.1:9/cam\nhttps://www.youtube.com/watch?v=Zgi9g1ksQHc\n", encoding="utf-8")
+    with pytest.raises(streams.StreamError, match=r"live.streams: https://www.youtube.com/watch\?v=\S+ is a YouTube "
+                                                  "page"):
+        Sources(str(listing))
+    assert opened == [] and list(tmp_path.iterdir()) == [listing]
+    assert streams.stream_urls("https://notyoutube.com/live") == ["https://notyoutube.com/live"]
+
+
 class _Closed:
     def isOpened(self):  # noqa: N802 - OpenCV's name
         return False

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -79,6 +80,7 @@ def stream_urls(text: str) -> list[str]:
     """The streams of a ``.streams`` file (one URL or webcam index a line, '#' comments), or ``[text]``."""
     path = Path(text)
     if path.suffix.lower() != ".streams":
+        _refuse_web_page(text, text)
         return [text]
     if not path.is_file():
         raise StreamError(f"{text}: no such .streams file")
@@ -90,7 +92,20 @@ def stream_urls(text: str) -> list[str]:
         if not (is_index(url) or is_stream_url(url)):
             raise StreamError(f"{text}: {url[:200]!r} is not a stream URL (rtsp://, rtmp://, http(s)://) or a webcam "
                               "index")
+        _refuse_web_page(url, text)
     return urls
+
+
+def _refuse_web_page(url: str, given: str) -> None:
+    """A YouTube address is a web page, not a stream: YOLOv5 has pafy/youtube_dl resolve it, and YouTube's players
+    now need its own JavaScript run to give a video address. Nothing here runs a site's code, so it is one line
+    naming what works instead, before any open (which would wait OPEN_TIMEOUT seconds to fail)."""
+    host = (urllib.parse.urlsplit(url).hostname or "") if is_url(url) else ""
+    if host == "youtu.be" or host == "youtube.com" or host.endswith(".youtube.com"):
+        raise StreamError(f"--source {given}: {url[:200]} is a YouTube page, not a video stream; YouTube gives its "
+                          "video address only to its own JavaScript, which this program never runs: download the "
+                          "video (e.g. with yt-dlp) and pass the file, or pass the stream's own rtsp://, rtmp:// or "
+                          "http(s):// address")
 
 
 class Stream:
