@@ -254,18 +254,20 @@ def _log_line(item: SourceItem, det, shape, seconds: float, names) -> str:
     return f"{head}{shape[0]}x{shape[1]} {found}{seconds * 1e3:.1f}ms"
 
 
-def run(stream: bool = False, **options):
+def run(*args, stream: bool = False, **options):
     """Python API: ``detect.run(weights="best.pt", source="images/", conf_thres=0.4, save_txt=True)``.
 
     Keywords are detect.py's flags with underscores for dashes, with the same defaults and checks (a bad value
     or an unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError).
+    Positional arguments are YOLOv5's first parameters in its order (weights, source, data, imgsz, ...).
     Returns the run folder and the detections per image (``DetectResult``). With ``stream=True`` it returns a
     ``DetectStream`` instead: the model is loaded and the run folder made at once, then iterating yields one
     ``DetectedImage(path, frame, detections)`` per image or video frame as it is processed, keeping none (for long
     videos); each step runs under the API's guard, so the caller's code between items runs as it would alone.
     """
-    from utils.api import api_call, keyword_argv
+    from utils.api import DETECT_POSITIONS, api_call, keyword_argv, with_positions
 
+    options = with_positions("detect.py", DETECT_POSITIONS, args, options)
     config = config_from_args(parse_args(keyword_argv(build_parser(), options)))
     if stream:
         return DetectStream(config)

@@ -9,7 +9,9 @@
 ``yolov5n`` ... ``yolov5x6`` load ``yolov5n.pt`` ... from the current folder (or ``path=``): YOLOv5's release
 weights or ours, wherever they came from; a missing release file is downloaded from YOLOv5's v7.0 release (or
 ``$YOLO_TRAINER_MIRROR``, utils/downloads.py) and loaded through the same checks as any file from elsewhere.
-``pretrained=False`` builds an untrained model from models/*.yaml. The returned model is described in utils/hub.py.
+As in YOLOv5, ``pretrained=False``, ``classes=N`` (not 80) or ``channels=C`` (not 3) build a DetectionModel from
+models/*.yaml in training mode, with the weights' tensors that fit when pretrained (fine-tuning). The model for
+images is described in utils/hub.py.
 
     python hubconf.py --model yolov5n     # as YOLOv5's: load the model and print what it finds in data/images
 """
@@ -25,29 +27,29 @@ def custom(path="path/to/model.pt", autoshape=True, _verbose=True, device=None):
 
 
 def _named(name, pretrained, channels, classes, autoshape, device, path):
+    """YOLOv5's rule: pretrained with 3 channels and 80 classes loads the weights (wrapped in HubModel unless
+    ``autoshape=False``); anything else builds models/<name>.yaml with ``channels`` and ``classes`` as a bare
+    DetectionModel in training mode (YOLOv5's hub recipe for fine-tuning), given the weights' tensors whose names
+    and shapes fit when ``pretrained`` (the anchors left out), and their class names when the count matches."""
     from pathlib import Path
 
     from utils.errors import UserError
-    from utils.hub import load_hub_model, untrained_hub_model
+    from utils.hub import load_hub_model
 
-    if channels != 3:
-        raise UserError(f"{name}: channels={channels}: only 3-channel (RGB) models are supported")
-    if not pretrained:
-        return untrained_hub_model(Path(__file__).resolve().parent / "models" / f"{name}.yaml", classes,
-                                   autoshape=autoshape, device=device)
-    from utils.downloads import weights_file
+    weights = None
+    if pretrained:
+        from utils.downloads import weights_file
 
-    weights = weights_file(path if path else f"{name}.pt")  # YOLOv5's release file is fetched when it is missing
-    if not weights.is_file():
-        raise UserError(f"{weights}: not found: put {name}.pt (YOLOv5's release file or one trained here) in "
-                        f"{Path.cwd()}, or pass path='path/to/{name}.pt'")
-    model = load_hub_model(weights, autoshape=autoshape, device=device)
-    found = len(model.names)
-    if classes not in (80, found):
-        import logging
+        weights = weights_file(path if path else f"{name}.pt")  # YOLOv5's release file is fetched when missing
+        if not weights.is_file():
+            raise UserError(f"{weights}: not found: put {name}.pt (YOLOv5's release file or one trained here) in "
+                            f"{Path.cwd()}, or pass path='path/to/{name}.pt'")
+        if channels == 3 and classes == 80:
+            return load_hub_model(weights, autoshape=autoshape, device=device)
+    from utils.hub import training_hub_model
 
-        logging.getLogger(__name__).warning("WARNING: classes=%d ignored: %s has %d classes", classes, weights, found)
-    return model
+    return training_hub_model(Path(__file__).resolve().parent / "models" / f"{name}.yaml", channels, classes,
+                              weights, device)
 
 
 def _entry(name: str):
@@ -55,7 +57,8 @@ def _entry(name: str):
         return _named(name, pretrained, channels, classes, autoshape, device, path)
     load.__name__ = load.__qualname__ = name
     load.__doc__ = (f"{name}.pt from the current folder or path= (YOLOv5's release file, fetched when missing, or "
-                    f"one trained here); pretrained=False: untrained from models/{name}.yaml")
+                    f"one trained here); pretrained=False, classes or channels: a DetectionModel from "
+                    f"models/{name}.yaml")
     return load
 
 

@@ -61,8 +61,10 @@ class ValError(UserError):
     """A user mistake (missing file, mismatched data); val.py prints it as one line and exits 1."""
 
 
-def run(**options) -> ValResult:
-    """Python API: ``val.run(data="data.yaml", weights="best.pt", imgsz=640, batch_size=32)``.
+def run(*args, **options) -> ValResult:
+    """Python API: ``val.run(data="data.yaml", weights="best.pt", imgsz=640, batch_size=32)``; positional
+    arguments are YOLOv5's first parameters in its order (data, weights, batch_size, imgsz, ...). A ValResult
+    also unpacks as YOLOv5's return value: ``(mp, mr, map50, map, *losses), maps, t = val.run(...)``.
 
     Keywords are val.py's flags with underscores for dashes, with the same defaults and checks (a bad value or an
     unknown keyword raises ArgumentError with the command line's one-line message; a bad file a UserError), plus
@@ -70,9 +72,10 @@ def run(**options) -> ValResult:
     speed, save_dir); several ``weights`` (a list) are validated as their ensemble, as YOLOv5's val.py does.
     ``task="speed"`` with several weights returns a list of ValResults, one per model; ``task="study"`` a StudyResult.
     """
-    from utils.api import api_call, keyword_argv
+    from utils.api import VAL_POSITIONS, api_call, keyword_argv, with_positions
     from utils.errors import ArgumentError
 
+    options = with_positions("val.py", VAL_POSITIONS, args, options)
     plots = options.pop("plots", True)
     if plots is not True and plots is not False:
         raise ArgumentError(f"plots takes True or False, got {plots!r}")

@@ -309,6 +309,13 @@ def test_val_run_twice_returns_overall_and_per_class_metrics(tiny, tiny_checkpoi
     assert both.map == pytest.approx(first.map, abs=1e-6)  # a model twice: its duplicate boxes fall to NMS
     with pytest.raises(UserError, match="missing.pt"):
         val.run(**{**options, "weights": root / "missing.pt"})
+    # YOLOv5's call and return value: data and weights by position, (mp, mr, map50, map, *losses), maps, t
+    rest = {k: v for k, v in options.items() if k not in ("data", "weights")}
+    (mp, mr, map50, map_, *losses), maps, t = val.run(data, tiny_checkpoint, **rest)
+    assert (mp, mr, map50, map_) == (first.mp, first.mr, first.map50, first.map) and len(losses) == 3
+    assert np.array_equal(maps, first.maps) and len(t) == 3
+    with pytest.raises(ArgumentError, match="got weights both by position and as a keyword"):
+        val.run(data, tiny_checkpoint, weights=tiny_checkpoint)
 
 
 def test_detect_run_twice_returns_each_images_detections(tmp_path):
@@ -333,6 +340,12 @@ def test_detect_run_twice_returns_each_images_detections(tmp_path):
         assert np.allclose(rows, expected, atol=1e-5)  # the label files hold the same boxes
     with pytest.raises(UserError, match="source not found"):
         detect.run(**{**options, "source": tmp_path / "nothing"})
+    # YOLOv5's order by position: weights, source (it was taken for stream=True and yolov5s.pt loaded)
+    rest = {k: v for k, v in options.items() if k not in ("weights", "source")}
+    third = detect.run(weights, tmp_path / "images", **rest)
+    assert third.detections == first.detections and third.save_dir == tmp_path / "detect" / "exp3"
+    with pytest.raises(ArgumentError, match="takes at most 27 positional arguments"):
+        detect.run(*range(28))
 
 
 # --- detect.run(stream=True) ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_hubconf_py_model_runs_on_the_sample_images(tmp_path, yolov5_lookalike):
     done = subprocess.run([sys.executable, str(ROOT / "hubconf.py"), "--model", "yolov5n"], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "image 1/2" in done.stdout and "shapes2.jpg" in done.stdout
+    assert "image 1/2: " in done.stdout and "image 2/2: " in done.stdout and " at shape (2, 3, " in done.stdout
     assert sorted(p.name for p in (tmp_path / "runs" / "detect" / "exp").iterdir()) == ["shapes1.jpg", "shapes2.jpg"]
     done = subprocess.run([sys.executable, str(ROOT / "hubconf.py"), "--model", "custom"], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=300)

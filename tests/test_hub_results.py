@@ -80,13 +80,13 @@ def test_print_names_the_classes_and_gives_yolov5s_speed_line(model, inputs, cap
     results.print()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines == str(results).splitlines()
-    assert lines[0].startswith(f"image 1/3 {items[0]}: 70x90 ") and lines[1].startswith("image 2/3 image1: 80x100 ")
+    assert lines[0].startswith("image 1/3: 70x90 ") and lines[1].startswith("image 2/3: 80x100 ")  # YOLOv5's
     for line, det in zip(lines, results.xyxy):
         for cls in det[:, 5].unique().tolist():
             count = int((det[:, 5] == cls).sum())
             assert f"{count} {NAMES[int(cls)]}{'s' * (count > 1)}" in line
     assert lines[3].startswith("Speed: ") and "ms pre-process, " in lines[3] and "ms NMS per image at shape" in lines[3]
-    assert lines[3].endswith(" at shape (1, 3, 64, 64)")  # each image's letterboxed input shape
+    assert lines[3].endswith(" at shape (3, 3, 64, 64)")  # the batch's shape: one for all three, as YOLOv5's
     assert len(results.t) == 3 and all(ms >= 0 for ms in results.t)
 
 
@@ -174,7 +174,7 @@ def test_hostile_file_and_class_names_stay_inside_the_run_folder(model, tmp_path
     cv2.imwrite(str(tmp_path / "x.jpg"), picture(50, 60, 3))
     monkeypatch.chdir(work)
     results = model(["../../x.jpg", *[picture(40, 40, 4)] * 4], size=SIZE)
-    assert results.files[0] == "../../x.jpg"
+    assert results.files[0] == "x.jpg"  # YOLOv5's: the base name, with .jpg
     results.files[1:] = ["/abs/evil.png", "..", "C:\\a\\b.png", "...."]
     results.names = ["../../evil", "dog"]
     folder = results.save(save_dir="out/exp")
@@ -208,7 +208,7 @@ def test_show_uses_pils_viewer_or_says_there_is_no_display(model, inputs, monkey
         assert not shown and len(records) == 1 and "no display here" in records[0].getMessage()
     monkeypatch.setenv("DISPLAY", ":99")
     results.show()
-    assert shown == [((90, 70), items[0]), ((100, 80), "image1"), ((110, 60), "image2")]
+    assert shown == [((90, 70), "street.jpg"), ((100, 80), "image1.jpg"), ((110, 60), "image2.jpg")]
     caplog.clear()
     monkeypatch.setattr(ImageShow, "show", lambda image, title=None: False)
     with caplog.at_level(logging.WARNING):
@@ -233,7 +233,8 @@ def test_tolist_gives_one_detections_per_image(model, inputs):
     for i, one in enumerate(single):
         assert torch.equal(one.xyxy[0], results.xyxy[i]) and one.files == [results.files[i]]
         assert one.ims[0] is results.ims[i] and one.loaded[0] is results.loaded[i]
-        assert str(one).startswith(f"image 1/1 {results.files[i]}: ") and len(one.xywhn) == 1
+        assert str(one).startswith(f"image 1/1: {one.shapes[0][0]}x") and len(one.xywhn) == 1
+        assert one.s == results.s and one.times == results.times
     assert model([], size=SIZE).tolist() == [] and "Speed: " in str(model([], size=SIZE))
 
 

@@ -37,6 +37,30 @@ TRAINING_ENVIRONMENT = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")  # set by -
 QUIET_LOGGERS = ("matplotlib", "PIL")  # setup_logging raises their level
 
 
+# YOLOv5 v7.0's run() parameters in their order, for scripts that pass the first ones by position
+# (``val.run("data.yaml", "best.pt")``, ``detect.run("best.pt", "images/")``).
+DETECT_POSITIONS = ("weights", "source", "data", "imgsz", "conf_thres", "iou_thres", "max_det", "device", "view_img",
+                    "save_txt", "save_conf", "save_crop", "nosave", "classes", "agnostic_nms", "augment", "visualize",
+                    "update", "project", "name", "exist_ok", "line_thickness", "hide_labels", "hide_conf", "half",
+                    "dnn", "vid_stride")
+VAL_POSITIONS = ("data", "weights", "batch_size", "imgsz", "conf_thres", "iou_thres", "max_det", "task", "device",
+                 "workers", "single_cls", "augment", "verbose", "save_txt", "save_hybrid", "save_conf", "save_json",
+                 "project", "name", "exist_ok", "half", "dnn")
+
+
+def with_positions(prog: str, positions: tuple[str, ...], args: tuple, keywords: dict) -> dict:
+    """``keywords`` with ``args`` named by YOLOv5's parameter order ``positions``; ArgumentError for more
+    arguments than that, or one given both ways."""
+    if len(args) > len(positions):
+        raise ArgumentError(f"{prog} run() takes at most {len(positions)} positional arguments "
+                            f"({', '.join(positions[:3])}, ...), got {len(args)}")
+    named = dict(zip(positions, args))
+    for key in named:
+        if key in keywords:
+            raise ArgumentError(f"{prog} run() got {key} both by position and as a keyword")
+    return {**named, **keywords}
+
+
 def keyword_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """keyword -> action, for every option string of every flag (``--img-size`` -> ``img_size``)."""
     options = {}

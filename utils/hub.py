@@ -1,28 +1,35 @@
 """The model ``torch.hub.load`` returns (hubconf.py): images in, boxes out, like YOLOv5's AutoShape.
 
     model = torch.hub.load("path/to/repo", "custom", path="best.pt", source="local")
-    results = model(["a.jpg", Image.open("b.jpg")], size=640)   # paths, PIL, numpy, lists; or a BCHW tensor
+    results = model(["a.jpg", Image.open("b.jpg")], size=640)   # paths, URLs, PIL, numpy, lists; or a BCHW tensor
     results.xyxy[0]       # (n, 6) tensor: x1, y1, x2, y2, confidence, class (pixels of the original image)
     results.detections[0] # [Detection(xyxy, score, class_id, name), ...]
     results.print()       # or .show(), .save(), .crop(), .render(), .pandas(), .tolist(), as YOLOv5's
 
-The results are ``Detections`` (utils/hub_results.py): YOLOv5's box views and methods, with the images as
+The results are ``Detections`` (utils/hub_results.py): YOLOv5's attributes and methods, with the images as
 loaded in ``results.ims`` (RGB; an RGB array input is kept by reference, not copied); save() and crop() write
 into a new runs/detect/expN folder, as YOLOv5's.
 
 Inputs: a file path (read like detect.py: EXIF orientation applied), an image URL (fetched by utils/downloads.py
-into a private temporary folder and removed once decoded; nothing is written where you work), a PIL image, a numpy HxWx3 uint8 array
-in RGB order as YOLOv5's AutoShape takes it (``model(image, bgr=True)`` for ``cv2.imread`` arrays; gray and
-4-channel arrays are converted), or a list of these. A float (B, 3, H, W) tensor in [0, 1] with sides that are
-multiples of the model's stride is run as given and returns the model's raw output, ``(pred, ...)`` with pred
-``(B, N, 5 + nc)`` before NMS, as YOLOv5's AutoShape returns it, so ``torch.jit.trace(model, [im])`` works.
-Each image runs through detect.py's own steps (utils/inference.py): letterbox to ``size`` with minimal padding,
-the precision val.py and detect.py use (``--amp auto``: bf16 autocast on CPUs with native bf16, else fp32),
-NMS with the model's ``conf``, ``iou``, ``classes``, ``agnostic``, ``multi_label`` and ``max_det`` attributes,
-boxes scaled back to the original image and rounded to whole pixels: the results equal detect.py's.
+into a private temporary folder and removed once decoded; nothing is written where you work), a PIL image, a
+numpy uint8 array in RGB order as YOLOv5's AutoShape takes it (HxWx3; CHW is transposed, gray and 4-channel
+arrays converted; ``model(image, bgr=True)`` for ``cv2.imread`` arrays), or a list of these. A float
+(B, 3, H, W) tensor in [0, 1] with sides that are multiples of the model's stride is run as given and returns
+the model's raw output, pred ``(B, N, 5 + nc)`` before NMS, as YOLOv5's AutoShape returns it, so
+``torch.jit.trace(model, [im])`` works.
+
+The images of one call run as one batch at one shape, YOLOv5's AutoShape rule: each image scaled by
+max(size) / its longer side, the largest of those shapes rounded up to the stride (a static-shape export: its
+own size; another export: ``size``), each image letterboxed into it (centred, padded with grey). Then NMS with
+the model's ``conf``, ``iou``, ``classes``, ``agnostic``, ``multi_label`` and ``max_det`` attributes, and the
+boxes mapped back to each original image, not rounded (detect.py rounds them to whole pixels). Precision:
+``amp`` False (YOLOv5's default) runs fp32; True runs fp16 autocast on CUDA, as YOLOv5's, and on a CPU the
+precision val.py and detect.py choose (``--amp auto``: bf16 autocast where the CPU computes it natively, else
+fp32); "auto", "bf16" and "off" are as ``--amp``. The default is "auto" (fp32 on CUDA).
 """
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -35,13 +42,15 @@ from torch import nn
 from utils.data.images import read_image, to_bgr8
 from utils.downloads import is_url
 from utils.errors import UserError
-from utils.hub_results import Detections
+from utils.hub_results import Detections, Timing
 from utils.inference import InferenceError, forward, input_size, prepare_image, select_detections
+from utils.paths import safe_component
 from utils.precision import inference_autocast
 
+LOGGER = logging.getLogger(__name__)
 MAX_IMAGE_DOWNLOAD_BYTES = 256 << 20  # an image URL larger than this is refused as it arrives
 
-__all__ = ["Detections", "HubModel", "load_hub_model", "load_image", "load_input", "untrained_hub_model"]
+__all__ = ["Detections", "HubModel", "load_hub_model", "load_image", "load_input", "training_hub_model"]
 
 
 class HubModel(nn.Module):
@@ -53,56 +62,95 @@ class HubModel(nn.Module):
     multi_label = False  # a box may carry several classes
     classes = None  # keep only these class indices, e.g. [0, 15, 16]
     max_det = 1000  # detections per image
-    amp = "auto"  # CPU precision, as --amp: "auto" (bf16 where the CPU computes it natively), "bf16", "off"
+    amp = "auto"  # True/False as YOLOv5's, or "auto", "bf16", "off" as --amp (module doc)
 
     def __init__(self, model: nn.Module, names, stride: int, imgsz=None, path=None):
         super().__init__()
         self.model = model
-        self.names = [str(name) for name in names]
+        self.names = {index: str(name) for index, name in enumerate(names)}  # YOLOv5's {index: name}
         self.stride = int(stride)
         self.imgsz = imgsz  # (h, w) of a static-shape export, else None
         self.path = Path(path) if path is not None else None
+        self.pt = getattr(model, "kind", "pytorch") == "pytorch"  # a checkpoint (YOLOv5's AutoShape.pt)
 
     @property
     def device(self) -> torch.device:
         parameter = next(self.model.parameters(), None)
         return parameter.device if parameter is not None else torch.device(getattr(self.model, "device", "cpu"))
 
-    def forward(self, images, size=640, augment: bool = False, bgr: bool = False) -> "Detections":
-        """Detect in ``images`` (see the module docstring); ``size``: letterbox size (one side or (h, w));
-        ``augment``: test-time augmentation (checkpoints only, models/composite.py)."""
-        device = self.device
-        kind = getattr(self.model, "kind", "pytorch")
-        autocast = inference_autocast(device, False, self.amp, "" if kind == "pytorch" else kind)
+    @property
+    def dtype(self) -> torch.dtype:
+        parameter = next(self.model.parameters(), None)
+        return parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
+
+    def forward(self, ims, size=640, augment: bool = False, profile: bool = False, *, bgr: bool = False
+                ) -> "Detections":
+        """Detect in ``ims`` (module doc); ``size``: the longer side (or (h, w)); ``augment``: test-time
+        augmentation (checkpoints only, models/composite.py); ``profile``: YOLOv5's per-layer timing, which is
+        ``python models/yolo.py --cfg X.yaml --profile`` here."""
+        if profile:
+            raise InferenceError("profile=True: per-layer timing is python models/yolo.py --cfg <model>.yaml "
+                                 "--profile (or --line-profile)")
+        device, dtype = self.device, self.dtype
+        autocast = self._autocast(device)
         model = self.model
         if augment:
             from models.composite import AugmentedBackend
 
             model = AugmentedBackend(self.model)
-        if isinstance(images, torch.Tensor):
-            return self._tensor_batch(model, images, autocast)
-        items = list(images) if isinstance(images, (list, tuple)) else [images]
-        sizes = list(size) if isinstance(size, (list, tuple)) else [size]
-        imgsz, auto = input_size(self, sizes * 2 if len(sizes) == 1 else sizes, option="size")
-        files, shapes, results, originals, times, input_shapes = [], [], [], [], [], []
+        if isinstance(ims, torch.Tensor):
+            return self._tensor_batch(model, ims, autocast, dtype)
+        start = _now(device)
+        items = list(ims) if isinstance(ims, (list, tuple)) else [ims]
+        files, originals, images = [], [], []
         for index, item in enumerate(items):
-            begin = _now(device)
             name, original, image = load_input(item, index, bgr)
-            tensor = prepare_image(image, imgsz, self.stride, device, False, auto)
-            prepared = _now(device)
-            output = forward(model, tensor, autocast)
-            inferred = _now(device)
-            results.append(self._select(output, tensor.shape[2:], [image.shape])[0].cpu())
-            done = _now(device)
-            files.append(name)
-            shapes.append(image.shape[:2])
+            files.append(jpg_name(name, index))
             originals.append(original)
-            times.append((prepared - begin, inferred - prepared, done - inferred))
-            input_shapes.append(tuple(tensor.shape))
-        return Detections(results, files, shapes, self.names, times, originals, input_shapes)
+            images.append(image)
+        shape = self._batch_shape([image.shape[:2] for image in images], size)
+        batch = torch.cat([prepare_image(image, shape, self.stride, device, False, auto=False) for image in images]
+                          ) if images else torch.zeros(0, 3, *shape, device=device)
+        batch = batch.to(dtype)
+        prepared = _now(device)
+        output = forward(model, batch, autocast) if images else None
+        inferred = _now(device)
+        pred = select_detections(output, shape, [image.shape for image in images], self.conf, self.iou, self.classes,
+                                 self.agnostic, self.max_det, self.multi_label, round_boxes=False) if images else []
+        pred = [det.float().cpu() for det in pred]
+        done = _now(device)
+        times = (Timing(prepared - start), Timing(inferred - prepared), Timing(done - inferred))
+        return Detections(originals, pred, files, times, self.names, tuple(batch.shape),
+                          [image.shape[:2] for image in images])
 
-    def _tensor_batch(self, model, images: torch.Tensor, autocast):
-        """The raw output for a BCHW tensor (module doc), as YOLOv5's AutoShape; traceable (no inference mode)."""
+    def _batch_shape(self, shapes: list, size) -> tuple[int, int]:
+        """(h, w) every image of a call is letterboxed into (module doc)."""
+        sizes = [int(s) for s in size] if isinstance(size, (list, tuple)) else [int(size)]
+        if not sizes or min(sizes) <= 0 or len(sizes) > 2:
+            raise InferenceError(f"size={size}: expected a positive size or (h, w)")
+        if not self.pt or self.imgsz is not None:  # an export: its own size, else ``size`` as given
+            return input_size(self, sizes * 2 if len(sizes) == 1 else sizes, option="size")[0]
+        largest = [0, 0]
+        for height, width in shapes:
+            gain = max(sizes) / max(height, width)
+            largest = [max(largest[0], int(height * gain)), max(largest[1], int(width * gain))]
+        if not shapes:
+            largest = [max(sizes)] * 2
+        return tuple(max(int(np.ceil(side / self.stride)) * self.stride, self.stride) for side in largest)
+
+    def _autocast(self, device: torch.device):
+        """The forward passes' precision (module doc)."""
+        kind = getattr(self.model, "kind", "pytorch")
+        amp = self.amp
+        if amp is True or amp is False:
+            if device.type == "cuda" and amp and kind == "pytorch":
+                return torch.autocast("cuda", dtype=torch.float16)
+            amp = "auto" if amp else "off"
+        return inference_autocast(device, False, amp, "" if kind == "pytorch" else kind)
+
+    def _tensor_batch(self, model, images: torch.Tensor, autocast, dtype: torch.dtype):
+        """pred, the raw output for a BCHW tensor (module doc), as YOLOv5's AutoShape; traceable (no inference
+        mode)."""
         if images.dim() == 3:
             images = images[None]
         if images.dim() != 4 or images.shape[1] != 3 or not images.is_floating_point():
@@ -113,11 +161,16 @@ class HubModel(nn.Module):
             raise InferenceError(f"a tensor input's sides must be multiples of the stride {self.stride}, got "
                                  f"{height}x{width} (or pass images or arrays, which are letterboxed)")
         with torch.no_grad(), autocast:
-            return model(images.to(self.device, torch.float32).contiguous(memory_format=torch.channels_last))
+            output = model(images.to(self.device, dtype).contiguous(memory_format=torch.channels_last))
+        return output[0] if isinstance(output, (list, tuple)) else output
 
-    def _select(self, output, input_shape, original_shapes) -> list[torch.Tensor]:
-        return select_detections(output, input_shape, original_shapes, self.conf, self.iou, self.classes,
-                                 self.agnostic, self.max_det, self.multi_label)
+
+def jpg_name(name: str, index: int) -> str:
+    """YOLOv5's ``files`` entry: the input's base name with a .jpg suffix ("a/street.png" -> "street.jpg"), made
+    one safe file-name component (``image<index>.jpg`` when nothing usable is left)."""
+    base = Path(str(name).replace("\\", "/")).name
+    stem = Path(base).stem if base not in ("", ".", "..") else ""
+    return f"{safe_component(stem, f'image{index}')}.jpg"
 
 
 def _now(device: torch.device) -> float:
@@ -142,8 +195,11 @@ def load_input(item, index: int, bgr: bool = False) -> tuple[str, np.ndarray, np
         image = read_image(item)
         return str(item), cv2.cvtColor(image, cv2.COLOR_BGR2RGB), image
     if isinstance(item, np.ndarray):
+        if item.ndim == 3 and item.shape[0] in (1, 3, 4) and item.shape[2] not in (1, 3, 4):
+            item = item.transpose(1, 2, 0)  # CHW, as YOLOv5's AutoShape takes it
         if item.ndim not in (2, 3) or (item.ndim == 3 and item.shape[2] not in (1, 3, 4)) or not item.size:
-            raise InferenceError(f"image {index}: expected an HxWx3 (or HxW, HxWx4) array, got shape {item.shape}")
+            raise InferenceError(f"image {index}: expected an HxWx3 (or HxW, HxWx4, CHW) array, got shape "
+                                 f"{item.shape}")
         image = to_bgr8(item)  # 8-bit, 3 channels, colour order kept (the array itself when it is uint8 HxWx3)
         if bgr:
             return f"image{index}", cv2.cvtColor(image, cv2.COLOR_BGR2RGB), np.ascontiguousarray(image)
@@ -197,15 +253,24 @@ def load_hub_model(path, autoshape: bool = True, device=None):
     return HubModel(backend, backend.names, backend.stride, backend.imgsz, path).eval()
 
 
-def untrained_hub_model(cfg: Path, classes: int, autoshape: bool = True, device=None):
-    """``yolov5s(pretrained=False)``: a randomly initialised model from its YAML with ``classes`` classes."""
-    from models import for_inference
+def training_hub_model(cfg: Path, channels: int, classes: int, weights=None, device=None):
+    """hubconf's ``yolov5s(pretrained=False)``, ``classes=N`` or ``channels=C`` (YOLOv5's ``_create``): a
+    DetectionModel from ``cfg`` in training mode; from ``weights`` the tensors whose names and shapes fit (the
+    anchors left out) and the class names when there are ``classes`` of them."""
     from models.yolo import DetectionModel
     from utils.device import select_device
 
-    model = DetectionModel(cfg, nc=classes).to(select_device("" if device is None else str(device)))
-    if not autoshape:
-        return model
-    model = for_inference(model.eval())
-    names = model.names if getattr(model, "names", None) else [f"class{i}" for i in range(classes)]
-    return HubModel(model, names, int(model.stride.max())).eval()
+    if not 1 <= int(channels) <= 16:
+        raise UserError(f"channels={channels}: expected 1 to 16 input channels")
+    model = DetectionModel(cfg, ch=int(channels), nc=int(classes))
+    if weights is not None:
+        from utils.checkpoint import class_names, load_checkpoint, model_entry
+        from utils.trainer.setup import transfer_state
+
+        entry = model_entry(load_checkpoint(weights))
+        done, total = transfer_state(model, {k: v.float() for k, v in entry["state_dict"].items()}, ("anchors",))
+        LOGGER.info("Transferred %d/%d items from %s", done, total, weights)
+        names = class_names(entry.get("names") or [], str(weights))
+        if len(names) == int(classes):
+            model.names = [str(name) for name in names]
+    return model.to(select_device("" if device is None else str(device)))

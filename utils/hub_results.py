@@ -2,13 +2,18 @@
 
     results = model(["a.jpg", pil_image, rgb_array])
     results.xyxy[0]    # (n, 6) tensor: x1, y1, x2, y2, confidence, class (also xywh, xyxyn, xywhn, pandas())
-    results.print()    # "image 1/3 a.jpg: 480x640 2 persons, 1 tie" per image, then YOLOv5's "Speed: ..." line
+    results.print()    # "image 1/3: 480x640 2 persons, 1 tie" per image, then YOLOv5's "Speed: ... at shape" line
     results.save()     # labelled JPEGs in runs/detect/exp (exp2, ... : never an earlier run); returns the folder
     results.crop()     # crops/<class>/<image>.jpg per box; returns [{"box", "conf", "cls", "label", "im"}, ...]
     results.render()   # boxes drawn on copies of the images; results.ims then holds them (RGB) and is returned
     results.show()     # PIL's viewer (in a notebook, display()); where there is no display, one warning line
     results.tolist()   # one Detections per image
 
+The attributes are YOLOv5's: ``pred``/``xyxy``/``xywh``/``xyxyn``/``xywhn`` (lists of (n, 6) tensors, boxes in
+the original images' pixels, not rounded), ``names`` ({index: name}), ``files`` (each input's base name with a
+``.jpg`` suffix, ``image0.jpg`` for an array), ``times`` (pre-process, inference and NMS of the whole call, each
+with YOLOv5's ``.t`` in seconds), ``t`` (those in ms per image), ``s`` (the (B, 3, h, w) shape the batch ran at),
+``n``; ``pandas()`` returns a copy whose box views are lists of DataFrames, as YOLOv5's.
 ``ims`` holds the images as loaded, RGB uint8 HxWx3 as YOLOv5 keeps them: an RGB numpy input is the caller's
 own array (a reference, never written to), a file or PIL image the array decoded for the model. Drawing uses
 detect.py's module (utils/drawing.py: same colours and "name 0.87" labels, YOLOv5's automatic line width) on
@@ -20,9 +25,11 @@ the returned ``im`` is BGR as YOLOv5's (ready for ``cv2.imwrite``).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -39,78 +46,71 @@ from utils.paths import crop_folder, increment_path, inside, safe_component
 LOGGER = logging.getLogger(__name__)
 
 
-class Detections:
-    """Per-image results: ``xyxy[i]`` (n, 6) tensors of x1, y1, x2, y2, confidence, class in the original image's
-    pixels (``xywh``, ``xyxyn``, ``xywhn``, ``pred`` as in YOLOv5), ``detections[i]`` as Detection tuples,
-    ``ims`` (RGB images), ``files``, ``names``, ``times[i]`` (pre-process, inference, NMS seconds) and
-    ``input_shapes[i]`` (the letterboxed (1, 3, h, w) each image ran at)."""
+@dataclass
+class Timing:
+    """One stage's time over a whole call, as YOLOv5's Profile: ``t`` in seconds."""
+    t: float = 0.0
 
-    def __init__(self, xyxy: list[torch.Tensor], files: list[str], shapes: list, names: list[str], times: list,
-                 ims: list[np.ndarray], input_shapes: list):
-        self.xyxy, self.files, self.shapes, self.names = xyxy, files, shapes, names
-        self.times, self.input_shapes = times, input_shapes
+
+class Detections:
+    """Per-image results (module doc): ``xyxy[i]`` (n, 6) tensors of x1, y1, x2, y2, confidence, class in the
+    original image's pixels, the other box views, ``detections[i]`` as Detection tuples, ``ims``, ``files``,
+    ``names``, ``times``, ``t``, ``s``."""
+
+    def __init__(self, ims: list[np.ndarray], pred: list[torch.Tensor], files: list[str], times=None,
+                 names=None, shape=None, shapes=None):
         self.loaded = list(ims)  # as loaded, never drawn on: what save, crop, show and render start from
         self.ims = list(ims)  # what render() last drew, or the images as loaded
-        self.n = len(xyxy)
+        self.pred = self.xyxy = list(pred)
+        self.files = list(files)
+        self.times = tuple(times) if times is not None else (Timing(), Timing(), Timing())
+        self.names = dict(names) if isinstance(names, dict) else dict(enumerate(names or ()))
+        self.shapes = list(shapes) if shapes is not None else [image.shape[:2] for image in self.loaded]
+        self.s = tuple(shape) if shape is not None else ()
+        self.n = len(self.pred)
+        self.xywh = [torch.cat((xyxy2xywh(det[:, :4]), det[:, 4:]), 1) for det in self.xyxy]
+        gains = [self._gain(shape) for shape in self.shapes]
+        self.xyxyn = [det / gain for det, gain in zip(self.xyxy, gains)]
+        self.xywhn = [det / gain for det, gain in zip(self.xywh, gains)]
 
     def __len__(self) -> int:
         return self.n
 
     # ------------------------------------------------------------------ boxes
 
-    @property
-    def pred(self) -> list[torch.Tensor]:
-        return self.xyxy
-
-    @property
-    def xywh(self) -> list[torch.Tensor]:
-        return [torch.cat((xyxy2xywh(det[:, :4]), det[:, 4:]), 1) for det in self.xyxy]
-
-    @property
-    def xyxyn(self) -> list[torch.Tensor]:
-        return [det / self._gain(shape) for det, shape in zip(self.xyxy, self.shapes)]
-
-    @property
-    def xywhn(self) -> list[torch.Tensor]:
-        return [det / self._gain(shape) for det, shape in zip(self.xywh, self.shapes)]
-
     @staticmethod
     def _gain(shape) -> torch.Tensor:
-        height, width = shape
+        height, width = shape[:2]
         return torch.tensor([width, height, width, height, 1.0, 1.0])
 
     @property
     def detections(self) -> list[list[Detection]]:
         return [as_detections(det, self.names) for det in self.xyxy]
 
-    def pandas(self):
-        """An object whose ``xyxy``/``xywh``/``xyxyn``/``xywhn`` are lists of DataFrames (YOLOv5's columns)."""
+    def pandas(self) -> "Detections":
+        """A copy whose ``xyxy``/``xyxyn``/``xywh``/``xywhn`` are lists of DataFrames, YOLOv5's columns
+        (xmin ymin xmax ymax or xcenter ycenter width height, then confidence, class, name)."""
         try:
             import pandas
         except ImportError:
-            raise UserError("Detections.pandas() needs the optional package 'pandas': pip install pandas") from None
-        from types import SimpleNamespace
-
-        tables = {}
-        for kind, corners in (("xyxy", ("xmin", "ymin", "xmax", "ymax")), ("xywh", ("xcenter", "ycenter", "width",
-                                                                                    "height"))):
-            for suffix in ("", "n"):
-                rows = getattr(self, kind + suffix)
-                tables[kind + suffix] = [self._frame(pandas, det, corners) for det in rows]
-        return SimpleNamespace(**tables)
-
-    def _frame(self, pandas, det: torch.Tensor, corners):
-        frame = pandas.DataFrame(det[:, :5].tolist(), columns=[*corners, "confidence"])
-        frame["class"] = det[:, 5].long().tolist()
-        frame["name"] = [self.names[c] if 0 <= c < len(self.names) else str(c) for c in frame["class"]]
-        return frame
+            raise UserError("Detections.pandas() needs the package 'pandas' (in requirements.txt): "
+                            "pip install pandas") from None
+        new = copy.copy(self)
+        corners = {"xyxy": ("xmin", "ymin", "xmax", "ymax"), "xywh": ("xcenter", "ycenter", "width", "height")}
+        for kind in ("xyxy", "xyxyn", "xywh", "xywhn"):
+            columns = [*corners[kind[:4]], "confidence", "class", "name"]
+            rows = [[[*row[:5], int(row[5]), class_name(self.names, row[5])] for row in det.tolist()]
+                    for det in getattr(self, kind)]
+            setattr(new, kind, [pandas.DataFrame(table, columns=columns) for table in rows])
+        return new
 
     def tolist(self) -> list["Detections"]:
-        """One Detections per image (``for result in results.tolist()``), as YOLOv5's."""
+        """One Detections per image (``for result in results.tolist()``), as YOLOv5's (each keeps the call's
+        times and shape)."""
         single = []
         for i in range(self.n):
-            one = Detections([self.xyxy[i]], [self.files[i]], [self.shapes[i]], self.names, [self.times[i]],
-                             [self.loaded[i]], [self.input_shapes[i]])
+            one = Detections([self.loaded[i]], [self.pred[i]], [self.files[i]], self.times, self.names, self.s,
+                             [self.shapes[i]])
             one.ims = [self.ims[i]]
             single.append(one)
         return single
@@ -120,24 +120,19 @@ class Detections:
     @property
     def t(self) -> tuple[float, float, float]:
         """Milliseconds per image: pre-process (reading, letterbox), inference, NMS; YOLOv5's ``t``."""
-        totals = np.sum(np.asarray(self.times, dtype=np.float64).reshape(-1, 3), 0)
-        return tuple(float(total) * 1e3 / max(self.n, 1) for total in totals)
-
-    @property
-    def seconds(self) -> float:
-        return float(np.sum(np.asarray(self.times, dtype=np.float64)))
+        return tuple(timing.t * 1e3 / max(self.n, 1) for timing in self.times)
 
     def __str__(self) -> str:
         lines = []
-        for index, (det, name, shape) in enumerate(zip(self.xyxy, self.files, self.shapes), 1):
+        for index, (det, shape) in enumerate(zip(self.xyxy, self.shapes), 1):
             found = describe(det, self.names).rstrip(", ") if len(det) else "(no detections)"
-            lines.append(f"image {index}/{self.n} {name}: {shape[0]}x{shape[1]} {found}")
-        shapes = list(dict.fromkeys(tuple(shape) for shape in self.input_shapes))  # distinct, in order
-        where = f" at shape{'s' * (len(shapes) > 1)} {', '.join(map(str, shapes))}" if shapes else ""
-        lines.append("Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image" % self.t + where)
+            lines.append(f"image {index}/{self.n}: {shape[0]}x{shape[1]} {found}")
+        lines.append("Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image" % self.t +
+                     f" at shape {self.s}")
         return "\n".join(lines)
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return f"YOLOv5 {self.__class__} instance\n{self}"
 
     def print(self, file=None) -> None:
         """Write the per-image lines and the speed line to ``file`` (default stdout), as YOLOv5's print()."""

@@ -80,13 +80,15 @@ def forward(model, images: torch.Tensor, autocast):
 
 def select_detections(output, input_shape, original_shapes, conf_thres: float = 0.25, iou_thres: float = 0.45,
                       classes=None, agnostic: bool = False, max_det: int = 1000,
-                      multi_label: bool = False) -> list[torch.Tensor]:
+                      multi_label: bool = False, round_boxes: bool = True) -> list[torch.Tensor]:
     """NMS, then each image's boxes mapped from the letterboxed ``input_shape`` (h, w) back to its original
-    (h, w[, c]) shape and rounded to whole pixels; one (n, 6) tensor per image."""
+    (h, w[, c]) shape, rounded to whole pixels as detect.py's (unless ``round_boxes`` is False, as the hub
+    model's); one (n, 6) tensor per image."""
     detections = non_max_suppression(output, conf_thres, iou_thres, classes, agnostic, multi_label=multi_label,
                                      max_det=max_det)
     for det, shape in zip(detections, original_shapes):
-        det[:, :4] = scale_boxes(input_shape, det[:, :4], shape[:2]).round()
+        boxes = scale_boxes(input_shape, det[:, :4], shape[:2])
+        det[:, :4] = boxes.round() if round_boxes else boxes
     return detections
 
 

@@ -50,6 +50,12 @@ class ValResult:
     confusion: np.ndarray | None = None  # with plots: (nc + 1)^2 counts [predicted, true] at conf 0.25, IoU 0.45 (the
     # last row/column: background), as confusion_matrix.png draws them; None without plots (not counted, as YOLOv5)
 
+    def __iter__(self):
+        """YOLOv5's ``(mp, mr, map50, map, *losses), maps, t = val.run(...)``."""
+        yield (self.mp, self.mr, self.map50, self.map, *(float(loss) for loss in self.losses))
+        yield self.maps
+        yield self.speed
+
 
 class _Timer:
     """Accumulates wall time of a block; synchronises CUDA so GPU work is counted where it happens."""
