@@ -144,6 +144,34 @@ def test_an_archive_that_escapes_or_links_is_refused_before_writing(tmp_path, mi
     assert not list((tmp_path / "datasets").rglob("fine.txt"))  # nothing unpacked
 
 
+def test_a_yamls_path_cannot_send_the_download_where_files_become_code(tmp_path, mirror, monkeypatch):
+    """path: ~/.local/lib/python3.11/site-packages/usercustomize (run at every Python start), ~/.ssh, a folder in
+    a site-packages or /etc: refused before anything is written or fetched; beside importable modules, an archive
+    with a Python package at its top (a folder named 'json' would shadow the standard library) is not moved in."""
+    import site
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    folder = tmp_path / "tree" / "usercustomize"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("print('ran')\n")
+    mirror.files["/usercustomize.zip"] = zip_folder(folder, "usercustomize")  # usercustomize/__init__.py
+    fake_site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(fake_site)])
+    for root, reason in ((home / ".local" / "lib" / "python3.11" / "site-packages" / "usercustomize", "hidden folder"),
+                         (home / ".ssh", "hidden folder .ssh"), (fake_site / "usercustomize", "Python installation"),
+                         (Path("/etc/cron.d/dataset"), "system folder /etc"),
+                         (Path("/var/lib/dataset"), "system folder /var")):
+        with pytest.raises(DatasetDownloadError, match=f"the download is not unpacked there \\(it is inside|in the "
+                                                       f"{reason.split()[0]}"):
+            ensure_downloaded(root, "https://example.org/usercustomize.zip", "evil.yaml")
+        assert not root.exists() and not root.parent.exists() or root.parent in (Path("/etc/cron.d"), Path("/var/lib"))
+    assert mirror.requests == [] and not home.exists() and not fake_site.exists()
+    with pytest.raises(DatasetDownloadError, match=r"put Python code at the top of the dataset folder \('__init__.py'\)"):
+        ensure_downloaded(tmp_path / "repo" / "usercustomize", "https://example.org/usercustomize.zip", "evil.yaml")
+    assert not (tmp_path / "repo" / "usercustomize").exists()
+
+
 def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror, monkeypatch):
     folder = tmp_path / "tree" / "bomb"
     folder.mkdir(parents=True)

@@ -182,6 +182,7 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
     if manual is not None:
         _prepare_in_place(root, manual, [step for step in steps if step is not manual], label, names, ready)
         return
+    check_download_root(root, label)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -190,6 +191,49 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
         if root.exists():
             return
         _download(root, steps, label, names)
+
+
+SYSTEM_FOLDERS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc",
+                  "/sys", "/run", "/var")  # where a new folder can be configuration that runs (cron, systemd, ...)
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pyd")  # what makes a folder an importable package
+
+
+def check_download_root(root: Path, label: str) -> None:
+    """A YAML's ``path`` names where the archives' files land, so a YAML from elsewhere must not choose a place
+    where files become code: DatasetDownloadError, before anything is written, for a folder at or under a hidden
+    one (``~/.ssh``, ``~/.config/autostart``, ``~/.local/...``, ``~/.ipython/...``), inside the Python
+    installation or a site-packages folder (``usercustomize``, ``.pth`` files) or a system folder (``/etc``,
+    ``/usr``, ``/var`` but /var/tmp, ...). Beside importable modules (a folder on sys.path) the unpacked tree is
+    checked too (``check_no_code_at_top``)."""
+    import site
+    import sys
+
+    resolved = Path(os.path.realpath(root))
+    hidden = next((part for part in resolved.parts if part.startswith(".")), None)
+    python = {Path(os.path.realpath(folder)) for folder in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                            *site.getsitepackages(), site.getusersitepackages())}
+    python |= {Path(os.path.realpath(entry)) for entry in sys.path
+               if entry and Path(entry).name in ("site-packages", "dist-packages")}
+    inside = next((folder for folder in sorted(python) if resolved == folder or folder in resolved.parents), None)
+    system = next((folder for folder in SYSTEM_FOLDERS if resolved == Path(folder) or Path(folder) in resolved.parents
+                   and not (folder == "/var" and Path("/var/tmp") in (resolved, *resolved.parents))), None)
+    reason = (f"it is in the hidden folder {hidden}" if hidden else
+              f"it is inside the Python installation ({inside})" if inside else
+              f"it is inside the system folder {system}" if system else "")
+    if reason:
+        raise DatasetDownloadError(f"{label}: path: {root}: the download is not unpacked there ({reason}, where "
+                                   "files can become code); set path: to a folder for data, or download the dataset "
+                                   "yourself and put it there")
+
+
+def check_no_code_at_top(tree: Path, root: Path, label: str) -> None:
+    """The unpacked dataset folder, before it moves to ``root``: no Python module, package or ``.pth`` file at its
+    top (a dataset has none; beside importable modules such a folder would be imported, e.g. named 'json')."""
+    found = sorted(path.name for path in tree.iterdir() if path.suffix.lower() in CODE_SUFFIXES)
+    if found:
+        raise DatasetDownloadError(f"{label}: the archives put Python code at the top of the dataset folder "
+                                   f"({', '.join(shorten(name, 60) for name in found[:3])}), which could be imported "
+                                   f"from {root}; refused (nothing was moved there)")
 
 
 def _download(root: Path, steps: list, label: str, names: list[str] | None) -> None:
@@ -209,6 +253,7 @@ def _download(root: Path, steps: list, label: str, names: list[str] | None) -> N
         if not staged.is_dir():
             raise DatasetDownloadError(f"{label}: the archives hold no folder '{root.name}' (the YAML's path): "
                                        f"what they hold is in {staging / 'tree'}")
+        check_no_code_at_top(staged, root, label)
         os.rename(staged, root)
         shutil.rmtree(staging, ignore_errors=True)
         LOGGER.info("%s: dataset ready in %s", label, root)
