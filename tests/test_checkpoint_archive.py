@@ -95,6 +95,11 @@ def test_duplicate_names_and_folderless_archives_are_refused(tmp_path):
         duplicated = write_zip(tmp_path / "duplicated.pt", [*entries, ("archive/data.pkl", DECOY)])
     with pytest.raises(CheckpointError, match="two entries under one name"):
         load_checkpoint(duplicated)
+    # torch's reader looks names up case-blind: with archive/DATA.PKL beside archive/data.pkl the scan read one
+    # pickle and torch.load the other (a hash bomb the scan never saw)
+    cased = write_zip(tmp_path / "cased.pt", [*entries, ("archive/DATA.PKL", DECOY)])
+    with pytest.raises(CheckpointError, match=r"two entries under one name \(letter case aside\)"):
+        load_checkpoint(cased)
     flat = write_zip(tmp_path / "flat.pt", [("data.pkl", DECOY)])
     with pytest.raises(CheckpointError, match="first entry is in no folder"):
         load_checkpoint(flat)

@@ -300,8 +300,8 @@ def pickle_member(archive: zipfile.ZipFile, source: str) -> str:
 
 def find_pickle(archive: zipfile.ZipFile, source: str) -> zipfile.ZipInfo:
     """The member ``pickle_member`` names, refused (CheckpointError, one line) when the archive has entries
-    outside that folder or twice under one name (torch refuses the first; with either, a check could read
-    another pickle than the loader), when it is missing, or when its declared size exceeds MAX_PICKLE_BYTES.
+    outside that folder or twice under one name, letter case aside (torch refuses the first and looks names up
+    case-blind; with either, a check could read another pickle than the loader), when it is missing, or when its declared size exceeds MAX_PICKLE_BYTES.
     zipfile never returns more than the declared size, so reading the member after this check is bounded too."""
     member = pickle_member(archive, source)
     folder = member[: -len("data.pkl")]
@@ -310,8 +310,9 @@ def find_pickle(archive: zipfile.ZipFile, source: str) -> zipfile.ZipInfo:
     if outside is not None:
         raise CheckpointError(f"{source}: zip archive with entries outside its record folder {shorten(folder, 60)} "
                               f"(e.g. {shorten(outside, 60)}); torch refuses such archives, not a checkpoint")
-    if len(set(names)) != len(names):
-        raise CheckpointError(f"{source}: zip archive with two entries under one name, not a checkpoint")
+    if len({name.lower() for name in names}) != len(names):  # torch's reader (miniz) finds names case-blind
+        raise CheckpointError(f"{source}: zip archive with two entries under one name (letter case aside), not a "
+                              "checkpoint")
     try:
         info = archive.getinfo(member)
     except KeyError:
