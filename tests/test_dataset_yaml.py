@@ -123,6 +123,13 @@ def test_download_code_is_never_run(tmp_path):
     with pytest.raises(DatasetDownloadError, match="scripts in a dataset YAML are never run") as error:
         load_data_config(missing)
     assert "\n" not in str(error.value) and not marker.exists() and not (tmp_path.parent / "gone").exists()
+    from utils.data.dataset_download import parse_download
+
+    with pytest.raises(DatasetDownloadError, match="only .zip and tar archives"):  # the name kept is evil.py
+        parse_download("https://example.org/evil.py#.zip", "x.yaml")
+    with pytest.raises(DatasetDownloadError, match="only .zip and tar archives"):
+        parse_download("https://example.org/evil.py?x=.zip", "x.yaml")
+    assert len(parse_download("https://example.org/set.zip?token=1#part", "x.yaml")) == 1
 
 
 def test_yaml_tags_are_not_constructed(tmp_path):

@@ -110,7 +110,7 @@ def test_a_url_is_fetched_as_given_under_its_own_file_name(checkpoint_bytes, ser
     routes["/files/custom.pt?token=1"] = (200, "application/octet-stream", checkpoint_bytes, None)
     assert weights_file(base + "/files/custom.pt?token=1") == workdir.joinpath("custom.pt").relative_to(workdir)
     assert (workdir / "custom.pt").read_bytes() == checkpoint_bytes
-    for bad in ("/files/", "/files/..%2F..%2Fevil.pt", "/files/.hidden.pt", "/files/a%2Fb.pt"):
+    for bad in ("/files/", "/files/..%2F..%2Fevil.pt", "/files/.hidden.pt", "/files/a%2Fb.pt", "/files/a.pt%0A"):
         with pytest.raises(DownloadError, match="does not end with a plain file name"):
             weights_file(base + bad)
     assert sorted(p.name for p in workdir.iterdir()) == ["custom.pt"]

@@ -87,7 +87,7 @@ def url_file_name(url: str, suffixes=None, what: str = "file") -> str:
     one that could steer where the file goes (a separator, '..', a leading dot or dash), or, with ``suffixes``,
     one whose suffix is not among them (a name from the network never becomes a module or a script)."""
     name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
-    if not SAFE_NAME.match(name) or ".." in name:
+    if not SAFE_NAME.fullmatch(name) or ".." in name:  # fullmatch: '$' alone lets a final newline through
         raise DownloadError(f"{public_url(url)}: the URL does not end with a plain file name to save it as (letters, "
                             "digits, '.', '_', '+', '-'): download it yourself and pass the file's path")
     if suffixes is not None and Path(name).suffix.lower() not in suffixes:

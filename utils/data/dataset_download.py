@@ -149,7 +149,7 @@ def parse_download(value, label: str) -> list:
                                        "{url, into, from} entry (scripts in a dataset YAML are never run: download the "
                                        "dataset yourself, or describe its archives)")
     for archive in archives:
-        path = archive.url.lower().split("?")[0]
+        path = url_file_name(archive.url).lower()  # the name it is kept as (a query or '#x.zip' fragment aside)
         if not (path.endswith(".zip") or is_tar_name(path) or path.endswith(PLAIN_FILE_SUFFIXES)):
             raise DatasetDownloadError(f"{label}: download: {archive.url}: only .zip and tar archives "
                                        f"({', '.join(TAR_SUFFIXES)}) are unpacked, and "
