@@ -4,6 +4,7 @@ the credentials and proxies a URL travels with, the leftovers of killed download
 from __future__ import annotations
 
 import base64
+import logging
 import fcntl
 import hashlib
 import http.server
@@ -240,6 +241,31 @@ def test_credentials_go_to_their_host_only_and_are_never_printed(server, workdir
         assert str(error.value).startswith(f"http://***@{server.base.removeprefix('http://')}/missing.pt: HTTP 404")
     finally:
         other.close()
+
+
+def test_credentials_stay_with_their_port_and_out_of_opt_yaml_and_logs(caplog):
+    """A redirect to another port of the same host (another server) drops the Authorization header; a --weights
+    URL with credentials is stored (opt.yaml, checkpoints, trackers) and logged without them."""
+    from utils.config import TrainConfig
+    from utils.trainer.resume import with_absolute_paths
+
+    handler = downloads._Redirects()
+    for target, kept in (("http://h.example:8081/w.pt", False), ("http://h.example:8080/x.pt", True),
+                         ("https://h.example:8080/w.pt", False)):
+        request = urllib.request.Request("http://h.example:8080/w.pt", headers={"Authorization": "Basic YTpi"})
+        redirected = handler.redirect_request(request, None, 302, "Found", {}, target)
+        assert redirected.has_header("Authorization") == kept, target
+    default = urllib.request.Request("https://h.example/w.pt", headers={"Authorization": "Basic YTpi"})
+    assert handler.redirect_request(default, None, 302, "Found", {}, "https://h.example:443/v.pt").has_header(
+        "Authorization")
+    secret = "https://alice:s3cr3t-token@models.example.com/a.pt"
+    config = TrainConfig(weights=secret)
+    assert config.weights == secret  # the run itself downloads with them
+    stored = config.to_dict()
+    assert stored["weights"] == "https://***@models.example.com/a.pt" and "s3cr3t" not in str(stored)
+    with caplog.at_level(logging.INFO):
+        with_absolute_paths(config)
+    assert "--weights https://***@models.example.com/a.pt" in caplog.text and "s3cr3t" not in caplog.text
 
 
 def test_the_proxy_variables_are_honoured(server, workdir, monkeypatch, checkpoint):

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from utils.cli import ArgumentParser
-from utils.downloads import RELEASE_WEIGHT_NAMES, RELEASE_WEIGHTS, is_url, weights_file
+from utils.downloads import RELEASE_WEIGHT_NAMES, RELEASE_WEIGHTS, is_url, public_url, weights_file
 from utils.errors import UserError, run_main
 
 ALL_WEIGHTS = RELEASE_WEIGHT_NAMES  # --all-weights, in YOLOv5's order
@@ -48,7 +48,7 @@ def fetch_name(name: str, folder: Path) -> str:
         config = load_data_config(name)
         return f"{name}: dataset in {config.path}"
     if is_url(name):
-        return f"{name}: {weights_file(name)}"
+        return f"{public_url(name)}: {weights_file(name)}"
     if name in RELEASE_WEIGHTS:
         path = folder / name
         there = path.exists()

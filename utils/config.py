@@ -213,7 +213,11 @@ class TrainConfig:
     save_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The options as plain data, for opt.yaml, checkpoints and trackers: a URL's credentials
+        (``https://user:token@host/...``) are left out (``***@``), as everywhere a URL is shown."""
+        from utils.downloads import without_credentials
+
+        return {key: without_credentials(value) for key, value in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_stored(cls, values: dict[str, Any], source: str = "<dict>") -> "TrainConfig":

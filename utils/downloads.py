@@ -82,6 +82,16 @@ def public_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
 
+def without_credentials(value):
+    """``value`` with the credentials of a URL in it replaced by ``***@`` (anything else as it is): for what is
+    stored or shown of an option (opt.yaml, checkpoints, trackers, logs)."""
+    if isinstance(value, str) and is_url(value) and "@" in urllib.parse.urlsplit(value).netloc:
+        return public_url(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(without_credentials(item) for item in value)
+    return value
+
+
 def url_file_name(url: str, suffixes=None, what: str = "file") -> str:
     """The plain file name a URL's path ends with (query and fragment ignored); DownloadError when it has none,
     one that could steer where the file goes (a separator, '..', a leading dot or dash), or, with ``suffixes``,
@@ -303,9 +313,15 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
             raise DownloadError(f"{public_url(req.full_url)}: redirected from https down to http "
                                 f"({public_url(newurl)}); refused")
         request = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if request is not None and new.hostname != old.hostname:
+        if request is not None and _origin(new) != _origin(old):  # another host, port or scheme
             request.remove_header("Authorization")
         return request
+
+
+def _origin(parts: urllib.parse.SplitResult) -> tuple:
+    """(scheme, host, port) with the scheme's default port: where credentials were given for."""
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _request(url: str, headers: dict) -> urllib.request.Request:

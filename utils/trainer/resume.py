@@ -44,6 +44,7 @@ from pathlib import Path
 from utils import dist
 from utils.checkpoint import TrainingState, is_finished, load_resumable, previous_path, training_state
 from utils.config import ConfigError, Hyp, TrainConfig, resolve_hyp_path
+from utils.downloads import without_credentials
 from utils.errors import ArgumentError, UserError, WriteError, writing
 from utils.files import FolderBusy, FolderLock, atomic_write, file_identity, read_regular
 from utils.paths import increment_path, linked_part, symlinks_in
@@ -314,7 +315,8 @@ def _locate(dest: str, value: str) -> Path | None:
 def with_absolute_paths(config: TrainConfig) -> TrainConfig:
     """``config`` with its data paths absolute (logged), for a new run's opt.yaml and checkpoints."""
     config = replace(config, **{dest: absolute_path(dest, getattr(config, dest)) for dest in PATH_OPTIONS})
-    shown = ", ".join(f"--{dest} {getattr(config, dest)}" for dest in PATH_OPTIONS if getattr(config, dest))
+    shown = ", ".join(f"--{dest} {without_credentials(getattr(config, dest))}" for dest in PATH_OPTIONS
+                      if getattr(config, dest))
     LOGGER.info("Data paths: %s%s", shown or "none given", "" if config.data else " (--data: the default dataset)")
     return config
 
@@ -328,7 +330,8 @@ def stored_paths(saved: TrainConfig, source: Path) -> TrainConfig:
         LOGGER.warning("WARNING: %s stores --data %s relative to the folder the run started in; using %s (check "
                        "that it is the run's dataset)", source, saved.data, found)
         saved = replace(saved, data=found)
-    shown = ", ".join(f"--{dest} {getattr(saved, dest)}" for dest in PATH_OPTIONS if getattr(saved, dest))
+    shown = ", ".join(f"--{dest} {without_credentials(getattr(saved, dest))}" for dest in PATH_OPTIONS
+                      if getattr(saved, dest))
     LOGGER.info("Data paths: %s%s", shown or "none given", "" if saved.data else " (--data: the default dataset)")
     return saved
 
