@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import http.server
+import json
 import os
 import shutil
 import threading
@@ -170,6 +171,24 @@ def test_a_yamls_path_cannot_send_the_download_where_files_become_code(tmp_path,
     with pytest.raises(DatasetDownloadError, match=r"put Python code at the top of the dataset folder \('__init__.py'\)"):
         ensure_downloaded(tmp_path / "repo" / "usercustomize", "https://example.org/usercustomize.zip", "evil.yaml")
     assert not (tmp_path / "repo" / "usercustomize").exists()
+
+
+def test_a_json_file_cut_short_is_not_placed_to_fail_every_later_run(tmp_path, mirror):
+    """A .json the download places (Objects365's annotations) is read to its end first: one cut short is refused
+    and not kept, so the next start fetches it again instead of failing the conversion each time."""
+    folder = tmp_path / "tree" / "set"
+    folder.mkdir(parents=True)
+    (folder / "readme.txt").write_text("a dataset")
+    mirror.files["/set.zip"] = zip_folder(folder, "set")
+    whole = json.dumps({"images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(200)], "annotations": []})
+    mirror.files["/ann.json"] = whole[: len(whole) // 2].encode()  # served whole, as it is: a broken file
+    download = [{"url": "https://example.org/set.zip"}, {"url": "https://example.org/ann.json", "into": "set"}]
+    with pytest.raises(DatasetDownloadError, match=r"ann.json: the download is not usable \(.*(truncated|malformed)"):
+        ensure_downloaded(tmp_path / "datasets" / "set", download, "x.yaml")
+    assert not list((tmp_path / "datasets").rglob("ann.json")) and not (tmp_path / "datasets" / "set").exists()
+    mirror.files["/ann.json"] = whole.encode()
+    ensure_downloaded(tmp_path / "datasets" / "set", download, "x.yaml")
+    assert json.loads((tmp_path / "datasets" / "set" / "ann.json").read_text()) == json.loads(whole)
 
 
 def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror, monkeypatch):

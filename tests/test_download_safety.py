@@ -4,8 +4,8 @@ the credentials and proxies a URL travels with, the leftovers of killed download
 from __future__ import annotations
 
 import base64
-import logging
 import fcntl
+import logging
 import hashlib
 import http.server
 import io
@@ -180,6 +180,25 @@ def test_an_error_page_served_as_an_image_is_not_kept(server, workdir):
     with pytest.raises(DownloadError, match="not a video whose frames decode"):
         resolve_source(f"{server.base}/x/clip.mp4")
     assert entries(workdir) == ["bus.jpg"]
+
+
+def test_a_video_cut_short_without_a_length_is_not_kept(server, workdir, tmp_path_factory):
+    """A server that announces no length and closes early leaves a video whose first frames decode: its last
+    frame (by the container's count) is read too, and the file is not kept; whole, it is kept."""
+    from utils.sources import resolve_source
+
+    made = tmp_path_factory.mktemp("source") / "made.avi"
+    writer = cv2.VideoWriter(str(made), cv2.VideoWriter_fourcc(*"MJPG"), 30, (64, 48))
+    for i in range(30):
+        writer.write(np.random.default_rng(i).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    writer.release()
+    whole = made.read_bytes()
+    server.routes["/v/clip.avi"] = serve(whole[: len(whole) * 9 // 10], length=False)
+    with pytest.raises(DownloadError, match="a video cut short: its frame 30 of 30 does not decode"):
+        resolve_source(f"{server.base}/v/clip.avi")
+    assert entries(workdir) == []
+    server.routes["/v/clip.avi"] = serve(whole, length=False)
+    assert resolve_source(f"{server.base}/v/clip.avi")[0].read_bytes() == whole
 
 
 def test_a_sha256_in_the_url_is_checked_on_download_and_on_reuse(server, workdir, checkpoint):

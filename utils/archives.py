@@ -203,7 +203,7 @@ def extract_tar(archive: Path, folder: Path) -> Path:
     return target
 
 
-def verify_tar(path: Path) -> None:
+def verify_tar(path: Path, complete: bool = True) -> None:
     """A downloaded tar archive (compressed or not) whose first member's headers read, within the bound that
     ``extract_tar`` keeps (a header declaring megabytes is refused before it is read whole); ValueError (the
     download's check: it names the file itself) otherwise. Members are checked as they are unpacked, and a

@@ -169,9 +169,10 @@ def _mirror_path(folder: Path, url: str) -> Path | None:
 
 # ---------------------------------------------------------------------- checks of a downloaded file
 
-def verify_model_file(path: Path) -> None:
+def verify_model_file(path: Path, complete: bool = True) -> None:
     """Open ``path`` with the loader that will read it: a checkpoint whole (``verify_checkpoint``), an exported
-    model by its backend (models/backends.py). DownloadError's reason otherwise."""
+    model by its backend (models/backends.py). DownloadError's reason otherwise. (A verifier's ``complete``: False
+    when the server announced no length, so the transfer's end was not checked; these read the file whole.)"""
     if path.suffix.lower() == ".pt":
         verify_checkpoint(path)
         return
@@ -205,7 +206,7 @@ def verify_checkpoint(path: Path) -> None:
         raise ValueError(str(error).replace(str(path), "the file")) from None
 
 
-def verify_zip(path: Path) -> None:
+def verify_zip(path: Path, complete: bool = True) -> None:
     """An archive whose central directory reads (a truncated zip has none); members are checked as unpacked."""
     import zipfile
 
@@ -216,8 +217,10 @@ def verify_zip(path: Path) -> None:
         raise ValueError(f"not a complete zip archive ({error})") from None
 
 
-def verify_media(path: Path) -> None:
-    """An image that decodes, or a video whose first frame does (an error page saved as bus.jpg does not)."""
+def verify_media(path: Path, complete: bool = True) -> None:
+    """An image that decodes (OpenCV refuses one cut short), or a video whose first frame does (an error page
+    saved as bus.jpg does not); when the server announced no length (``complete`` False), also the last frame
+    its container counts: a video cut short keeps its first frames."""
     import cv2
 
     from utils.data.images import IMG_EXTENSIONS, ImageError, read_image
@@ -231,10 +234,17 @@ def verify_media(path: Path) -> None:
     capture = cv2.VideoCapture(str(path))
     try:
         ok, frame = capture.read() if capture.isOpened() else (False, None)
+        if not ok or frame is None:
+            raise ValueError("not a video whose frames decode")
+        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+        if not complete and count > 1:
+            capture.set(cv2.CAP_PROP_POS_FRAMES, count - 1)
+            ok, frame = capture.read()
+            if not ok or frame is None:
+                raise ValueError(f"a video cut short: its frame {count} of {count} does not decode (the server "
+                                 "announced no length)")
     finally:
         capture.release()
-    if not ok or frame is None:
-        raise ValueError("not a video whose frames decode")
 
 
 def file_sha256(path: Path) -> str:
@@ -283,7 +293,8 @@ def fetch(url: str, target: Path, what: str = "file", min_bytes: int = 1, max_by
         else:
             with os.fdopen(os.dup(handle), "wb") as out:  # the handle itself stays open: it holds the lock
                 received = _folder_copy(Path(source), out, max_bytes, hint)
-        _check(shown, part, received, min_bytes, sha256, verify, hint)
+        complete = not is_url(source) or transfer.announced is not None
+        _check(shown, part, received, min_bytes, sha256, verify, hint, complete)
         os.replace(part, target)
     finally:
         if not keep_part:
@@ -343,7 +354,7 @@ class Transfer:
     def __init__(self, url: str, what: str, target: Path, max_bytes: int, hint: str):
         self.url, self.shown, self.what, self.target = url, public_url(url), what, target
         self.max_bytes, self.hint = max_bytes, hint
-        self.complete = False
+        self.complete, self.announced = False, None
 
     def run(self, part: Path, handle: int | None, resumable: bool) -> int:
         """Bytes in ``part`` once the transfer ended (all of them, or DownloadError)."""
@@ -360,7 +371,7 @@ class Transfer:
                 _validator_path(part).unlink(missing_ok=True)  # the next try starts over
                 raise DownloadError(f"{self.shown}: asked for the bytes from {offset}, the server sent "
                                     f"{response.headers.get('Content-Range', 'no Content-Range')!r}; {self.hint}")
-            announced = self._announced(response, offset if status == 206 else 0)
+            announced = self.announced = self._announced(response, offset if status == 206 else 0)
             if resumable:
                 _validator_path(part).write_text(json.dumps({"url": self.shown, "validator": _validator(response)}))
             if handle is None:  # resumable: the partial file, kept from an earlier try or new
@@ -450,7 +461,8 @@ def _folder_copy(path: Path, out, max_bytes: int, hint: str) -> int:
     return path.stat().st_size
 
 
-def _check(shown: str, part: Path, received: int, min_bytes: int, sha256: str | None, verify, hint: str) -> None:
+def _check(shown: str, part: Path, received: int, min_bytes: int, sha256: str | None, verify, hint: str,
+           complete: bool = True) -> None:
     with open(part, "rb") as file:
         head = file.read(512)
     if head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
@@ -463,6 +475,6 @@ def _check(shown: str, part: Path, received: int, min_bytes: int, sha256: str | 
                             "not kept")
     if verify is not None:
         try:
-            verify(part)
+            verify(part, complete)
         except ValueError as error:
             raise DownloadError(f"{shown}: the download is not usable ({error}); not kept; {hint}") from None

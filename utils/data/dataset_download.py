@@ -395,12 +395,17 @@ def _fetch_and_unpack(archive: Archive, staging: Path, label: str) -> None:
     stored.unlink()  # unpacked: the space goes back
 
 
-def _verify_json(path: Path) -> None:
-    """A fetched .json file begins as a JSON object does (read whole when converted); ValueError otherwise."""
-    with open(path, "rb") as file:
-        start = file.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")
-    if not start.startswith(b"{"):
-        raise ValueError("not a JSON object")
+def _verify_json(path: Path, complete: bool = True) -> None:
+    """A fetched .json file is one JSON object, read to its end an item at a time (utils/data/json_stream.py):
+    a file cut short is not placed to fail every later conversion; ValueError otherwise."""
+    from utils.data.json_stream import iter_arrays
+    from utils.errors import AnnotationError
+
+    try:
+        for _ in iter_arrays(path, ()):
+            pass
+    except AnnotationError as error:
+        raise ValueError(str(error).removeprefix(f"{path}: ")) from None
 
 
 def _import_once(step, staging: Path, label: str, names: list[str] | None) -> None:
