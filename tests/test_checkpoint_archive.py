@@ -103,3 +103,28 @@ def test_duplicate_names_and_folderless_archives_are_refused(tmp_path):
     flat = write_zip(tmp_path / "flat.pt", [("data.pkl", DECOY)])
     with pytest.raises(CheckpointError, match="first entry is in no folder"):
         load_checkpoint(flat)
+
+
+def test_a_compressed_storage_or_a_zero_stride_view_is_refused_before_it_costs_memory(tmp_path):
+    """torch.save stores tensor storages as they are: a deflated one (1.7 MB declaring 400 MB) is refused before
+    torch.load inflates it. A zero-stride view of one value declaring 16384 x 16384 loads as a view, and is
+    refused before anything converts it (``.float()``: 1 GB)."""
+    buffer = io.BytesIO()
+    torch.save({"format": "yolo-trainer/1", "weights": torch.zeros(1 << 16)}, buffer)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as stored:
+        entries = [(info, stored.read(info)) for info in stored.infolist()]
+    packed = tmp_path / "packed.pt"
+    with zipfile.ZipFile(packed, "w") as archive:
+        for info, data in entries:
+            archive.writestr(info.filename, data, zipfile.ZIP_DEFLATED if "/data/" in info.filename else
+                             zipfile.ZIP_STORED)
+    assert torch.load(packed, weights_only=True)["weights"].shape == (1 << 16,)  # torch itself would inflate it
+    with pytest.raises(CheckpointError, match=r"tensor storage 'archive/data/0' is compressed"):
+        load_checkpoint(packed)
+    expanded = tmp_path / "expanded.pt"
+    torch.save({"format": "yolo-trainer/1", "model": {"yaml": {}, "state_dict": {
+        "w": torch.zeros(1, dtype=torch.float16).expand(16384, 16384)}}}, expanded)
+    assert expanded.stat().st_size < 10_000
+    with pytest.raises(CheckpointError, match=r"a tensor of 268435456 elements is a zero-stride or overlapping view "
+                                              r"of a storage of 2 bytes"):
+        load_checkpoint(expanded)

@@ -22,7 +22,7 @@ from utils.checkpoint.checks import check_training
 from utils.dist import is_main_process
 from utils.errors import CheckpointError, WriteError, shorten
 from utils.files import AtomicFile, remove_stale_temps, replace_with_link
-from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH
+from utils.limits import MAX_CLASSES, MAX_NAME_LENGTH, MAX_TENSOR_BYTES
 from utils.pickle_scan import check_legacy_pickles, check_tuple_work, pickle_globals, scan_pickle
 
 LOGGER = logging.getLogger(__name__)
@@ -121,7 +121,51 @@ def load_checkpoint(path) -> dict:
                 raise CheckpointError(f"{path}: legacy (non-zip) YOLOv5 checkpoint is not supported; "
                                       "re-save it with torch >= 1.6")
         check_legacy_pickles(path)  # the pickle budget and the tuple-expansion bound, as for a zip archive
-    return _check_names(_check_ours(_torch_load(path), path), path)
+    if head == ZIP_MAGIC:
+        _check_storages(path)
+    data = _check_ours(_torch_load(path), path)
+    _check_views(data, path)
+    return _check_names(data, path)
+
+
+def _check_storages(path: Path) -> None:
+    """Before torch.load: the tensor storages' members stored as torch.save writes them (nothing to inflate: a
+    2 MB file declaring gigabytes), at most MAX_TENSOR_BYTES declared in all."""
+    from utils.yolov5_import import pickle_member
+
+    with zipfile.ZipFile(path) as archive:
+        folder = pickle_member(archive, str(path))[: -len("data.pkl")] + "data/"
+        storages = [info for info in archive.infolist() if info.filename.startswith(folder)]
+    packed = next((info for info in storages if info.compress_type != zipfile.ZIP_STORED), None)
+    if packed is not None:
+        raise CheckpointError(f"{path}: tensor storage {shorten(packed.filename, 60)} is compressed (torch.save "
+                              "stores them as they are), not a torch checkpoint")
+    total = sum(info.file_size for info in storages)
+    if total > MAX_TENSOR_BYTES:
+        raise CheckpointError(f"{path}: its tensors declare {total / 1e9:.1f} GB, more than the "
+                              f"{MAX_TENSOR_BYTES / 1e9:.0f} GB a checkpoint may hold")
+
+
+def _check_views(data, path: Path) -> None:
+    """Every tensor of a loaded file covers no more elements than its storage holds: a zero-stride view of one
+    value declaring 16384 x 16384 would become 1 GB on its first ``.float()``."""
+    stack, visited = [(data, 0)], set()
+    while stack:
+        value, depth = stack.pop()
+        if id(value) in visited:  # a value shared many times (a pickle can reference one object a million times)
+            continue
+        visited.add(id(value))
+        if depth > 64 or len(visited) > 10_000_000:
+            raise CheckpointError(f"{path}: nested deeper than 64 levels or more than 10 million values")
+        if torch.is_tensor(value):
+            if value.numel() and value.numel() * value.element_size() > value.untyped_storage().nbytes():
+                raise CheckpointError(f"{path}: a tensor of {value.numel()} elements is a zero-stride or overlapping "
+                                      f"view of a storage of {value.untyped_storage().nbytes()} bytes, not a "
+                                      "checkpoint's weights")
+        elif isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, depth + 1) for item in value)
 
 
 def _zip_pickle(path: Path) -> bytes:
