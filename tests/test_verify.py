@@ -496,3 +496,55 @@ def test_read_ahead_changes_nothing_but_timing(badinputs, monkeypatch, tmp_path)
     assert list(with_hints.im_files) == list(without.im_files)
     assert np.array_equal(with_hints.shapes, without.shapes)
     assert all(np.array_equal(a, b) for a, b in zip(with_hints.labels, without.labels))
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height 8-bit gray pixels, with a few bytes of pixel data: what a
+    decompression bomb looks like before it is decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(width + 1)))
+            + chunk(b"IEND", b""))
+
+
+def test_an_image_declaring_more_pixels_than_are_decoded_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A few MB of PNG can declare 32K x 32K (about 70 GB once decoded as 16-bit RGBA): above PIL's bomb limit
+    (YOLOv5's dataset check refuses those too) the scan and read_image refuse the header, never decoding."""
+    from PIL import Image
+
+    from utils.data.images import ImageError
+    from utils.limits import MAX_IMAGE_PIXELS
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png_declaring(20_000, 10_000))
+    decoded = []
+    monkeypatch.setattr(verify.cv2, "imdecode", lambda *args: decoded.append(args) or None)
+    with pytest.raises(verify.Problem, match=r"image too large \(20000x10000 px; at most 178,956,970 pixels"):
+        verify.image_size(str(bomb))
+    with pytest.raises(ImageError, match=r"bomb.png: image too large \(200,000,000 pixels; at most 178,956,970"):
+        read_image(bomb)
+    assert decoded == [] and 20_000 * 10_000 > MAX_IMAGE_PIXELS
+    monkeypatch.undo()
+    bmp = tmp_path / "small.bmp"
+    cv2.imwrite(str(bmp), np.zeros((64, 64, 3), np.uint8))  # PIL reads its header (no fast reader for BMP)
+    assert read_image(bmp).shape == (64, 64, 3)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL's own refusal, twice its limit, is ours too
+    with pytest.raises(ImageError, match=r"small.bmp: image too large \(Image size \(4096 pixels\) exceeds limit"):
+        read_image(bmp)
+    with pytest.raises(verify.Problem, match="image too large"):
+        verify.image_size(str(bmp))
+
+
+def test_sixteen_bit_images_become_eight_bit_as_before_without_float_copies():
+    from utils.data.images import to_bgr8
+
+    values = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    assert np.array_equal(to_bgr8(values)[:, :, 0], (values / 257.0).round().astype(np.uint8))
+    rgba = np.random.default_rng(0).integers(0, 65536, (32, 48, 4), dtype=np.uint16)
+    expected = cv2.cvtColor((rgba / 257.0).round().astype(np.uint8), cv2.COLOR_BGRA2BGR)
+    assert np.array_equal(to_bgr8(rgba), expected)

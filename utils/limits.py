@@ -63,6 +63,8 @@ MAX_NAME_LENGTH = 256  # characters in one class name
 MAX_YAML_BYTES = 16 << 20  # a model, data or hyp YAML file
 MAX_YAML_NODES = 1_000_000  # YAML nodes once aliases are expanded (a COCO data YAML has about 200)
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 16_384  # --imgsz: one stride-32 cell up to a 16K image side
+MAX_IMAGE_PIXELS = 178_956_970  # decoded at most: PIL's decompression-bomb limit (2x Image.MAX_IMAGE_PIXELS),
+# which YOLOv5's dataset check (PIL's verify) has too; an 8 MB 16-bit PNG can declare 32K x 32K (about 70 GB decoded)
 MAX_BATCH_SIZE = 4_096
 MAX_WORKERS = 1_024
 MAX_DETECTIONS = 100_000  # --max-det: YOLOv5 defaults to 300 (val) and 1,000 (detect)

@@ -34,6 +34,27 @@ def image_header(buf) -> tuple[str, int, int, int] | None:
     return fast if fast is not None else pil_header(buf)
 
 
+class ImageTooLarge(ValueError):
+    """An image whose header declares more pixels than are ever decoded (utils.limits.MAX_IMAGE_PIXELS)."""
+
+
+def pixel_count(buf) -> int | None:
+    """Width x height from an image file's bytes, before any decoding: the fast readers, else PIL's header (PIL
+    refuses twice its MAX_IMAGE_PIXELS at open: ImageTooLarge); None where neither knows the format."""
+    fast = fast_header(buf)
+    if fast is not None:
+        return fast[1] * fast[2]
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(buf)) as image:
+            return image.size[0] * image.size[1]
+    except Image.DecompressionBombError as error:
+        raise ImageTooLarge(str(error).split(" could be ")[0]) from None
+    except Exception:  # PIL raises many types for foreign bytes
+        return None
+
+
 def fast_header(buf) -> tuple[str, int, int, int] | None:
     """``image_header`` for the plain JPEGs and PNGs read here; None for every other file."""
     buf = _bytes_view(buf)
@@ -59,6 +80,8 @@ def pil_header(source) -> tuple[str, int, int, int] | None:
         with Image.open(source if isinstance(source, (str, os.PathLike)) else io.BytesIO(source)) as image:
             orientation = int(image.getexif().get(_ORIENTATION_TAG, 1) or 1)
             return image.format or "", image.size[0], image.size[1], orientation
+    except Image.DecompressionBombError as error:
+        raise ImageTooLarge(str(error).split(" could be ")[0]) from None
     except Exception:  # PIL raises many types for foreign bytes
         return None
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils.data.headers import fast_header, pil_header
+from utils.data.headers import ImageTooLarge, fast_header, pil_header, pixel_count
 from utils.errors import UserError
+from utils.limits import MAX_IMAGE_PIXELS
 
 # YOLOv5 v7 lists dng and pfm too: OpenCV decodes a DNG's first picture (often its thumbnail) and PFM as float
 # of no fixed range, so neither is read as a training image here. MPO (a camera's multi-picture JPEG) is its
@@ -85,7 +86,7 @@ def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 def to_bgr8(img: np.ndarray) -> np.ndarray:
     """Any decoded array (gray, BGRA, 16-bit, float) -> 8-bit 3-channel BGR."""
     if img.dtype == np.uint16:
-        img = (img / 257.0).round().astype(np.uint8)
+        img = cv2.convertScaleAbs(img, alpha=1 / 257)  # round(x / 257) in one uint8 pass (no float64 copies)
     elif img.dtype != np.uint8:
         img = np.clip(img * (255.0 if img.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
     if img.ndim == 2:
@@ -95,6 +96,17 @@ def to_bgr8(img: np.ndarray) -> np.ndarray:
     if img.shape[2] == 1:
         return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR)
     return img
+
+
+def check_pixel_count(path, data) -> None:
+    """ImageError when the header of ``data`` (the file's bytes) declares more than MAX_IMAGE_PIXELS: refused
+    before decoding, as a decompression bomb (a few MB of PNG declaring tens of GB)."""
+    try:
+        pixels = pixel_count(data)
+    except ImageTooLarge as error:
+        raise ImageError(f"{path}: image too large ({error}; at most {MAX_IMAGE_PIXELS:,} pixels are decoded)") from None
+    if pixels is not None and pixels > MAX_IMAGE_PIXELS:
+        raise ImageError(f"{path}: image too large ({pixels:,} pixels; at most {MAX_IMAGE_PIXELS:,} are decoded)")
 
 
 def read_image(path: str | Path, orientation: int | None = None) -> np.ndarray:
@@ -112,6 +124,7 @@ def read_image(path: str | Path, orientation: int | None = None) -> np.ndarray:
         raise ImageError(f"{path}: cannot read file ({e.strerror or e})") from None
     if data.size == 0:
         raise ImageError(f"{path}: empty file")
+    check_pixel_count(path, data)
     img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
     if img is None or img.size == 0:
         raise ImageError(f"{path}: not a decodable image")

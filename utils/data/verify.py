@@ -25,11 +25,12 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.flat_labels import FlatLabels, concatenate
-from utils.data.headers import image_header
+from utils.data.headers import ImageTooLarge, image_header
 from utils.data.images import IMG_EXTENSIONS, applied_orientation, is_image_file, read_image
 from utils.data.label_cache import LabelCache, SplitLabels, problem_message
 from utils.errors import UserError
 from utils.files import read_ahead
+from utils.limits import MAX_IMAGE_PIXELS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -157,11 +158,17 @@ def image_size(path: str) -> tuple[int, int, int]:
         raise Problem("unreadable image", f"cannot read image ({e.strerror or e})") from None
     if data.size == 0:
         raise Problem("empty image file", "empty image file (0 bytes)")
-    header = image_header(data)
+    try:
+        header = image_header(data)
+    except ImageTooLarge as error:
+        raise Problem("image too large", f"image too large ({error}; at most {MAX_IMAGE_PIXELS:,} pixels are "
+                      "decoded)") from None
     if header is None:  # PIL does not know it: decode fully with the training decoder (no EXIF then)
         try:
             height, width = read_image(path, orientation=1).shape[:2]
-        except ValueError:
+        except ValueError as error:
+            if "image too large" in str(error):
+                raise Problem("image too large", str(error).split(": ", 1)[1]) from None
             raise Problem("not an image", "not an image (unknown or corrupt format)") from None
         _check_size(width, height)
         return width, height, 1
@@ -177,6 +184,9 @@ def image_size(path: str) -> tuple[int, int, int]:
 def _check_size(width: int, height: int) -> None:
     if min(width, height) < MIN_SIZE:
         raise Problem("image too small", f"image too small ({width}x{height} px, minimum {MIN_SIZE})")
+    if width * height > MAX_IMAGE_PIXELS:  # checked before the pixel data is decoded
+        raise Problem("image too large", f"image too large ({width}x{height} px; at most {MAX_IMAGE_PIXELS:,} "
+                      "pixels are decoded)")
 
 
 def _check_decodes(data: np.ndarray, kind: str) -> None:
