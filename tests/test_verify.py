@@ -260,16 +260,26 @@ def test_cache_invalidated_when_one_label_changes(tmp_path):
     np.testing.assert_allclose(result.labels[1][:, 0], [1, 1])
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "compressed"])
 def test_corrupt_cache_is_rebuilt(tmp_path, caplog, damage):
+    """A cache np.savez did not write is rebuilt; a compressed one (a planted 1 MB file declaring gigabytes of
+    meta) before any member is read."""
     images = make_split(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n"})
     scan_split(str(images), nc=1)
     cache = tmp_path / "labels" / "train.cache.npz"
     content = cache.read_bytes()
-    cache.write_bytes(b"not a zip at all" if damage == "garbage" else content[: len(content) // 2])
+    if damage == "compressed":
+        with np.load(cache, allow_pickle=False) as arrays:
+            saved = {name: arrays[name] for name in arrays.files}
+        np.savez_compressed(cache, **saved)
+        with np.load(cache, allow_pickle=False) as arrays:
+            assert np.array_equal(arrays["meta"], saved["meta"])  # np.load itself would read it
+    else:
+        cache.write_bytes(b"not a zip at all" if damage == "garbage" else content[: len(content) // 2])
     with caplog.at_level(logging.WARNING):
         result = scan_split(str(images), nc=1)
     assert "label cache unreadable" in caplog.text and len(result.labels[0]) == 1
+    assert damage != "compressed" or "is compressed, as np.savez never writes it" in caplog.text
     with np.load(cache, allow_pickle=False) as arrays:
         assert len(arrays["labels"]) == 1
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import stat
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,6 +216,11 @@ def _read(path: Path, key: str) -> SplitLabels | None:
     if not path.is_file():
         return None
     try:
+        with zipfile.ZipFile(path) as archive:  # np.savez stores its arrays: reading costs at most the file's size
+            packed = next((info.filename for info in archive.infolist() if info.compress_type != zipfile.ZIP_STORED),
+                          None)
+        if packed is not None:
+            raise ValueError(f"{packed} is compressed, as np.savez never writes it")
         with np.load(path, allow_pickle=False) as arrays:
             return result_from_arrays(arrays, key)
     except Exception as e:  # zip, JSON, key and shape errors all mean "rebuild"
