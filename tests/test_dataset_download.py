@@ -202,7 +202,7 @@ def test_a_zip_bomb_and_a_full_disk_are_refused_before_writing(tmp_path, mirror,
     (folder / "zeros.bin").write_bytes(b"12345678" * 1000)
     mirror.files["/bomb.zip"] = zip_folder(tmp_path / "tree", "bomb")
     monkeypatch.setattr(archives.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
-    with pytest.raises(DatasetDownloadError, match="unpacks to 0.00 GB, .* has 0.00 GB free"):
+    with pytest.raises(DatasetDownloadError, match=r"unpacks to 0.0[0-9] GB \(\d+ entries\), .* has 0.00 GB free"):
         ensure_downloaded(tmp_path / "datasets" / "bomb", "https://example.org/bomb.zip", "bomb.yaml")
 
 
@@ -418,7 +418,7 @@ def test_a_tar_bomb_a_full_disk_and_a_missing_from_folder_are_one_line(tmp_path,
     mirror.files["/b.tar"] = tar_folder(folder, "b", mode="w")
     disk_usage = shutil.disk_usage
     monkeypatch.setattr(archives.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 100))
-    with pytest.raises(DatasetDownloadError, match="unpacks to more than 0.00 GB, .* had 0.00 GB free"):
+    with pytest.raises(DatasetDownloadError, match=r"unpacks to more than 0.0[0-9] GB \(\d+ entries\), .* had 0.00 GB free"):
         ensure_downloaded(tmp_path / "datasets" / "b", "https://example.org/b.tar", "b.yaml")
     monkeypatch.setattr(archives.shutil, "disk_usage", disk_usage)
     with pytest.raises(DatasetDownloadError, match="b.tar holds no folder 'elsewhere' \\(its from:\\)"):
@@ -543,6 +543,27 @@ def test_the_member_count_is_checked_before_the_directory_is_parsed(tmp_path, mo
     monkeypatch.setattr(zipfile, "ZipFile", lambda *args, **kwargs: pytest.fail("the directory was parsed"))
     with pytest.raises(downloads.DownloadError, match="10 entries, more than 5"):
         archives.check_zip(archive, tmp_path)
+
+
+def test_many_empty_entries_count_the_disk_they_take(tmp_path, monkeypatch):
+    """200 empty files declare 0 bytes, yet each takes a block and an inode: counted at ENTRY_BYTES against the
+    free space, in a zip (before anything is written) and in a tar (as it is unpacked)."""
+    import tarfile
+
+    with zipfile.ZipFile(tmp_path / "empty.zip", "w") as out:
+        for index in range(200):
+            out.writestr(f"empty/{index}.txt", "")
+    with tarfile.open(tmp_path / "empty.tar", "w") as out:
+        for index in range(200):
+            out.addfile(tarfile.TarInfo(f"empty/{index}.txt"))
+    free = 199 * archives.ENTRY_BYTES
+    monkeypatch.setattr(archives.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(free, 0, free))
+    with pytest.raises(downloads.DownloadError, match=r"unpacks to 0.00 GB \(200 entries\)"):
+        archives.check_zip(tmp_path / "empty.zip", tmp_path)
+    with pytest.raises(downloads.DownloadError, match=r"unpacks to more than 0.00 GB \(200 entries\)"):
+        archives.extract_tar(tmp_path / "empty.tar", tmp_path)
+    free = 201 * archives.ENTRY_BYTES
+    assert len(archives.check_zip(tmp_path / "empty.zip", tmp_path)) == 200
 
 
 def test_the_zip64_member_count_is_read(tmp_path):

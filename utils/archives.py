@@ -31,7 +31,8 @@ from utils.errors import one_line
 from utils.paths import TAR_SUFFIXES
 
 MAX_EXPANSION = 100  # an archive may unpack to at most this many times its own size (a zip bomb unpacks to more)
-MAX_MEMBERS = 20_000_000
+MAX_MEMBERS = 2_000_000  # COCO's train2017.zip has 118,287 entries; each costs zipfile ~0.5 KB of memory
+ENTRY_BYTES = 4096  # the disk a file or folder takes however small (a block, an inode): counted against free space
 MAX_DEPTH = 100  # parts of a member's path: datasets nest a few; pathlib's mkdir and shutil's rmtree recurse per part
 MAX_HEADER_BYTES = 1 << 20  # one tar member's headers (GNU long names, PAX records, sparse maps); a path: 4 KiB
 ZIP_METHODS = (0, 8, 12, 14)  # stored, deflated, bzip2, lzma: what zipfile decompresses
@@ -72,8 +73,9 @@ def check_zip(archive: Path, folder: Path) -> list:
         raise DownloadError(f"{archive}: declares {declared / 1e6:.0f} MB from a {size / 1e6:.1f} MB archive "
                             f"(more than {MAX_EXPANSION}x: a zip bomb?): refused")
     free = shutil.disk_usage(folder).free
-    if declared > free:
-        raise DownloadError(f"{archive}: unpacks to {declared / 1e9:.2f} GB, {folder} has {free / 1e9:.2f} GB free")
+    if declared + ENTRY_BYTES * len(members) > free:  # a million empty entries still take a million blocks
+        raise DownloadError(f"{archive}: unpacks to {(declared + ENTRY_BYTES * len(members)) / 1e9:.2f} GB "
+                            f"({len(members)} entries), {folder} has {free / 1e9:.2f} GB free")
     return members
 
 
@@ -179,7 +181,7 @@ def extract_tar(archive: Path, folder: Path) -> Path:
     from tqdm import tqdm
 
     size = archive.stat().st_size
-    budget = min(MAX_EXPANSION * max(size, 1), shutil.disk_usage(folder).free)
+    budget = shutil.disk_usage(folder).free  # the bytes and the entries' blocks; MAX_EXPANSION bounds the bytes
     with _unpack_folder(archive, folder, _tar_errors()) as target, _open_tar(archive) as (opened, stream), \
             tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"Unpacking {archive.name}", disable=None,
                  leave=False) as bar:
@@ -313,6 +315,6 @@ def _check_tar_member(archive: Path, member, count: int, total: int, size: int, 
     _check_depth(archive, name)
     if total > MAX_EXPANSION * max(size, 1):
         raise _bomb(archive, total, size)
-    if total > budget:
-        raise DownloadError(f"{archive}: unpacks to more than {total / 1e9:.2f} GB, {folder} had "
-                            f"{budget / 1e9:.2f} GB free")
+    if total + ENTRY_BYTES * count > budget:
+        raise DownloadError(f"{archive}: unpacks to more than {(total + ENTRY_BYTES * count) / 1e9:.2f} GB "
+                            f"({count} entries), {folder} had {budget / 1e9:.2f} GB free")
