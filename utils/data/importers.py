@@ -238,12 +238,35 @@ def read_xml(path: Path) -> ElementTree.Element:
     data = _read_at_most(path, MAX_ANNOTATION_XML_BYTES)
     if data is None:
         raise SkippedAnnotation(f"{path}: larger than {MAX_ANNOTATION_XML_BYTES >> 20} MB, not an annotation file")
-    if _UNSAFE_XML.search(data):
+    if _UNSAFE_XML.search(data) or _declares(data):
         raise SkippedAnnotation(f"{path}: DOCTYPE/ENTITY declarations are not allowed in annotation XML")
     try:
         return ElementTree.fromstring(data)
     except ElementTree.ParseError as error:
         raise AnnotationError(f"{path}: malformed XML ({shorten(str(error), 200)})") from None
+
+
+class _Declared(Exception):
+    pass
+
+
+def _declares(data: bytes) -> bool:
+    """Whether the XML declares a DOCTYPE or an entity, as expat reads it in its own encoding (the byte pattern
+    misses UTF-16 text); malformed XML counts as not declaring (ElementTree then says what is wrong)."""
+    from xml.parsers import expat
+
+    def refuse(*args):
+        raise _Declared
+
+    parser = expat.ParserCreate()
+    parser.StartDoctypeDeclHandler = parser.EntityDeclHandler = refuse
+    try:
+        parser.Parse(data, True)
+    except _Declared:
+        return True
+    except expat.ExpatError:
+        return False
+    return False
 
 
 def _number(element: ElementTree.Element, tag: str, path: Path, required: bool = True) -> float | None:
