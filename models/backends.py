@@ -223,6 +223,9 @@ class OnnxBackend(Backend):
                 providers.insert(0, "CUDAExecutionProvider")
             else:
                 LOGGER.warning("WARNING: this onnxruntime has no CUDA support; running %s on the CPU", Path(path).name)
+        from models.formats.dnn import refuse_external_data
+
+        refuse_external_data(Path(path))
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)

@@ -133,3 +133,31 @@ def _varint(number: int) -> bytes:
         out.append(byte | (0x80 if number else 0))
         if not number:
             return bytes(out)
+
+
+def test_a_model_keeping_its_tensors_in_other_files_is_refused_by_both_runtimes(static_onnx, tmp_path):
+    """ONNX external data: a tensor names a file that onnxruntime reads from beside the model, so a model from
+    elsewhere could read a file of its choosing there into its weights. Found in the protobuf (initializers, and
+    constants inside nodes) without the onnx package, and refused in one line before any runtime opens it."""
+    import numpy as np
+    import onnx
+
+    from models.formats.dnn import uses_external_data
+
+    _, path = static_onnx
+    assert not uses_external_data(path.read_bytes())
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(tmp_path / "split.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="secret_here.bin", size_threshold=0)
+    assert (tmp_path / "secret_here.bin").is_file() and uses_external_data((tmp_path / "split.onnx").read_bytes())
+    for dnn in (False, True):
+        with pytest.raises(BackendError, match=r"split.onnx: its tensors are kept in other files \(ONNX external data"):
+            load_backend(tmp_path / "split.onnx", dnn=dnn)
+    constant = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(
+            np.zeros(4, np.float32), "c"))], "g", [], [onnx.helper.make_tensor_value_info(
+                "c", onnx.TensorProto.FLOAT, [4])]))
+    constant.graph.node[0].attribute[0].t.data_location = onnx.TensorProto.EXTERNAL
+    assert uses_external_data(constant.SerializeToString())
+    with pytest.raises(ProtobufError):
+        uses_external_data(b"\x0a\xff\xff\xff\xff\x0f")  # a field longer than the file

@@ -95,6 +95,52 @@ def read_onnx_header(data: bytes, source: str = "<bytes>") -> tuple[dict[str, st
     return metadata, _input_shape(view, graph) if graph else None
 
 
+# Where a TensorProto can be: ModelProto.graph / .functions -> FunctionProto.node; GraphProto.node / .initializer /
+# .sparse_initializer; NodeProto.attribute -> AttributeProto.t / .g / .tensors / .graphs / .sparse_tensor(s);
+# SparseTensorProto.values / .indices. TensorProto.external_data (13) or data_location EXTERNAL (14 = 1) names a file.
+_CHILDREN = {
+    "model": {MODEL_GRAPH: "graph", 25: "function"},
+    "function": {7: "node"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 10: "tensor", 6: "graph", 11: "graph", 22: "sparse", 23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+}
+TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION, EXTERNAL = 13, 14, 1
+
+
+def uses_external_data(data) -> bool:
+    """Whether any tensor of the ONNX model in ``data`` (its bytes) keeps its values in another file
+    (``external_data``): onnxruntime would read that file from beside the model; ProtobufError when the bytes are
+    not a model."""
+    view = memoryview(data)
+    stack = [("model", (0, len(view)), 0)]
+    while stack:
+        kind, span, depth = stack.pop()
+        if depth > 64:
+            raise ProtobufError("graphs nested more than 64 deep")
+        for number, wire, value in fields(view, *span):
+            if kind == "tensor":
+                if number == TENSOR_EXTERNAL_DATA and wire == LENGTH_DELIMITED or \
+                        number == TENSOR_DATA_LOCATION and wire == VARINT and value == EXTERNAL:
+                    return True
+            elif wire == LENGTH_DELIMITED and number in _CHILDREN[kind]:
+                stack.append((_CHILDREN[kind][number], value, depth + 1))
+    return False
+
+
+def refuse_external_data(path: Path) -> None:
+    """BackendError for an ONNX file whose tensors name other files (a model from elsewhere would read files of
+    its choosing beside it into its weights); export.py's files and YOLOv5's keep every tensor inside."""
+    try:
+        external = uses_external_data(path.read_bytes())
+    except (OSError, ProtobufError) as error:
+        raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
+    if external:
+        raise BackendError(f"{path}: its tensors are kept in other files (ONNX external data), which are not read "
+                           "here; export the model as one file")
+
+
 def _input_shape(view: memoryview, graph) -> list | None:
     span = _first(view, graph, GRAPH_INPUT)
     for number in (2, 1, 2):  # ValueInfoProto.type -> TypeProto.tensor_type -> Tensor.shape
@@ -122,8 +168,12 @@ class OpenCvDnnBackend(Backend):
         try:
             data = path.read_bytes()
             metadata, input_shape = read_onnx_header(data, str(path))
+            external = uses_external_data(data)
         except (OSError, ProtobufError, UnicodeDecodeError) as error:
             raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
+        if external:
+            raise BackendError(f"{path}: its tensors are kept in other files (ONNX external data), which are not "
+                               "read here; export the model as one file")
         info = parse_info({key: json_or_text(value) for key, value in metadata.items()}, str(path), input_shape)
         if info.half:
             raise BackendError(f"{path}: an fp16 export runs on CUDA; --dnn runs OpenCV on the CPU (export without "
