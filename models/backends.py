@@ -223,9 +223,7 @@ class OnnxBackend(Backend):
                 providers.insert(0, "CUDAExecutionProvider")
             else:
                 LOGGER.warning("WARNING: this onnxruntime has no CUDA support; running %s on the CPU", Path(path).name)
-        from models.formats.dnn import refuse_external_data
-
-        refuse_external_data(Path(path))
+        _refuse_external_data(Path(path))
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
@@ -244,6 +242,20 @@ class OnnxBackend(Backend):
         array = images.detach().to("cpu", self.input_dtype).contiguous().numpy()
         output = self.session.run([self.output_name], {self.input_name: array})[0]
         return torch.from_numpy(output).to(images.device).float()
+
+
+def _refuse_external_data(path: Path) -> None:
+    """BackendError for an ONNX file whose tensors name other files (a model from elsewhere would read files of
+    its choosing beside it into its weights); export.py's files and YOLOv5's keep every tensor inside."""
+    from models.formats.onnx_proto import ProtobufError, uses_external_data
+
+    try:
+        external = uses_external_data(path.read_bytes())
+    except (OSError, ProtobufError) as error:
+        raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
+    if external:
+        raise BackendError(f"{path}: its tensors are kept in other files (ONNX external data), which are not read "
+                           "here; export the model as one file")
 
 
 class OpenVinoBackend(Backend):
