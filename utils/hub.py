@@ -42,9 +42,8 @@ from torch import nn
 from utils.data.images import read_image, to_bgr8
 from utils.downloads import is_url
 from utils.errors import UserError
-from utils.hub_results import Detections, Timing
+from utils.hub_results import Detections, Timing, file_stem
 from utils.inference import InferenceError, forward, input_size, prepare_image, select_detections
-from utils.paths import safe_component
 from utils.precision import inference_autocast
 
 LOGGER = logging.getLogger(__name__)
@@ -168,9 +167,7 @@ class HubModel(nn.Module):
 def jpg_name(name: str, index: int) -> str:
     """YOLOv5's ``files`` entry: the input's base name with a .jpg suffix ("a/street.png" -> "street.jpg"), made
     one safe file-name component (``image<index>.jpg`` when nothing usable is left)."""
-    base = Path(str(name).replace("\\", "/")).name
-    stem = Path(base).stem if base not in ("", ".", "..") else ""
-    return f"{safe_component(stem, f'image{index}')}.jpg"
+    return f"{file_stem(name, index)}.jpg"
 
 
 def _now(device: torch.device) -> float:

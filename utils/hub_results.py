@@ -205,10 +205,7 @@ class Detections:
         return canvas
 
     def _stem(self, i: int) -> str:
-        """The input's base name without its suffix, as one safe file-name component (``image<i>`` if none);
-        "../../x.jpg" -> "x", a Windows path's "C:\\a\\b.png" -> "b"."""
-        base = Path(str(self.files[i]).replace("\\", "/")).name
-        return safe_component(Path(base).stem if base not in ("", ".", "..") else "", f"image{i}")
+        return file_stem(self.files[i], i)
 
     def _save_crop(self, folder: Path, i: int, cls: int, piece: np.ndarray) -> None:
         if not piece.size:
@@ -217,6 +214,13 @@ class Detections:
         where = crop_folder(folder, self.names, cls)
         where.mkdir(parents=True, exist_ok=True)
         _write_jpeg(inside(where, increment_path(where / f"{self._stem(i)}.jpg").name), piece)
+
+
+def file_stem(name, index: int) -> str:
+    """An input's base name without its suffix, as one safe file-name component (``image<index>`` if none):
+    "../../x.jpg" -> "x", a Windows path's "C:\\a\\b.png" -> "b"."""
+    base = Path(str(name).replace("\\", "/")).name
+    return safe_component(Path(base).stem if base not in ("", ".", "..") else "", f"image{index}")
 
 
 def _unique(name: str, used: set) -> str:
