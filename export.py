@@ -169,6 +169,12 @@ class ExportResult:
     seconds: float
     parity: list = field(default_factory=list)
 
+    def __fspath__(self) -> str:  # YOLOv5's export.run returns the files' paths: ``val.run(weights=results[-1])``
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
 
 class PredictionOnly(nn.Module):
     """The exported graph: the eval-mode model's decoded output alone (the raw maps are for the loss)."""
@@ -181,8 +187,19 @@ class PredictionOnly(nn.Module):
         return self.model(images)[0]
 
 
-def run(config: ExportConfig) -> list[ExportResult]:
-    """Export ``config.weights`` to each format in ``config.include``; returns what was written."""
+def run(config: ExportConfig | None = None, **options) -> list[ExportResult]:
+    """Export ``config.weights`` to each format in ``config.include``; returns what was written. Or, as YOLOv5's
+    ``export.run(weights="best.pt", include=("onnx",), imgsz=(640, 640))``: keywords named like export.py's flags,
+    with its defaults and checks (utils/api.py), each of several weights in turn; each result is also the exported
+    file's path (``str(result)``, ``Path(result)``), as YOLOv5 returns the paths."""
+    if config is None:
+        from utils.api import api_call, keyword_argv
+
+        args = build_parser().parse_args(keyword_argv(build_parser(), options))
+        with api_call():
+            return [result for weights in args.weights for result in run(config_from_args(args, weights))]
+    if options:
+        raise TypeError(f"export.run: pass an ExportConfig or keywords, not both ({', '.join(options)})")
     from models import for_inference, load_model
     from utils.device import select_device
 
@@ -571,6 +588,10 @@ def quiet_tracing():
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="export.py", description="Export a checkpoint to TorchScript / ONNX / OpenVINO and "
                                                           "the formats of models/formats/ (YOLOv5 export.py's flags)")
     add = parser.add_argument
@@ -594,7 +615,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--workspace", type=positive_int, default=4, help="TensorRT (--include engine): builder workspace size, GB")
     add_tensorflow_flags(parser)
     add("--include", nargs="+", default=["torchscript"], help=f"formats: {', '.join(SUFFIXES)}")
-    return parser.parse_args(argv)
+    return parser
 
 
 def add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from models.backends import (METADATA_KEYS, TORCHSCRIPT_METADATA, BackendError, 
                              TorchScriptBackend, load_backend)
 from tests.conftest import save_random_checkpoint
 from tests.export_helpers import copy_weights, eager_output
+from utils.errors import ArgumentError
 
 NAMES = ["cat", "dog"]
 IMGSZ = 64
@@ -578,3 +579,19 @@ def test_inplace_and_the_nms_settings_leave_the_export_unchanged(weights, tmp_pa
     images = torch.rand(1, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert torch.equal(first(images)[0], second(images)[0])
+
+
+def test_run_takes_yolov5s_keywords_and_returns_the_files_paths(weights, tmp_path):
+    """YOLOv5's ``export.run(weights=..., include=[...], imgsz=[...])`` (its benchmarks.py calls it so and uses
+    ``[-1]`` as the file): keywords with export.py's defaults and checks; each result is also the file's path."""
+    import val
+
+    source = copy_weights(weights, tmp_path)
+    results = export.run(weights=str(source), include=["torchscript"], imgsz=[IMGSZ])
+    assert [result.format for result in results] == ["torchscript"]
+    assert str(results[-1]) == str(source.with_suffix(".torchscript")) and Path(results[-1]).is_file()
+    assert val._trained_on(results[-1]) == "coco128.yaml"  # accepted wherever a path is (os.fspath)
+    with pytest.raises(ArgumentError, match="unknown keyword argument 'imgz' \\(did you mean imgsz\\?\\)"):
+        export.run(weights=str(source), imgz=64)
+    with pytest.raises(TypeError, match="not both"):
+        export.run(export.ExportConfig(weights=str(source)), half=True)
