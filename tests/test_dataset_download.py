@@ -168,6 +168,8 @@ def test_a_yamls_path_cannot_send_the_download_where_files_become_code(tmp_path,
             ensure_downloaded(root, "https://example.org/usercustomize.zip", "evil.yaml")
         assert not root.exists() and not root.parent.exists() or root.parent in (Path("/etc/cron.d"), Path("/var/lib"))
     assert mirror.requests == [] and not home.exists() and not fake_site.exists()
+    for allowed in (Path("/usr/src/datasets/coco128"), Path("/var/tmp/x/coco128"), tmp_path / "datasets" / "coco128"):
+        dataset_download.check_download_root(allowed, "coco128.yaml")  # YOLOv5's Docker layout: /usr/src/app, /usr/src/datasets
     with pytest.raises(DatasetDownloadError, match=r"put Python code at the top of the dataset folder \('__init__.py'\)"):
         ensure_downloaded(tmp_path / "repo" / "usercustomize", "https://example.org/usercustomize.zip", "evil.yaml")
     assert not (tmp_path / "repo" / "usercustomize").exists()

@@ -195,6 +195,8 @@ def ensure_downloaded(root: Path, value, label: str, names: list[str] | None = N
 
 SYSTEM_FOLDERS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc",
                   "/sys", "/run", "/var")  # where a new folder can be configuration that runs (cron, systemd, ...)
+DATA_IN_SYSTEM_FOLDERS = ("/usr/src", "/usr/local/src", "/var/tmp")  # YOLOv5's Docker image: /usr/src/app, datasets
+# beside it in /usr/src/datasets
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pyd")  # what makes a folder an importable package
 
 
@@ -203,7 +205,7 @@ def check_download_root(root: Path, label: str) -> None:
     where files become code: DatasetDownloadError, before anything is written, for a folder at or under a hidden
     one (``~/.ssh``, ``~/.config/autostart``, ``~/.local/...``, ``~/.ipython/...``), inside the Python
     installation or a site-packages folder (``usercustomize``, ``.pth`` files) or a system folder (``/etc``,
-    ``/usr``, ``/var`` but /var/tmp, ...). Beside importable modules (a folder on sys.path) the unpacked tree is
+    ``/usr``, ``/var``, ...; not /usr/src, /usr/local/src, /var/tmp). Beside importable modules (a folder on sys.path) the unpacked tree is
     checked too (``check_no_code_at_top``)."""
     import site
     import sys
@@ -215,8 +217,9 @@ def check_download_root(root: Path, label: str) -> None:
     python |= {Path(os.path.realpath(entry)) for entry in sys.path
                if entry and Path(entry).name in ("site-packages", "dist-packages")}
     inside = next((folder for folder in sorted(python) if resolved == folder or folder in resolved.parents), None)
-    system = next((folder for folder in SYSTEM_FOLDERS if resolved == Path(folder) or Path(folder) in resolved.parents
-                   and not (folder == "/var" and Path("/var/tmp") in (resolved, *resolved.parents))), None)
+    allowed = any(Path(folder) in resolved.parents for folder in DATA_IN_SYSTEM_FOLDERS)
+    system = None if allowed else next((folder for folder in SYSTEM_FOLDERS
+                                        if resolved == Path(folder) or Path(folder) in resolved.parents), None)
     reason = (f"it is in the hidden folder {hidden}" if hidden else
               f"it is inside the Python installation ({inside})" if inside else
               f"it is inside the system folder {system}" if system else "")
