@@ -232,7 +232,7 @@ def test_val_detect_and_hub_on_the_pte_equal_the_same_shape_torchscript(static_f
         hub = load_hub_model(path)
         hub.conf, hub.amp = 0.001, "off"
         detections.append(hub(str(image), size=IMGSZ).xyxy[0])
-    assert type(hub.model).__name__ == "ExecuTorchBackend" and hub.names == NAMES
+    assert type(hub.model).__name__ == "ExecuTorchBackend" and hub.names == dict(enumerate(NAMES))
     expected, got = detections
     assert len(expected) and got.shape == expected.shape
     # the best box (whole pixels of the image) and its score; the random model's lower scores tie, and NMS may keep
