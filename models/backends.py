@@ -223,7 +223,12 @@ class OnnxBackend(Backend):
                 providers.insert(0, "CUDAExecutionProvider")
             else:
                 LOGGER.warning("WARNING: this onnxruntime has no CUDA support; running %s on the CPU", Path(path).name)
-        _refuse_external_data(Path(path))
+        try:
+            data = Path(path).read_bytes()
+        except OSError as error:
+            raise BackendError(f"{path}: cannot read it ({error.strerror or error})") from None
+        refuse_external_data(data, path)
+        del data
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
@@ -244,14 +249,15 @@ class OnnxBackend(Backend):
         return torch.from_numpy(output).to(images.device).float()
 
 
-def _refuse_external_data(path: Path) -> None:
-    """BackendError for an ONNX file whose tensors name other files (a model from elsewhere would read files of
-    its choosing beside it into its weights); export.py's files and YOLOv5's keep every tensor inside."""
+def refuse_external_data(data: bytes, path) -> None:
+    """BackendError for the ONNX file ``path`` (its bytes ``data``) whose tensors name other files (a model from
+    elsewhere would read files of its choosing beside it into its weights); export.py's files and YOLOv5's keep
+    every tensor inside."""
     from models.formats.onnx_proto import ProtobufError, uses_external_data
 
     try:
-        external = uses_external_data(path.read_bytes())
-    except (OSError, ProtobufError) as error:
+        external = uses_external_data(data)
+    except ProtobufError as error:
         raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
     if external:
         raise BackendError(f"{path}: its tensors are kept in other files (ONNX external data), which are not read "

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.backends import Backend, BackendError, _check_metadata_size, first_line, json_or_text, parse_info
+from models.backends import (Backend, BackendError, _check_metadata_size, first_line, json_or_text, parse_info,
+                             refuse_external_data)
 from models.formats.onnx_proto import (LENGTH_DELIMITED, MODEL_GRAPH, VARINT, ProtobufError,  # noqa: F401
                                        fields, uses_external_data)
 
@@ -81,12 +82,9 @@ class OpenCvDnnBackend(Backend):
         try:
             data = path.read_bytes()
             metadata, input_shape = read_onnx_header(data, str(path))
-            external = uses_external_data(data)
         except (OSError, ProtobufError, UnicodeDecodeError) as error:
             raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
-        if external:
-            raise BackendError(f"{path}: its tensors are kept in other files (ONNX external data), which are not "
-                               "read here; export the model as one file")
+        refuse_external_data(data, path)
         info = parse_info({key: json_or_text(value) for key, value in metadata.items()}, str(path), input_shape)
         if info.half:
             raise BackendError(f"{path}: an fp16 export runs on CUDA; --dnn runs OpenCV on the CPU (export without "

@@ -166,9 +166,7 @@ def image_size(path: str) -> tuple[int, int, int]:
     if header is None:  # PIL does not know it: decode fully with the training decoder (no EXIF then)
         try:
             height, width = read_image(path, orientation=1).shape[:2]
-        except ValueError as error:
-            if "image too large" in str(error):
-                raise Problem("image too large", str(error).split(": ", 1)[1]) from None
+        except ValueError:  # (too large is found above: read_image's header check reads what image_header reads)
             raise Problem("not an image", "not an image (unknown or corrupt format)") from None
         _check_size(width, height)
         return width, height, 1
