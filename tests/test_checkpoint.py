@@ -273,6 +273,29 @@ def test_yolov5_training_checkpoint_keeps_model_and_ema_apart(yolov5_lookalike):
     assert torch.equal(loaded.model[0].conv.weight, ema[first].float())
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_file_replaced_after_its_scan_is_not_the_one_loaded(tmp_path, monkeypatch, legacy):
+    """The checks and torch.load read one open file: a file swapped in on disk between them (a process that can
+    write the folder) is never loaded unchecked."""
+    import utils.checkpoint.store as store
+
+    path, other = tmp_path / "last.pt", tmp_path / "other.pt"
+    for file, epoch in ((path, 3), (other, 7)):
+        save_checkpoint({"model": model_state(tiny_model()), "ema": None, "epoch": epoch}, file)
+        if legacy:  # torch's pre-1.6 format: a sequence of pickles
+            torch.save(torch.load(file, weights_only=True), file, _use_new_zipfile_serialization=False)
+    scan = store.check_legacy_pickles if legacy else store.scan_pickle
+
+    def scan_then_swap(*args):
+        result = scan(*args)
+        other.replace(path)
+        return result
+
+    monkeypatch.setattr(store, "check_legacy_pickles" if legacy else "scan_pickle", scan_then_swap)
+    assert load_checkpoint(path)["epoch"] == 3
+    assert torch.load(path, weights_only=True)["epoch"] == 7  # the swap happened
+
+
 def test_pickle_globals_reads_without_unpickling():
     payload = pickle.dumps({"a": torch.nn.Identity}, protocol=4)  # STACK_GLOBAL with memoised strings
     assert "torch.nn.modules.linear.Identity" in pickle_globals(payload)

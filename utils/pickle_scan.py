@@ -15,6 +15,7 @@ through ``BoundedReader``, which never reads past the budget whatever length the
 """
 from __future__ import annotations
 
+import contextlib
 import pickletools
 from pathlib import Path
 
@@ -154,11 +155,12 @@ def check_tuple_work(scan: PickleScan, path) -> None:
                               "(shared references nested to blow up when loaded)")
 
 
-def check_legacy_pickles(path: Path) -> PickleScan:
+def check_legacy_pickles(path: Path, file=None) -> PickleScan:
     """Walk the pickles of a legacy torch file (nothing is built, no read goes past the budget); refuse it when
-    they take more than MAX_PICKLE_BYTES, the budget a zip archive's data.pkl has, or expand too far."""
+    they take more than MAX_PICKLE_BYTES, the budget a zip archive's data.pkl has, or expand too far. ``file``: the
+    file already open at its start (``path`` then only names it)."""
     scan = PickleScan()
-    with open(path, "rb") as file:
+    with open(path, "rb") if file is None else contextlib.nullcontext(file) as file:
         reader = BoundedReader(file, MAX_PICKLE_BYTES)
         try:
             for _ in range(LEGACY_PICKLES):

@@ -541,16 +541,16 @@ def optimizer_layouts(record) -> dict[str, list[list[str]]]:
     return {"v6.2+": [biases, weights, norm], "v6.1-": [batchnorm, old_weights, biases]}
 
 
-def load_yolov5_checkpoint(path, training: bool = False) -> dict:
+def load_yolov5_checkpoint(path, training: bool = False, file=None) -> dict:
     """Our checkpoint format (utils.checkpoint) from a YOLOv5 file: "model" and "ema" entries plus
     plain fields (epoch, best_fitness, date, ema_updates; finished when it has no optimizer, as YOLOv5 strips
     them). With ``training`` (a resume: utils.checkpoint.yolov5_run) also "yolov5_training": the optimizer's
     state (its tensors read), YOLOv5's ``opt`` dict and ``optimizer_layouts`` of the model; otherwise the optimizer's
-    storages are not read."""
+    storages are not read. ``file``: the file already open (``path`` then only names it)."""
     path = Path(path)
     source = str(path)
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(path if file is None else file) as archive:
             data, prefix = _unpickle(archive, source)
             model, ema = data.get("model"), data.get("ema")
             if model is None and ema is None:

@@ -98,42 +98,52 @@ def copy_checkpoint(source, path) -> Path | None:
     return path
 
 
-def load_checkpoint(path) -> dict:
-    """Our format for any supported file (ours, or YOLOv5's converted); CheckpointError otherwise."""
+def load_checkpoint(path, yolov5_training: bool = False) -> dict:
+    """Our format for any supported file (ours, or YOLOv5's converted); CheckpointError otherwise. The file is
+    opened once: the checks and torch.load read the same open file, so replacing it on disk between them has no
+    effect. ``yolov5_training``: a YOLOv5 file's converted form also has its "yolov5_training" entry (for
+    utils.checkpoint.yolov5_run)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint file not found")
     if not path.is_file():
         raise CheckpointError(f"{path}: not a file")
     with open(path, "rb") as file:
-        head = file.read(4)
+        return _load_open(file, path, yolov5_training)
+
+
+def _load_open(file, path: Path, yolov5_training: bool) -> dict:
+    head = file.read(4)
     if head == ZIP_MAGIC:
-        scan = scan_pickle(_zip_pickle(path))
+        scan = scan_pickle(_zip_pickle(file, path))
         check_tuple_work(scan, path)
         if any(name.startswith("models.") for name in scan.globals):  # YOLOv5's pickled modules
             from utils.yolov5_import import load_yolov5_checkpoint
-            return _check_names({**load_yolov5_checkpoint(path), "format": FORMAT}, path)
+            return _check_names({**load_yolov5_checkpoint(path, yolov5_training, _rewound(file)), "format": FORMAT}, path)
+        _check_storages(file, path)
     elif not head.startswith(b"\x80"):
         raise CheckpointError(f"{path}: not a checkpoint (neither a torch zip archive nor a pickle)")
     else:
-        with open(path, "rb") as file:
-            if _is_yolov5(file.read(1 << 20)):
-                raise CheckpointError(f"{path}: legacy (non-zip) YOLOv5 checkpoint is not supported; "
-                                      "re-save it with torch >= 1.6")
-        check_legacy_pickles(path)  # the pickle budget and the tuple-expansion bound, as for a zip archive
-    if head == ZIP_MAGIC:
-        _check_storages(path)
-    data = _check_ours(_torch_load(path), path)
+        if _is_yolov5(_rewound(file).read(1 << 20)):
+            raise CheckpointError(f"{path}: legacy (non-zip) YOLOv5 checkpoint is not supported; "
+                                  "re-save it with torch >= 1.6")
+        check_legacy_pickles(path, _rewound(file))  # the pickle budget and the tuple-expansion bound, as a zip's
+    data = _check_ours(_torch_load(_rewound(file), path), path)
     _check_views(data, path)
     return _check_names(data, path)
 
 
-def _check_storages(path: Path) -> None:
+def _rewound(file):
+    file.seek(0)
+    return file
+
+
+def _check_storages(file, path: Path) -> None:
     """Before torch.load: the tensor storages' members stored as torch.save writes them (nothing to inflate: a
     2 MB file declaring gigabytes), at most MAX_TENSOR_BYTES declared in all."""
     from utils.yolov5_import import pickle_member
 
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(_rewound(file)) as archive:
         folder = pickle_member(archive, str(path))[: -len("data.pkl")] + "data/"
         storages = [info for info in archive.infolist() if info.filename.startswith(folder)]
     packed = next((info for info in storages if info.compress_type != zipfile.ZIP_STORED), None)
@@ -168,13 +178,13 @@ def _check_views(data, path: Path) -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
-def _zip_pickle(path: Path) -> bytes:
+def _zip_pickle(file, path: Path) -> bytes:
     """The data.pkl bytes of a torch zip archive (CheckpointError when truncated or corrupt, or when its
     declared size is more than any checkpoint's pickle needs: refused before it is decompressed)."""
     from utils.yolov5_import import find_pickle
 
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(_rewound(file)) as archive:
             return archive.read(find_pickle(archive, str(path)))
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
         if isinstance(error, CheckpointError):
@@ -186,9 +196,9 @@ def _is_yolov5(pickle_bytes: bytes) -> bool:
     return any(g.startswith("models.") for g in pickle_globals(pickle_bytes))
 
 
-def _torch_load(path: Path):
+def _torch_load(file, path: Path):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for damaged or refused files
         message = str(error)
         refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", message)
@@ -302,7 +312,7 @@ def training_state(ckpt: dict, path) -> TrainingState:
     if _is_imported(ckpt) and not is_finished(ckpt):  # a YOLOv5 run's last.pt: read again with its training state
         from utils.checkpoint.yolov5_run import yolov5_resumable
 
-        ckpt, origin = yolov5_resumable(path, TRAINING_VERSION), "yolov5"
+        ckpt, origin = yolov5_resumable(load_checkpoint(path, yolov5_training=True), path, TRAINING_VERSION), "yolov5"
     training = ckpt.get("training")
     if not isinstance(training, dict):
         reason = "a finished run" if is_finished(ckpt) else "weights only, no training state"

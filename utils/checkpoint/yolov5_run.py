@@ -52,14 +52,12 @@ MAX_RESULTS_BYTES = 64 << 20  # results.csv: about 300 bytes a row
 KEPT_LAST, KEPT_RESULTS = "last.yolov5.pt", "results.yolov5.csv"
 
 
-def yolov5_resumable(path, version: int) -> dict:
+def yolov5_resumable(ckpt: dict, path, version: int) -> dict:
     """Our resumable checkpoint layout (utils.checkpoint; its "training" entry of layout ``version``) for YOLOv5's
-    last.pt ``path``, plus "parameter_names": the parameter of each optimizer index. CheckpointError (one line, naming
-    the file) when it cannot be resumed."""
-    from utils.yolov5_import import load_yolov5_checkpoint
-
+    last.pt ``path``, read by ``load_checkpoint(path, yolov5_training=True)`` as ``ckpt``, plus "parameter_names": the
+    parameter of each optimizer index. CheckpointError (one line, naming the file) when it cannot be resumed."""
     path = Path(path)
-    ckpt = load_yolov5_checkpoint(path, training=True)
+    ckpt = dict(ckpt)
     training = ckpt.pop("yolov5_training", None)
     epoch = ckpt.get("epoch")
     if training is None or type(epoch) is not int or epoch < 0:
