@@ -487,3 +487,13 @@ def folded_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor,
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
     conv_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
     return conv.weight * scale.view(-1, 1, 1, 1), (conv_bias - bn.running_mean) * scale + bn.bias
+
+
+def __getattr__(name: str):
+    """``from models.common import DetectMultiBackend`` (YOLOv5's path, for scripts written against it) loads
+    models/multibackend.py then, never when the layers are imported."""
+    if name == "DetectMultiBackend":
+        from models.multibackend import DetectMultiBackend
+
+        return DetectMultiBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -468,7 +468,13 @@ class DetectionModel(nn.Module):
         detect = self.model[-1]
         return detect.stride if isinstance(detect, Detect) else torch.tensor([32.0])
 
-    def forward(self, x):
+    def forward(self, x, augment: bool = False, profile: bool = False, visualize=False):
+        """The layers on ``x``: training mode, each level's raw output; eval mode, ``(pred, raw)``. YOLOv5's
+        ``augment``, ``profile`` and ``visualize`` (a folder): models/forward_options.py."""
+        if augment or profile or visualize:
+            from models.forward_options import forward_with
+
+            return forward_with(self, x, augment, profile, visualize)
         outputs = []
         for layer in self.model:
             if layer.f != -1:

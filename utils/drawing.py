@@ -45,10 +45,11 @@ def _text_color(background) -> tuple[int, int, int]:
 
 
 def draw_box_label(img: np.ndarray, xyxy, label: str | None = "", color=(128, 128, 128),
-                   line_width: int | None = None) -> np.ndarray:
+                   line_width: int | None = None, txt_color=None) -> np.ndarray:
     """Draw one box (BGR ``color``) with an optional label on a filled background, in place.
 
-    The label sits above the box, or inside its top edge when there is no room above.
+    The label sits above the box, or inside its top edge when there is no room above; its text is ``txt_color``,
+    by default black or white, whichever reads better on ``color``.
     """
     width = line_width or default_line_width(img.shape)
     x1, y1, x2, y2 = (int(round(float(v))) for v in xyxy[:4])
@@ -63,7 +64,8 @@ def draw_box_label(img: np.ndarray, xyxy, label: str | None = "", color=(128, 12
     top = y1 - text_h - 3 if outside else y1
     bottom = y1 if outside else y1 + text_h + 3
     cv2.rectangle(img, (x1, top), (x1 + text_w, bottom), color, -1, cv2.LINE_AA)
-    cv2.putText(img, label, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, _text_color(color),
+    text_color = _text_color(color) if txt_color is None else tuple(int(c) for c in txt_color)
+    cv2.putText(img, label, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, text_color,
                 thickness=thickness, lineType=cv2.LINE_AA)
     return img
 
@@ -173,3 +175,93 @@ def save_one_box(xyxy, img: np.ndarray, file, gain: float = 1.02, pad: int = 10,
     elif save:
         LOGGER.warning(f"{file}: empty crop for box {list(map(float, xyxy[:4]))}, not saved")
     return crop
+
+
+class Annotator:
+    """YOLOv5's drawing helper for scripts written against it (utils.plots.Annotator): boxes and text drawn in place
+    on a contiguous uint8 image (``result()`` returns it). OpenCV's Hershey font, as detect.py draws; ``pil=True``
+    (or a label that is not ASCII) draws with Pillow instead: the TrueType ``font`` when that file exists (a font
+    with the labels' script, e.g. CJK names), else Pillow's built-in font. Fonts are never downloaded."""
+
+    def __init__(self, im, line_width: int | None = None, font_size: int | None = None, font: str = "Arial.ttf",
+                 pil: bool = False, example: str = "abc"):
+        if not isinstance(im, np.ndarray) and not pil:
+            pil = True  # a PIL image
+        if isinstance(im, np.ndarray) and not im.flags.c_contiguous:
+            raise ValueError("Annotator: image not contiguous; pass np.ascontiguousarray(im)")
+        self.pil = pil or not str(example).isascii()
+        shape = im.shape if isinstance(im, np.ndarray) else (im.size[1], im.size[0], 3)
+        self.lw = line_width or max(round(sum(shape) / 2 * 0.003), 2)
+        if self.pil:
+            from PIL import Image, ImageDraw
+
+            self.im = im if isinstance(im, Image.Image) else Image.fromarray(im)
+            self.draw = ImageDraw.Draw(self.im)
+            self.font = _pil_font(font, font_size or max(round(sum(self.im.size) / 2 * 0.035), 12))
+        else:
+            self.im = im
+
+    def box_label(self, box, label: str = "", color=(128, 128, 128), txt_color=(255, 255, 255)) -> None:
+        """One box with its label above it (inside the box's top edge when there is no room above)."""
+        if not self.pil:
+            draw_box_label(self.im, box, label, color, self.lw, txt_color)
+            return
+        x1, y1, x2, y2 = (float(v) for v in box[:4])
+        self.draw.rectangle((x1, y1, x2, y2), width=self.lw, outline=tuple(color))
+        if label:
+            left, top, right, bottom = self.font.getbbox(label)
+            width, height = right - left, bottom - top
+            outside = y1 - height >= 0
+            top_y = y1 - height if outside else y1
+            self.draw.rectangle((x1, top_y, x1 + width + 1, top_y + height + 1), fill=tuple(color))
+            self.draw.text((x1, top_y - top), label, fill=tuple(txt_color), font=self.font)
+
+    def rectangle(self, xy, fill=None, outline=None, width: int = 1) -> None:
+        if self.pil:
+            self.draw.rectangle(xy, fill=fill, outline=outline, width=width)
+            return
+        (x1, y1), (x2, y2) = ((xy[0], xy[1]), (xy[2], xy[3])) if len(xy) == 4 else xy
+        corners = (int(x1), int(y1)), (int(x2), int(y2))
+        if fill is not None:
+            cv2.rectangle(self.im, *corners, tuple(int(c) for c in fill), -1)
+        if outline is not None:
+            cv2.rectangle(self.im, *corners, tuple(int(c) for c in outline), width)
+
+    def text(self, xy, text: str, txt_color=(255, 255, 255), anchor: str = "top") -> None:
+        """``text`` with its top-left corner at ``xy`` (``anchor="bottom"``: its bottom-left)."""
+        if self.pil:
+            x, y = xy
+            if anchor == "bottom":
+                y -= self.font.getbbox(text)[3]
+            self.draw.text((x, y), text, fill=tuple(txt_color), font=self.font)
+            return
+        thickness = max(self.lw - 1, 1)
+        cv2.putText(self.im, text, (int(xy[0]), int(xy[1])), cv2.FONT_HERSHEY_SIMPLEX, self.lw / 3,
+                    tuple(int(c) for c in txt_color), thickness=thickness, lineType=cv2.LINE_AA)
+
+    def fromarray(self, im: np.ndarray) -> None:
+        """Draw on ``im`` from now on (PIL mode: a copy of it)."""
+        if self.pil:
+            from PIL import Image, ImageDraw
+
+            self.im = Image.fromarray(im)
+            self.draw = ImageDraw.Draw(self.im)
+        else:
+            self.im = im
+
+    def result(self) -> np.ndarray:
+        return np.asarray(self.im)
+
+
+def _pil_font(font: str, size: int):
+    from PIL import ImageFont
+
+    if Path(font).is_file():
+        try:
+            return ImageFont.truetype(str(font), size)
+        except OSError as error:
+            LOGGER.warning(f"{font}: not a font Pillow can read ({error}); using Pillow's built-in font")
+    try:
+        return ImageFont.load_default(size)
+    except TypeError:  # Pillow before 10.1: one size
+        return ImageFont.load_default()

@@ -34,8 +34,9 @@ class OutsideFolderError(UserError):
     """A name from a file would place an output outside the folder the user asked for."""
 
 
-def increment_path(path: str | os.PathLike, exist_ok: bool = False, mkdir: bool = False) -> Path:
-    """Return ``path`` if it is free (or ``exist_ok``), else the first free ``path2``, ``path3``, ...
+def increment_path(path: str | os.PathLike, exist_ok: bool = False, mkdir: bool = False, sep: str = "") -> Path:
+    """Return ``path`` if it is free (or ``exist_ok``), else the first free ``path2``, ``path3``, ... (``sep``
+    between the name and the number).
 
     With ``mkdir`` the folder is created atomically (``os.mkdir`` fails if another process took the
     name first, and the next number is tried), so concurrent runs never share a folder.
@@ -47,7 +48,7 @@ def increment_path(path: str | os.PathLike, exist_ok: bool = False, mkdir: bool 
         return path
     stem, suffix = (path.stem, path.suffix) if path.suffix and not mkdir else (path.name, "")
     for number in range(1, 100000):
-        candidate = path if number == 1 else path.with_name(f"{stem}{number}{suffix}")
+        candidate = path if number == 1 else path.with_name(f"{stem}{sep}{number}{suffix}")
         if candidate.exists():
             continue
         if not mkdir:

@@ -5,6 +5,9 @@ Each plot is a ``matplotlib.figure.Figure`` on its own Agg canvas, never pyplot:
 switched and no figure joins pyplot's list, so a caller's backend (a notebook's) and open figures stay as
 they were, and plotting in a headless process or a worker thread never touches a display. Matplotlib is
 imported inside the functions, so importing this module does not import it.
+
+For scripts written against YOLOv5 (docs/yolov5-scripts.md), YOLOv5's ``Annotator``, ``colors`` and
+``save_one_box`` are here too, with YOLOv5's signatures (utils/drawing.py draws them).
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.drawing import Annotator, colors  # noqa: F401  (YOLOv5's names, for scripts written against it)
+from utils.drawing import save_one_box as _save_one_box
 from utils.metrics import APResult, class_names, smooth
 
 LOGGER = logging.getLogger(__name__)
@@ -203,3 +208,11 @@ def plot_ap_curves(result: APResult, save_dir: Path, names=None, prefix: str = "
     plot_mc_curve(result.px, result.f1_curve, save_dir / f"{prefix}F1_curve.png", names, ylabel="F1")
     plot_mc_curve(result.px, result.p_curve, save_dir / f"{prefix}P_curve.png", names, ylabel="Precision")
     plot_mc_curve(result.px, result.r_curve, save_dir / f"{prefix}R_curve.png", names, ylabel="Recall")
+
+
+def save_one_box(xyxy, im: np.ndarray, file=Path("im.jpg"), gain: float = 1.02, pad: int = 10, square: bool = False,
+                 BGR: bool = False, save: bool = True) -> np.ndarray:
+    """YOLOv5's crop of a box from BGR ``im``, grown by ``gain`` and ``pad`` px (optionally squared), saved under a
+    new name when ``save`` (``crop.jpg``, ``crop2.jpg``, ...); returns the crop, in BGR with ``BGR=True``, else RGB."""
+    crop = _save_one_box(xyxy, im, file, gain, pad, square, save)
+    return crop if BGR else crop[..., ::-1]

@@ -36,6 +36,7 @@ class SourceItem:
     frames: int = 0  # kept frames in the video (frame count / vid_stride; 0 when unknown)
     fps: float = 0.0  # video frame rate (videos only)
     name: str = ""  # the output file's stem (live sources: stream0, stream1, ..., screen); else the file's
+    capture: object = None  # a video file's open cv2.VideoCapture while its frames are read
 
 
 def _kind(path: Path) -> str | None:
@@ -101,9 +102,21 @@ def _media_url(url: str) -> bool:
     return _kind(Path(urlsplit(url).path)) is not None
 
 
-def resolve_source(source: str) -> list[Path]:
-    """``--source`` value (not a live one) -> sorted media files; SourceError when missing, unsupported or empty.
+def resolve_source(source) -> list[Path]:
+    """``--source`` value (not a live one), or a list of them -> media files, the images before the videos, as
+    YOLOv5 orders them (each group in the sources' sorted order); SourceError when missing, unsupported or empty.
     An image or video URL is downloaded first (utils/downloads.py) into the current folder, or reused from there."""
+    if isinstance(source, (list, tuple)):
+        files = [file for entry in source for file in _resolve_one(entry)]
+    else:
+        files = _resolve_one(source)
+    if not files:
+        raise SourceError(f"no images or videos found in {source} "
+                          f"(supported extensions: {', '.join(IMG_EXTENSIONS + VID_EXTENSIONS)})")
+    return [file for file in files if _kind(file) == "image"] + [file for file in files if _kind(file) == "video"]
+
+
+def _resolve_one(source) -> list[Path]:
     from utils.downloads import MAX_MEDIA_BYTES, download_here, is_url, verify_media
 
     text = str(source).strip()
@@ -111,11 +124,7 @@ def resolve_source(source: str) -> list[Path]:
         suffixes = tuple(f".{suffix}" for suffix in IMG_EXTENSIONS + VID_EXTENSIONS)
         return [download_here(text, suffixes, "image or video", verify_media, MAX_MEDIA_BYTES)]
     path = Path(text).expanduser()
-    files = _read_list(path) if path.suffix.lower() == ".txt" and path.is_file() else _resolve_entry(text)
-    if not files:
-        raise SourceError(f"no images or videos found in {text} "
-                          f"(supported extensions: {', '.join(IMG_EXTENSIONS + VID_EXTENSIONS)})")
-    return files
+    return _read_list(path) if path.suffix.lower() == ".txt" and path.is_file() else _resolve_entry(text)
 
 
 class Sources:
@@ -124,15 +133,16 @@ class Sources:
     def __init__(self, source: str, vid_stride: int = 1):
         if vid_stride < 1:
             raise SourceError(f"--vid-stride {vid_stride}: must be 1 or more")
-        self.source = str(source).strip()
+        several = isinstance(source, (list, tuple))  # files (as YOLOv5's LoadImages takes them), never live
+        self.source = ", ".join(map(str, source)) if several else str(source).strip()
         self.vid_stride = vid_stride
-        self.live = live_kind(self.source)
+        self.live = None if several else live_kind(self.source)
         self.streams = []
         if self.live == "streams":
             self.streams = open_streams(stream_urls(self.source))
         elif self.live == "screen":
             parse_screen(self.source)  # a malformed region: one line now
-        self.files = [] if self.live else resolve_source(source)
+        self.files = [] if self.live else resolve_source(source if several else self.source)
         self.videos = [p for p in self.files if _kind(p) == "video"]
         self.single = len(self.files) == 1
 
@@ -199,7 +209,8 @@ class Sources:
                 if not ok or image is None:
                     break
                 frame += 1
-                yield SourceItem(str(path), image, index, len(self.files), True, frame, max(frames, frame), fps)
+                yield SourceItem(str(path), image, index, len(self.files), True, frame, max(frames, frame), fps,
+                                 capture=capture)
         finally:
             capture.release()
         if frame == 0:
