@@ -328,3 +328,35 @@ def test_the_project_itself_never_imports_the_yolov5_named_modules():
     modules = project_modules()
     users = {name: sorted(imports(path, modules) & facades) for name, path in modules.items() if name not in facades}
     assert {name: found for name, found in users.items() if found} == {"models.common": ["models.multibackend"]}
+
+
+def test_load_streams_gives_every_streams_newest_frame_until_one_ends(tmp_path, monkeypatch):
+    """Two MJPEG cameras on 127.0.0.1, 20 and 2 frames a second for 2 s: each batch holds both streams' newest
+    frames (never older than the last batch's), the fast one sets the pace, and the readers stop at the end."""
+    import threading
+
+    from tests.test_streams import Camera, frame_number
+    from utils import streams
+    from utils.augmentations import letterbox
+    from utils.dataloaders import LoadStreams
+
+    monkeypatch.setattr(streams, "RECONNECTS", 0)
+    fast, slow = Camera([(1, 40, 20, "close")], warmup=3), Camera([(1, 4, 2, "close")], warmup=3)
+    try:
+        listing = tmp_path / "cams.streams"
+        listing.write_text(f"{fast.url}\n{slow.url}\n")
+        dataset = LoadStreams(str(listing), img_size=64, stride=32)
+        assert len(dataset) == 2 and dataset.rect and dataset.fps[0] > 0
+        fast.go.set(), slow.go.set()
+        batches = []
+        for sources, im, im0, cap, s in dataset:
+            assert sources == [fast.url, slow.url] and cap is None and s == "" and im.shape == (2, 3, 64, 64)
+            assert np.array_equal(im[1], letterbox(im0[1], 64, stride=32)[0][:, :, ::-1].transpose(2, 0, 1))
+            batches.append([frame_number(frame) for frame in im0])
+    finally:
+        fast.stop(), slow.stop()
+    for stream in (0, 1):
+        numbers = [batch[stream] for batch in batches]
+        assert numbers == sorted(numbers), stream  # a stream's frames never go back
+    assert len(batches) >= 15 and len({batch[0] for batch in batches}) >= 15  # the fast camera's pace, not the slow's
+    assert not any(thread.name.startswith("stream ") for thread in threading.enumerate())  # readers stopped

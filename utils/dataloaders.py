@@ -1,15 +1,22 @@
-"""YOLOv5's ``utils.dataloaders.LoadImages``, ``IMG_FORMATS`` and ``VID_FORMATS``, for inference scripts written
-against YOLOv5 (docs/yolov5-scripts.md). Files are found and read as detect.py reads them (utils/sources.py: a
-file, folder, glob, .txt list, URL, or a list of them; images checked before they are decoded). Training data is
-utils/data/. Live sources (webcams, streams, the screen) are detect.py's (``--source 0``), not here.
+"""YOLOv5's ``utils.dataloaders.LoadImages``, ``LoadStreams``, ``IMG_FORMATS`` and ``VID_FORMATS``, for inference
+scripts written against YOLOv5 (docs/yolov5-scripts.md). Files are found and read as detect.py reads them
+(utils/sources.py: a file, folder, glob, .txt list, URL, or a list of them; images checked before they are decoded),
+and live sources as detect.py opens them (utils/streams.py: webcams and stream URLs, each read by its own thread,
+reconnected when a read fails). Training data is utils/data/.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 
+from utils import streams as live
 from utils.augmentations import letterbox
 from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS
 from utils.sources import Sources
+
+LOGGER = logging.getLogger("yolov5")
 
 IMG_FORMATS = IMG_EXTENSIONS  # suffixes without the dot, as YOLOv5's
 VID_FORMATS = VID_EXTENSIONS
@@ -56,3 +63,76 @@ class LoadImages:
             im = letterbox(item.image, self.img_size, stride=self.stride, auto=self.auto)[0]
             im = np.ascontiguousarray(im.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
         return item.path, im, item.image, self.cap, s
+
+
+class LoadStreams:
+    """Iterate ``(sources, im, im0, None, "")`` over live sources, as YOLOv5's: ``sources`` a ``.streams`` file (one
+    URL or webcam index a line) or one source (``"0"``, ``"rtsp://..."``); ``im`` the newest frame of every stream,
+    letterboxed and stacked, RGB (n, 3, h, w) uint8; ``im0`` those frames as read (BGR). Each ``next`` waits until
+    some stream has a frame at least ``vid_stride`` newer than the last one given; the iteration ends once a stream
+    has ended (its reader gave up reconnecting, module doc of utils/streams.py), and the readers stop then, or on
+    ``close()``. The streams open when the object is made: a source that cannot be opened is one StreamError line."""
+
+    def __init__(self, sources="file.streams", img_size=640, stride: int = 32, auto: bool = True, transforms=None,
+                 vid_stride: int = 1):
+        if vid_stride < 1:
+            raise live.StreamError(f"vid_stride {vid_stride}: must be 1 or more")
+        self.sources = live.stream_urls(str(sources).strip())
+        self.streams = live.open_streams(self.sources)
+        self.img_size, self.stride, self.transforms, self.vid_stride = img_size, stride, transforms, vid_stride
+        self.fps = [stream.fps for stream in self.streams]
+        self.frames = [float("inf")] * len(self.streams)
+        for index, stream in enumerate(self.streams):
+            height, width = stream.frame.shape[:2]
+            LOGGER.info(f"{index + 1}/{len(self.streams)}: {stream.source}... Success ({width}x{height} at "
+                        f"{stream.fps:.2f} FPS)")
+        shapes = {letterbox(stream.frame, img_size, stride=stride, auto=auto)[0].shape for stream in self.streams}
+        self.rect = len(shapes) == 1  # one shape: minimal padding; else every frame padded to img_size
+        self.auto = auto and self.rect
+        if not self.rect:
+            LOGGER.warning("WARNING: Stream shapes differ. For optimal performance supply similarly-shaped streams.")
+        self._given = [0] * len(self.streams)  # each stream's frame count when it was last given
+        self.count = -1
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __iter__(self):
+        self.count = -1
+        return self
+
+    def __next__(self):
+        self.count += 1
+        frames = self._wait()
+        if frames is None:
+            self.close()
+            raise StopIteration
+        if self.transforms:
+            im = np.stack([self.transforms(frame) for frame in frames])
+        else:
+            im = np.stack([letterbox(frame, self.img_size, stride=self.stride, auto=self.auto)[0] for frame in frames])
+            im = np.ascontiguousarray(im[..., ::-1].transpose((0, 3, 1, 2)))  # BHWC BGR -> BCHW RGB
+        return self.sources, im, frames, None, ""
+
+    def _wait(self) -> list | None:
+        """Every stream's newest frame once one is new enough, or None once a stream has ended."""
+        changed = self.streams[0].changed
+        with changed:
+            while True:
+                now = time.monotonic()
+                if any(stream.ended or now - stream.active > live.FRAME_TIMEOUT for stream in self.streams):
+                    return None
+                if any(stream.count >= given + self.vid_stride for stream, given in zip(self.streams, self._given)):
+                    self._given = [stream.count for stream in self.streams]
+                    return [stream.frame.copy() for stream in self.streams]
+                changed.wait(min(stream.active for stream in self.streams) + live.FRAME_TIMEOUT - now)
+
+    def close(self) -> None:
+        """Stop every stream's reader and release its capture."""
+        live.close_streams(self.streams)
+
+    def __del__(self):
+        streams = getattr(self, "streams", None)
+        if streams:
+            for stream in streams:
+                stream.stop()
