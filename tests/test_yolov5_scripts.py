@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import detect
-from tests.conftest import fresh_python, save_random_checkpoint, shared_path
+from tests.conftest import CUDA_ONLY, fresh_python, save_random_checkpoint, shared_path
 
 CONF, IOU, MAX_DET = 0.01, 0.45, 1000
 
@@ -158,6 +158,21 @@ def test_detect_multibackend_attributes_and_outputs(weights):
     ensemble = DetectMultiBackend([str(weights), str(weights)])
     with torch.no_grad():
         assert ensemble(image)[0].shape[1] == 2 * output[0].shape[1]
+
+
+@pytest.mark.parametrize("fp16", [pytest.param(False, marks=CUDA_ONLY), pytest.param(True, marks=CUDA_ONLY)])
+def test_detect_multibackend_on_cuda_in_fp16_and_fp32(weights, fp16):
+    from models.common import DetectMultiBackend
+
+    model = DetectMultiBackend(str(weights), device=torch.device("cuda:0"), fp16=fp16)
+    assert model.fp16 == fp16 and next(model.model.parameters()).dtype == (torch.half if fp16 else torch.float)
+    model.warmup(imgsz=(1, 3, 64, 96))
+    image = torch.rand(1, 3, 64, 96)
+    with torch.no_grad():
+        pred = model(image.cuda())[0]
+        reference = DetectMultiBackend(str(weights))(image)[0]
+    assert pred.dtype == (torch.half if fp16 else torch.float) and pred.device.type == "cuda"
+    assert torch.allclose(pred.float().cpu(), reference, rtol=1e-2, atol=0.5 if fp16 else 1e-2)
 
 
 def test_detect_multibackend_runs_an_onnx_export_as_the_checkpoint(weights, tmp_path):
@@ -358,5 +373,5 @@ def test_load_streams_gives_every_streams_newest_frame_until_one_ends(tmp_path, 
     for stream in (0, 1):
         numbers = [batch[stream] for batch in batches]
         assert numbers == sorted(numbers), stream  # a stream's frames never go back
-    assert len(batches) >= 15 and len({batch[0] for batch in batches}) >= 15  # the fast camera's pace, not the slow's
+    assert len(batches) >= 10 and len({batch[0] for batch in batches}) >= 10  # the fast camera's pace (slow: 4)
     assert not any(thread.name.startswith("stream ") for thread in threading.enumerate())  # readers stopped
