@@ -375,3 +375,25 @@ def test_load_streams_gives_every_streams_newest_frame_until_one_ends(tmp_path, 
         assert numbers == sorted(numbers), stream  # a stream's frames never go back
     assert len(batches) >= 10 and len({batch[0] for batch in batches}) >= 10  # the fast camera's pace (slow: 4)
     assert not any(thread.name.startswith("stream ") for thread in threading.enumerate())  # readers stopped
+
+
+def test_load_screenshots_and_yolov5_v5s_drawing_names(monkeypatch, tmp_path):
+    from utils import streams
+    from utils.dataloaders import LoadScreenshots
+    from utils.general import save_one_box
+    from utils.plots import plot_one_box
+
+    shots = [np.full((40, 80, 3), value, np.uint8) for value in (10, 20, 30)]
+    monkeypatch.setattr(streams, "read_screen", lambda text: iter(shots))
+    dataset = LoadScreenshots("screen 1 5 6 80 40", img_size=64, stride=32)
+    taken = [next(dataset) for _ in range(3)]
+    screen, im, im0, cap, s = taken[2]
+    assert screen == "1" and cap is None and s == "screen 1 (LTWH): 5,6,80,40: " and im0 is shots[2]
+    assert im.shape == (3, 32, 64) and (im == 30).all()  # 40x80 scaled by 0.8: no padding needed at stride 32
+    with pytest.raises(streams.StreamError, match="expected 'screen'"):
+        LoadScreenshots("screen one")
+    image = np.zeros((60, 60, 3), np.uint8)
+    plot_one_box([10, 20, 50, 55], image, color=(0, 255, 0), label="cell", line_thickness=2)
+    assert tuple(image[40, 10]) == (0, 255, 0) and image[5:20, 10:50].any()
+    crop = save_one_box([10, 20, 50, 55], image, file=tmp_path / "crop.jpg", BGR=True)
+    assert (tmp_path / "crop.jpg").is_file() and crop.shape[2] == 3

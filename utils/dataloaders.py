@@ -1,8 +1,8 @@
-"""YOLOv5's ``utils.dataloaders.LoadImages``, ``LoadStreams``, ``IMG_FORMATS`` and ``VID_FORMATS``, for inference
+"""YOLOv5's ``utils.dataloaders.LoadImages``, ``LoadStreams``, ``LoadScreenshots``, ``IMG_FORMATS`` and ``VID_FORMATS``, for inference
 scripts written against YOLOv5 (docs/yolov5-scripts.md). Files are found and read as detect.py reads them
 (utils/sources.py: a file, folder, glob, .txt list, URL, or a list of them; images checked before they are decoded),
 and live sources as detect.py opens them (utils/streams.py: webcams and stream URLs, each read by its own thread,
-reconnected when a read fails). Training data is utils/data/.
+reconnected when a read fails; the screen with the optional mss package). Training data is utils/data/.
 """
 from __future__ import annotations
 
@@ -136,3 +136,33 @@ class LoadStreams:
         if streams:
             for stream in streams:
                 stream.stop()
+
+
+class LoadScreenshots:
+    """Iterate ``(screen, im, im0, None, s)`` over screenshots, as YOLOv5's: ``source`` is ``"screen"``, ``"screen N"``
+    or ``"screen N left top width height"`` (detect.py's --source screen forms); ``im`` letterboxed RGB (3, h, w), ``im0``
+    the screenshot (BGR); endless, as a screen is. Needs the mss package; a malformed source is one line at once."""
+
+    def __init__(self, source, img_size=640, stride: int = 32, auto: bool = True, transforms=None):
+        self.source = str(source).strip()
+        self.screen, self.region = live.parse_screen(self.source)
+        self.img_size, self.stride, self.auto, self.transforms = img_size, stride, auto, transforms
+        self.frame, self._shots = 0, None
+
+    def __iter__(self):
+        self._shots = live.read_screen(self.source)
+        return self
+
+    def __next__(self):
+        if self._shots is None:
+            iter(self)
+        im0 = next(self._shots)
+        self.frame += 1
+        area = self.region or {"left": 0, "top": 0, "width": im0.shape[1], "height": im0.shape[0]}
+        s = f"screen {self.screen} (LTWH): {area['left']},{area['top']},{area['width']},{area['height']}: "
+        if self.transforms:
+            im = self.transforms(im0)
+        else:
+            im = letterbox(im0, self.img_size, stride=self.stride, auto=self.auto)[0]
+            im = np.ascontiguousarray(im.transpose((2, 0, 1))[::-1])
+        return str(self.screen), im, im0, None, s

@@ -36,6 +36,14 @@ _COLOURS = {"black": "\033[30m", "red": "\033[31m", "green": "\033[32m", "yellow
             "bright_white": "\033[97m", "end": "\033[0m", "bold": "\033[1m", "underline": "\033[4m"}
 
 
+def save_one_box(xyxy, im, file=Path("im.jpg"), gain: float = 1.02, pad: int = 10, square: bool = False,
+                 BGR: bool = False, save: bool = True):
+    """YOLOv5 v5's place for utils.plots.save_one_box (same parameters and result)."""
+    from utils.plots import save_one_box as crop
+
+    return crop(xyxy, im, file, gain, pad, square, BGR, save)
+
+
 def set_logging(name: str = "yolov5", verbose: bool = True) -> logging.Logger:
     """Message-only console output for the ``name`` logger (INFO with ``verbose``, else WARNING), as YOLOv5's."""
     logger = logging.getLogger(name)

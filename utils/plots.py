@@ -6,8 +6,8 @@ switched and no figure joins pyplot's list, so a caller's backend (a notebook's)
 they were, and plotting in a headless process or a worker thread never touches a display. Matplotlib is
 imported inside the functions, so importing this module does not import it.
 
-For scripts written against YOLOv5 (docs/yolov5-scripts.md), YOLOv5's ``Annotator``, ``colors`` and
-``save_one_box`` are here too, with YOLOv5's signatures (utils/drawing.py draws them).
+For scripts written against YOLOv5 (docs/yolov5-scripts.md), YOLOv5's ``Annotator``, ``colors``,
+``save_one_box`` and v5's ``plot_one_box`` are here too, with YOLOv5's signatures (utils/drawing.py draws them).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.drawing import Annotator, colors  # noqa: F401  (YOLOv5's names, for scripts written against it)
+from utils.drawing import draw_box_label
 from utils.drawing import save_one_box as _save_one_box
 from utils.metrics import APResult, class_names, smooth
 
@@ -216,3 +217,10 @@ def save_one_box(xyxy, im: np.ndarray, file=Path("im.jpg"), gain: float = 1.02, 
     new name when ``save`` (``crop.jpg``, ``crop2.jpg``, ...); returns the crop, in BGR with ``BGR=True``, else RGB."""
     crop = _save_one_box(xyxy, im, file, gain, pad, square, save)
     return crop if BGR else crop[..., ::-1]
+
+
+def plot_one_box(x, im: np.ndarray, color=None, label=None, line_thickness: int = 3) -> None:
+    """YOLOv5 v5's drawing of one box ``x`` (x1, y1, x2, y2) with an optional label on BGR ``im``, in place;
+    ``color`` defaults to grey (YOLOv5 drew a random colour from Python's global generator, which this leaves as it
+    is)."""
+    draw_box_label(im, x, label, color if color is not None else (128, 128, 128), line_thickness, (225, 255, 255))
