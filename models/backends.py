@@ -228,11 +228,11 @@ class OnnxBackend(Backend):
         except OSError as error:
             raise BackendError(f"{path}: cannot read it ({error.strerror or error})") from None
         refuse_external_data(data, path)
-        del data
-        try:
-            session = ort.InferenceSession(str(path), options, providers=providers)
+        try:  # the bytes checked, not the path again: a file swapped in meanwhile is never the one run
+            session = ort.InferenceSession(data, options, providers=providers)
         except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
             raise BackendError(f"{path}: not a readable ONNX model ({first_line(error)})") from None
+        del data
         meta = session.get_modelmeta().custom_metadata_map
         _check_metadata_size(sum(len(key) + len(value) for key, value in meta.items()), path, "metadata_props")
         values = {key: json_or_text(value) for key, value in meta.items()}

@@ -161,3 +161,39 @@ def test_a_model_keeping_its_tensors_in_other_files_is_refused_by_both_runtimes(
     assert uses_external_data(constant.SerializeToString())
     with pytest.raises(ProtobufError):
         uses_external_data(b"\x0a\xff\xff\xff\xff\x0f")  # a field longer than the file
+
+
+@pytest.mark.parametrize("dnn", [False, True])
+def test_the_onnx_file_checked_is_the_one_run(static_onnx, tmp_path, monkeypatch, dnn):
+    """A model with external data swapped in on disk after the check (a process that can write the folder) is never
+    what the runtime opens: both runtimes take the bytes that were checked."""
+    import onnx
+
+    import models.backends as backends
+    import models.formats.dnn as dnn_format
+
+    _, path = static_onnx
+    model_file = tmp_path / "model.onnx"
+    model_file.write_bytes(path.read_bytes())
+    import numpy as np
+
+    other = onnx.load(str(path))  # other weights, read from a file beside it: what the swap would have run
+    for tensor in other.graph.initializer:
+        values = onnx.numpy_helper.to_array(tensor)
+        if values.dtype == np.float32 and values.size > 1:
+            tensor.CopyFrom(onnx.numpy_helper.from_array(-values, tensor.name))
+    onnx.save_model(other, str(tmp_path / "split.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="secret_here.bin", size_threshold=0)
+    check = backends.refuse_external_data
+
+    def check_then_swap(data, where):
+        check(data, where)
+        if where == model_file and (tmp_path / "split.onnx").exists():
+            (tmp_path / "split.onnx").replace(model_file)
+
+    monkeypatch.setattr(dnn_format if dnn else backends, "refuse_external_data", check_then_swap)
+    backend = load_backend(model_file, dnn=dnn)
+    images = torch.rand(2, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(backend(images)[0], load_backend(path)(images)[0], atol=1e-3 * IMGSZ)
+    with pytest.raises(BackendError, match="ONNX external data"):
+        load_backend(model_file, dnn=dnn)  # the swap happened: the file on disk now is the refused one
