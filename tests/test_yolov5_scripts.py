@@ -397,3 +397,28 @@ def test_load_screenshots_and_yolov5_v5s_drawing_names(monkeypatch, tmp_path):
     assert tuple(image[40, 10]) == (0, 255, 0) and image[5:20, 10:50].any()
     crop = save_one_box([10, 20, 50, 55], image, file=tmp_path / "crop.jpg", BGR=True)
     assert (tmp_path / "crop.jpg").is_file() and crop.shape[2] == 3
+
+
+def test_check_dataset_and_yaml_helpers(tmp_path):
+    from tests.conftest import make_tiny_dataset
+    from utils.data.dataset_yaml import DataConfigError
+    from utils.errors import UserError
+    from utils.general import check_dataset, yaml_load, yaml_save
+
+    data = make_tiny_dataset(tmp_path / "tiny")
+    found = check_dataset(str(data))
+    assert found["nc"] == 2 and found["names"] == {0: "class0", 1: "class1"} and found["path"] == str(tmp_path / "tiny")
+    assert Path(found["train"]).is_absolute() and Path(found["train"]).exists() and Path(found["val"]).exists()
+    missing = tmp_path / "missing.yaml"
+    yaml_save(missing, {"path": tmp_path / "not-here", "train": "images/train", "val": "images/val",
+                        "names": ["a"], "download": "https://example.com/not-fetched.zip"})
+    assert yaml_load(missing)["path"] == str(tmp_path / "not-here")  # a Path saved as text
+    with pytest.raises(DataConfigError, match="downloads are off"):
+        check_dataset(str(missing), autodownload=False)
+    assert not (tmp_path / "not-here").exists()
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9)))
+    with pytest.raises(UserError, match="bomb.yaml"):
+        yaml_load(bomb)

@@ -253,3 +253,37 @@ def strip_optimizer(f="best.pt", s: str = "") -> None:
     reason = strip_checkpoint(target, own_only=True)
     if reason:
         LOGGER.warning(f"WARNING: {target} not stripped: {reason}")
+
+
+def yaml_load(file="data.yaml") -> dict:
+    """A YAML file's content, read by the bounded loader (utils/safe_yaml.py: size, alias-bomb and depth limits);
+    a file that cannot be read or parsed is one UserError line naming it."""
+    from utils.safe_yaml import read_yaml_as
+
+    return read_yaml_as(file, UserError)
+
+
+def yaml_save(file="data.yaml", data: dict | None = None) -> None:
+    """``data`` written to ``file`` as YAML, atomically (utils/files.py); Path values as text, as YOLOv5's."""
+    import yaml
+
+    from utils.files import atomic_write
+
+    plain = {key: str(value) if isinstance(value, Path) else value for key, value in (data or {}).items()}
+    atomic_write(file, yaml.safe_dump(plain, sort_keys=False, allow_unicode=True))
+
+
+def check_dataset(data, autodownload: bool = True) -> dict:
+    """A dataset YAML (or a dataset archive) checked and resolved as train.py reads it (utils/data/dataset_yaml.py,
+    its ``download:`` followed when the dataset is missing, unless ``autodownload=False``): YOLOv5's dict, ``path``
+    and the splits as absolute paths (a list where the YAML has several), ``names`` as {index: name}, ``nc``."""
+    from utils.data.dataset_yaml import load_data_config
+
+    config = load_data_config(data, download=autodownload)
+    result = {"path": str(config.path), "names": dict(enumerate(config.names)), "nc": config.nc,
+              "yaml_file": str(config.yaml_file)}
+    for split in ("train", "val", "test"):
+        sources = config.split(split)
+        if sources:
+            result[split] = sources[0] if len(sources) == 1 else list(sources)
+    return result

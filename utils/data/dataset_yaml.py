@@ -153,7 +153,8 @@ def _check_path_text(value, key: str, label: str) -> None:
                               f"{MAX_PATH_LENGTH} characters): {shorten(text)}")
 
 
-def _resolve_root(content: dict[str, Any], file: Path, label: str, names: list[str] | None = None) -> Path:
+def _resolve_root(content: dict[str, Any], file: Path, label: str, names: list[str] | None = None,
+                  download_missing: bool = True) -> Path:
     folder = Path(os.path.abspath(file.parent))
     value = content.get("path")
     if value in (None, ""):
@@ -165,6 +166,9 @@ def _resolve_root(content: dict[str, Any], file: Path, label: str, names: list[s
         from utils.data.dataset_download import by_hand, ensure_downloaded
 
         if not root.exists() or by_hand(download) and not _splits_exist(content, root):
+            if not download_missing:
+                raise DataConfigError(f"{label}: path: {root} is not ready and downloads are off (its download: key "
+                                      "was not followed)")
             ensure_downloaded(root, download, label, names, ready=lambda: _splits_exist(content, root))
     if not root.is_dir():
         raise DataConfigError(f"{label}: path: {root} does not exist")
@@ -213,8 +217,9 @@ def resolve_split(content: dict[str, Any], key: str, root: Path, label: str) -> 
     return sources
 
 
-def load_data_config(path: str | Path) -> DataConfig:
-    """Read and check a dataset YAML; see the module docstring for the format."""
+def load_data_config(path: str | Path, download: bool = True) -> DataConfig:
+    """Read and check a dataset YAML; see the module docstring for the format. ``download=False``: a missing dataset
+    is a DataConfigError instead of following its ``download:`` key."""
     given = Path(path).expanduser()
     archive = given.is_file() and archive_stem(given.name) is not None  # a dataset and its YAML in one archive
     if archive:
@@ -233,6 +238,6 @@ def load_data_config(path: str | Path) -> DataConfig:
                         shorten(content["path"]))
         root = Path(os.path.abspath(file.parent))
     else:
-        root = _resolve_root(content, file, label, names)
+        root = _resolve_root(content, file, label, names, download)
     splits = {key: resolve_split(content, key, root, label) for key in SPLITS}
     return DataConfig(path=root, names=names, nc=len(names), yaml_file=Path(os.path.abspath(file)), **splits)
