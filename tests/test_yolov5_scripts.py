@@ -228,6 +228,10 @@ def test_general_helpers_behave_as_yolov5s(tmp_path, caplog):
             sum(range(10000))
     assert timer.t >= timer.dt > 0 and timer.t > timer.dt
     assert general.scale_coords is general.scale_boxes and general.clip_coords is general.clip_boxes
+    from utils.metrics import bbox_iou, box_iou  # YOLOv5's module for them
+    boxes = torch.tensor([[0.0, 0, 10, 10], [5, 0, 15, 10]])
+    assert box_iou(boxes[:1], boxes[1:]).item() == pytest.approx(1 / 3)
+    assert bbox_iou(boxes[:1], boxes[1:], xywh=False).item() == pytest.approx(1 / 3)
 
 
 def test_non_max_suppression_takes_yolov5s_parameter_order():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from utils.boxes import box_iou
+from utils.boxes import bbox_iou, box_iou  # noqa: F401  (bbox_iou: YOLOv5 scripts import it from here)
 
 LOGGER = logging.getLogger(__name__)
 
