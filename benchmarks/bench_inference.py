@@ -39,7 +39,7 @@ def time_model(size: str, imgsz: int, runs: int, warmup: int) -> dict:
             start = time.perf_counter()
             model(image)
             times.append((time.perf_counter() - start) * 1000)
-    return {"model": f"yolov5{size}", "summary": model.info(imgsz), "median": statistics.median(times),
+    return {"model": f"yolov5{size}", "summary": model.info(img_size=imgsz), "median": statistics.median(times),
             "min": min(times), "max": max(times)}
 
 

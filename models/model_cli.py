@@ -81,6 +81,17 @@ def line_profile(model, images) -> list[str]:
     return lines
 
 
+def parameter_table(model) -> list[str]:
+    """YOLOv5's verbose model summary: per parameter its index, name, whether it trains, size, shape, mean, std."""
+    lines = [f"{'layer':>5} {'name':>40} {'gradient':>9} {'parameters':>12} {'shape':>20} {'mu':>10} {'sigma':>10}"]
+    for index, (name, parameter) in enumerate(model.named_parameters()):
+        values = parameter.detach().float()
+        sigma = values.std().item() if values.numel() > 1 else 0.0
+        lines.append(f"{index:5d} {name:>40} {str(parameter.requires_grad):>9} {parameter.numel():12d} "
+                     f"{str(list(parameter.shape)):>20} {values.mean().item():10.3g} {sigma:10.3g}")
+    return lines
+
+
 def build_all(model_class) -> list[str]:
     lines, failed = [], []
     for path in sorted([*MODELS_DIR.glob("yolo*.yaml"), *(MODELS_DIR / "hub").glob("yolo*.yaml")]):
@@ -114,7 +125,7 @@ def main(model_class, argv=None) -> int:
             return 0
         device = select_device(args.device)
         model = model_class(args.cfg).to(device)
-        model.info(args.imgsz)  # logs YOLOv5's summary line
+        model.info(img_size=args.imgsz)  # logs YOLOv5's summary line
         images = torch.rand(args.batch_size, 3, args.imgsz, args.imgsz, device=device)
         if args.profile:
             print(profile(model, images))

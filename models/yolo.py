@@ -496,10 +496,16 @@ class DetectionModel(nn.Module):
             LOGGER.info("Fused Conv + BatchNorm layers")
         return self
 
-    def info(self, imgsz=640) -> str:
-        """One summary line like YOLOv5's: layers, parameters, gradients, GFLOPs at imgsz."""
+    def info(self, verbose: bool = False, img_size=640) -> str:
+        """One summary line like YOLOv5's: layers, parameters, gradients, GFLOPs at ``img_size``; ``verbose``: each
+        parameter's row first (models/model_cli.py)."""
+        if verbose:
+            from models.model_cli import parameter_table
+
+            for line in parameter_table(self):
+                LOGGER.info(line)
         name = Path(self.yaml_file).stem.replace("yolov5", "YOLOv5") if self.yaml_file else "Model"
-        flops = count_flops(self, imgsz)
+        flops = count_flops(self, img_size)
         summary = (f"{name} summary: {len(list(self.modules()))} layers, {count_parameters(self)} parameters, "
                    f"{count_parameters(self, trainable_only=True)} gradients"
                    + (f", {flops:.1f} GFLOPs" if flops else ""))

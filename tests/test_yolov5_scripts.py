@@ -426,3 +426,25 @@ def test_check_dataset_and_yaml_helpers(tmp_path):
         f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9)))
     with pytest.raises(UserError, match="bomb.yaml"):
         yaml_load(bomb)
+
+
+def test_model_info_prune_and_sparsity_as_yolov5s_tutorials(weights, caplog):
+    from models.experimental import attempt_load
+    from utils.torch_utils import model_info, prune, sparsity
+
+    model = attempt_load(str(weights), fuse=False)
+    with caplog.at_level(logging.INFO):
+        model_info(model, verbose=True, imgsz=64)
+    table = [line for line in caplog.messages if line.lstrip().startswith(("layer", "0 "))]
+    assert table[0].split()[:3] == ["layer", "name", "gradient"] and "model.0.conv.weight" in table[1]
+    import re
+    assert re.fullmatch(r"Model summary: \d+ layers, (\d+) parameters, \1 gradients, [\d.]+ GFLOPs", caplog.messages[-1])
+    before = sparsity(model)
+    image = torch.rand(1, 3, 64, 64)
+    prune(model, 0.3)
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    zero_share = sum(int((m.weight == 0).sum()) for m in convs) / sum(m.weight.numel() for m in convs)
+    assert before < 0.01 and zero_share == pytest.approx(0.3, abs=0.01) and sparsity(model) > 0.25
+    assert not any(hasattr(m, "weight_orig") for m in convs)  # made permanent, a plain model again
+    with torch.no_grad():
+        assert model(image)[0].shape[1] == 3 * (8 * 8 + 4 * 4 + 2 * 2)

@@ -1,5 +1,6 @@
-"""YOLOv5's ``utils.torch_utils`` names for inference scripts written against YOLOv5 (docs/yolov5-scripts.md):
-``select_device``, ``smart_inference_mode`` and ``time_sync`` (v5: ``time_synchronized``). The project itself uses utils/device.py."""
+"""YOLOv5's ``utils.torch_utils`` names for scripts written against YOLOv5 (docs/yolov5-scripts.md):
+``select_device``, ``smart_inference_mode``, ``time_sync`` (v5: ``time_synchronized``), ``model_info``, and
+``prune`` / ``sparsity`` from YOLOv5's pruning tutorial. The project itself uses utils/device.py."""
 from __future__ import annotations
 
 import logging
@@ -47,3 +48,29 @@ def time_sync() -> float:
 
 
 time_synchronized = time_sync  # YOLOv5 v5's name
+
+
+def model_info(model, verbose: bool = False, imgsz=640) -> None:
+    """YOLOv5's model summary line (and with ``verbose`` each parameter's row first) in the log."""
+    model.info(verbose=verbose, img_size=imgsz)
+
+
+def sparsity(model) -> float:
+    """The fraction of the model's parameter values that are zero."""
+    total = zeros = 0
+    for parameter in model.parameters():
+        total += parameter.numel()
+        zeros += int((parameter == 0).sum())
+    return zeros / max(total, 1)
+
+
+def prune(model, amount: float = 0.3) -> None:
+    """Zero the ``amount`` fraction of smallest-magnitude weights of every Conv2d (torch.nn.utils.prune's L1
+    unstructured pruning, made permanent), as YOLOv5's pruning tutorial does; logs the global sparsity after."""
+    from torch.nn.utils import prune as torch_prune
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            torch_prune.l1_unstructured(module, name="weight", amount=amount)
+            torch_prune.remove(module, "weight")
+    LOGGER.info(f"Model pruned to {sparsity(model):.3g} global sparsity")
