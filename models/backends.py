@@ -152,13 +152,16 @@ class PyTorchBackend(Backend):
 
     kind = "pytorch"
 
-    def __init__(self, path, device="cpu", half=False):
-        from models import for_inference, load_model
-        from models.fused import fuse_silu
+    def __init__(self, path, device="cpu", half=False, model=None):
+        """``model``: an eval-mode DetectionModel already loaded (YOLOv5's AutoShape(model)), used as it is."""
+        if model is None:
+            from models import for_inference, load_model
+            from models.fused import fuse_silu
 
-        model = for_inference(load_model(path, device=device))
-        fuse_silu(model)  # eager inference on the CPU: conv + SiLU in one call
-        info = ExportInfo(names=tuple(model.names), stride=int(model.stride.max()), imgsz=None, batch=1,
+            model = for_inference(load_model(path, device=device))
+            fuse_silu(model)  # eager inference on the CPU: conv + SiLU in one call
+        names = model.names.values() if isinstance(model.names, dict) else model.names  # YOLOv5's {i: name} too
+        info = ExportInfo(names=tuple(names), stride=int(model.stride.max()), imgsz=None, batch=1,
                           dynamic=True, half=half, channels_last=True)
         super().__init__(path, info, device)
         self.model = model.half() if half else model

@@ -490,10 +490,10 @@ def folded_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor,
 
 
 def __getattr__(name: str):
-    """``from models.common import DetectMultiBackend`` (YOLOv5's path, for scripts written against it) loads
-    models/multibackend.py then, never when the layers are imported."""
-    if name == "DetectMultiBackend":
-        from models.multibackend import DetectMultiBackend
+    """``from models.common import DetectMultiBackend`` (or ``AutoShape``: YOLOv5's path, for scripts written against
+    it) loads models/multibackend.py then, never when the layers are imported."""
+    if name in ("DetectMultiBackend", "AutoShape"):
+        import models.multibackend
 
-        return DetectMultiBackend
+        return getattr(models.multibackend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""YOLOv5's ``models.common.DetectMultiBackend``, for inference scripts written against YOLOv5
+"""YOLOv5's ``models.common.DetectMultiBackend`` and ``AutoShape``, for inference scripts written against YOLOv5
 (docs/yolov5-scripts.md): one object for a checkpoint or an exported file, with YOLOv5's attributes (``stride``,
 ``names``, ``pt``, ``onnx``, ..., ``fp16``, ``device``), ``warmup`` and outputs. It loads through
 models/backends.py as detect.py does: weights by YOLOv5 release name or URL downloaded first, every file checked
@@ -89,3 +89,23 @@ class DetectMultiBackend(nn.Module):
     @staticmethod
     def from_numpy(x):
         return torch.from_numpy(x) if not isinstance(x, torch.Tensor) and hasattr(x, "dtype") else x
+
+
+def AutoShape(model, verbose: bool = True):  # noqa: N802 - YOLOv5's class name, called as a constructor
+    """YOLOv5's ``AutoShape(model)``: the hub model (utils/hub.py: paths, URLs, PIL images, arrays and lists in,
+    ``Detections`` out) around a DetectMultiBackend, a backend (models/backends.py) or an eval-mode DetectionModel
+    (e.g. from attempt_load), which is used as it is. ``verbose`` is accepted."""
+    from models.backends import Backend, PyTorchBackend
+    from models.yolo import DetectionModel
+    from utils.hub import HubModel
+
+    if isinstance(model, DetectMultiBackend):
+        backend = model.backend
+    elif isinstance(model, Backend):
+        backend = model
+    elif isinstance(model, DetectionModel):
+        device = next(model.parameters()).device
+        backend = PyTorchBackend(Path(getattr(model, "yaml_file", "") or "model.pt"), device, model=model.eval())
+    else:
+        raise TypeError(f"AutoShape: expected a DetectMultiBackend or a DetectionModel, got {type(model).__name__}")
+    return HubModel(backend, backend.names, backend.stride, backend.imgsz, backend.path).eval()

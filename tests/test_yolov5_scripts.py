@@ -448,3 +448,21 @@ def test_model_info_prune_and_sparsity_as_yolov5s_tutorials(weights, caplog):
     assert not any(hasattr(m, "weight_orig") for m in convs)  # made permanent, a plain model again
     with torch.no_grad():
         assert model(image)[0].shape[1] == 3 * (8 * 8 + 4 * 4 + 2 * 2)
+
+
+def test_autoshape_wraps_a_multibackend_or_a_model_as_the_hub_model_does(weights, media):
+    from models.common import AutoShape, DetectMultiBackend
+    from models.experimental import attempt_load
+    from utils.hub import load_hub_model
+
+    images = [cv2.imread(str(media / "b.jpg"))[:, :, ::-1], str(media / "c.png")]
+    hub = load_hub_model(str(weights))(images)
+    for model in (DetectMultiBackend(str(weights)), attempt_load(str(weights))):
+        shaped = AutoShape(model)
+        assert shaped.names == {0: "cat", 1: "dog"} and shaped.stride == 32
+        results = shaped(images)
+        assert len(results.xyxy) == 2 and results.files == hub.files
+        for ours, theirs in zip(results.xyxy, hub.xyxy):
+            assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-3)
+    with pytest.raises(TypeError, match="AutoShape"):
+        AutoShape(torch.nn.Linear(2, 2))
