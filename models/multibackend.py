@@ -21,6 +21,13 @@ FORMAT_FLAGS = {"pt": ("pytorch",), "jit": ("torchscript",), "onnx": ("onnx", "o
                 "triton": ()}
 
 
+def as_device(device) -> torch.device:
+    """A torch.device as given, else the device a --device value names ('', 'cpu', '0', 'cuda:1', 0)."""
+    from utils.device import select_device
+
+    return device if isinstance(device, torch.device) else select_device("" if device is None else str(device))
+
+
 class DetectMultiBackend(nn.Module):
     """``DetectMultiBackend(weights, device, dnn, data, fp16, fuse)``: ``weights`` a path, URL, YOLOv5 release name
     (``yolov5s.pt``) or a list of checkpoints (an ensemble); ``fp16`` half weights for a checkpoint on CUDA (on the
@@ -34,7 +41,7 @@ class DetectMultiBackend(nn.Module):
         from utils.downloads import weights_file
 
         super().__init__()
-        device = torch.device(device) if not isinstance(device, torch.device) else device
+        device = as_device(device)
         paths = []
         for given in (weights if isinstance(weights, (list, tuple)) else [weights]):
             path = weights_file(given)

@@ -2,6 +2,7 @@
 return values, and a script's detections equal to detect.py's on the same files."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 import detect
 from tests.conftest import CUDA_ONLY, fresh_python, save_random_checkpoint, shared_path
+from utils.errors import UserError
 
 CONF, IOU, MAX_DET = 0.01, 0.45, 1000
 
@@ -146,7 +148,10 @@ def test_attempt_load_gives_yolov5s_model_and_options(weights, tmp_path, caplog)
 def test_detect_multibackend_attributes_and_outputs(weights):
     from models.common import DetectMultiBackend
 
-    model = DetectMultiBackend(str(weights))
+    with pytest.raises(UserError, match="CUDA is not available") if not torch.cuda.is_available() else \
+            contextlib.nullcontext():
+        DetectMultiBackend(str(weights), device="0")  # a --device string, as select_device takes it
+    model = DetectMultiBackend(str(weights), device="cpu")
     assert model.pt and not (model.jit or model.onnx or model.engine or model.tflite) and not model.fp16
     assert model.stride == 32 and model.names == {0: "cat", 1: "dog"} and model.device == torch.device("cpu")
     image = torch.rand(2, 3, 64, 96)
