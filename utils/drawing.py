@@ -49,7 +49,8 @@ def draw_box_label(img: np.ndarray, xyxy, label: str | None = "", color=(128, 12
     """Draw one box (BGR ``color``) with an optional label on a filled background, in place.
 
     The label sits above the box, or inside its top edge when there is no room above; its text is ``txt_color``,
-    by default black or white, whichever reads better on ``color``.
+    by default black or white, whichever reads better on ``color``. A label that is not ASCII, which OpenCV's font
+    cannot draw, is drawn with Pillow in an installed font that has its characters (utils/fonts.py).
     """
     width = line_width or default_line_width(img.shape)
     x1, y1, x2, y2 = (int(round(float(v))) for v in xyxy[:4])
@@ -59,15 +60,30 @@ def draw_box_label(img: np.ndarray, xyxy, label: str | None = "", color=(128, 12
         return img
     thickness = max(width - 1, 1)
     scale = width / 3
-    (text_w, text_h), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
+    ascii_label = label.isascii()
+    (text_w, text_h), _ = cv2.getTextSize(label if ascii_label else "A", cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
     outside = y1 - text_h - 3 >= 0
     top = y1 - text_h - 3 if outside else y1
     bottom = y1 if outside else y1 + text_h + 3
-    cv2.rectangle(img, (x1, top), (x1 + text_w, bottom), color, -1, cv2.LINE_AA)
     text_color = _text_color(color) if txt_color is None else tuple(int(c) for c in txt_color)
+    if not ascii_label:
+        from utils.fonts import text_patch
+
+        _paste(img, text_patch(label, bottom - top, color, text_color), x1, top)
+        return img
+    cv2.rectangle(img, (x1, top), (x1 + text_w, bottom), color, -1, cv2.LINE_AA)
     cv2.putText(img, label, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, text_color,
                 thickness=thickness, lineType=cv2.LINE_AA)
     return img
+
+
+def _paste(img: np.ndarray, patch: np.ndarray, x: int, y: int) -> None:
+    """``patch`` into ``img`` with its top-left corner at (x, y), the part outside the image left out."""
+    height, width = img.shape[:2]
+    left, top = max(x, 0), max(y, 0)
+    right, bottom = min(x + patch.shape[1], width), min(y + patch.shape[0], height)
+    if right > left and bottom > top:
+        img[top:bottom, left:right] = patch[top - y:bottom - y, left - x:right - x]
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -179,9 +195,10 @@ def save_one_box(xyxy, img: np.ndarray, file, gain: float = 1.02, pad: int = 10,
 
 class Annotator:
     """YOLOv5's drawing helper for scripts written against it (utils.plots.Annotator): boxes and text drawn in place
-    on a contiguous uint8 image (``result()`` returns it). OpenCV's Hershey font, as detect.py draws; ``pil=True``
-    (or a label that is not ASCII) draws with Pillow instead: the TrueType ``font`` when that file exists (a font
-    with the labels' script, e.g. CJK names), else Pillow's built-in font. Fonts are never downloaded."""
+    on a contiguous uint8 image (``result()`` returns it). OpenCV's Hershey font, as detect.py draws (a label that is
+    not ASCII in an installed font that has its characters, utils/fonts.py); ``pil=True`` (or an ``example`` that is
+    not ASCII) draws everything with Pillow: in the TrueType ``font`` when that file exists, else an installed font
+    that has ``example``'s characters. Fonts are never downloaded."""
 
     def __init__(self, im, line_width: int | None = None, font_size: int | None = None, font: str = "Arial.ttf",
                  pil: bool = False, example: str = "abc"):
@@ -197,7 +214,8 @@ class Annotator:
 
             self.im = im if isinstance(im, Image.Image) else Image.fromarray(im)
             self.draw = ImageDraw.Draw(self.im)
-            self.font = _pil_font(font, font_size or max(round(sum(self.im.size) / 2 * 0.035), 12))
+            self.font_size = font_size or max(round(sum(self.im.size) / 2 * 0.035), 12)
+            self.font = _pil_font(font, self.font_size, example)
         else:
             self.im = im
 
@@ -253,15 +271,15 @@ class Annotator:
         return np.asarray(self.im)
 
 
-def _pil_font(font: str, size: int):
+def _pil_font(font: str, size: int, example: str):
+    """The TrueType ``font`` when that file exists, else an installed font that has ``example``'s characters."""
     from PIL import ImageFont
+
+    from utils.fonts import label_font
 
     if Path(font).is_file():
         try:
             return ImageFont.truetype(str(font), size)
         except OSError as error:
-            LOGGER.warning(f"{font}: not a font Pillow can read ({error}); using Pillow's built-in font")
-    try:
-        return ImageFont.load_default(size)
-    except TypeError:  # Pillow before 10.1: one size
-        return ImageFont.load_default()
+            LOGGER.warning(f"{font}: not a font Pillow can read ({error}); using an installed font")
+    return label_font(str(example), size)

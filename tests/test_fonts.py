@@ -1,0 +1,59 @@
+"""Labels OpenCV's ASCII-only font cannot draw come out in an installed font that has their characters."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from utils import fonts
+from utils.drawing import Annotator, draw_box_label
+
+
+def drawn(label: str) -> np.ndarray:
+    image = np.zeros((120, 200, 3), np.uint8)
+    return draw_box_label(image, [20, 60, 180, 110], label, color=(0, 0, 255), line_width=3)
+
+
+def test_a_cyrillic_label_is_drawn_in_a_font_that_has_it_not_as_question_marks():
+    import cv2
+    from matplotlib.ft2font import FT2Font
+
+    path = fonts.font_file(frozenset("кошка"))
+    assert path is not None and all(FT2Font(path).get_char_index(ord(c)) for c in "кошка")
+    (_, text_h), _ = cv2.getTextSize("A", cv2.FONT_HERSHEY_SIMPLEX, 1.0, 2)  # the label's height at width 3
+    patch = fonts.text_patch("кошка 0.91", text_h + 3, (0, 0, 255), (255, 255, 255))
+    assert (patch != (0, 0, 255)).any(axis=2).sum() > 50  # white text on the label's red
+    image = drawn("кошка 0.91")
+    assert np.array_equal(image[60 - text_h - 3:60, 20:20 + patch.shape[1]], patch)  # above the box, as ASCII's
+    ascii_image = drawn("cat 0.91")  # ASCII: OpenCV's font, as before
+    assert (ascii_image[60 - text_h - 3:60, 20:60] == (255, 255, 255)).all(axis=2).any()
+
+
+def test_a_label_no_installed_font_covers_is_drawn_and_said_once(caplog, monkeypatch):
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    dejavu = font_manager.findfont("DejaVu Sans")  # matplotlib's own: no emoji, no Thai
+    text = "\U0001F600\u0e01a"
+    assert not all(FT2Font(dejavu).get_char_index(ord(c)) for c in text)
+    monkeypatch.setattr(fonts, "_candidates", lambda: (dejavu,))
+    fonts.font_file.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="utils.fonts"):
+            assert fonts.font_file(frozenset(text)) == dejavu  # the one with most of them
+            fonts.font_file(frozenset(text))
+        patch = fonts.text_patch(text, 20, (0, 0, 255), (255, 255, 255))
+    finally:
+        fonts.font_file.cache_clear()
+    assert patch.shape[0] == 20 and patch.dtype == np.uint8
+    assert sum("no installed font has every character" in message for message in caplog.messages) == 1
+
+
+@pytest.mark.parametrize("pil", [False, True])
+def test_annotator_draws_a_non_ascii_label(pil):
+    image = np.zeros((120, 200, 3), np.uint8)
+    annotator = Annotator(image, line_width=3, pil=pil, example="кошка")
+    annotator.box_label([20, 60, 180, 110], "кошка", color=(0, 0, 255))
+    result = annotator.result()
+    assert (result[20:60, 20:120] != 0).any() and tuple(result[85, 20]) == (0, 0, 255)

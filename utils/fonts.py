@@ -1,0 +1,91 @@
+"""Labels OpenCV's Hershey font cannot draw: its fonts have ASCII only, so a class named "кошка" or "猫" came out as
+"?????" or "?". Such a label is drawn with Pillow in an installed TrueType font that has every one of its characters,
+as YOLOv5 draws non-ASCII labels with Pillow (it downloads Arial Unicode for them; nothing is downloaded here).
+
+Fonts are the ones matplotlib knows (its own DejaVu Sans, which covers Latin, Greek and Cyrillic, and the system's,
+e.g. Noto Sans CJK where it is installed): families known to cover many scripts are tried first, then any other; the
+first whose character map holds every character of the label is used, else the one holding most (the others then
+show as empty boxes). Matplotlib is imported on the first such label only.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+
+LOGGER = logging.getLogger(__name__)
+
+PREFERRED = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK", "Source Han Sans", "WenQuanYi Zen Hei",
+             "WenQuanYi Micro Hei", "Microsoft YaHei", "SimHei", "PingFang SC", "Hiragino Sans", "Arial Unicode MS",
+             "Noto Sans", "DejaVu Sans")
+
+
+@functools.lru_cache(maxsize=1)
+def _candidates() -> tuple[str, ...]:
+    """Font files, the preferred families first (matplotlib's list of its own and the system's fonts)."""
+    from matplotlib import font_manager
+
+    fonts = [font for font in font_manager.fontManager.ttflist if font.fname.lower().endswith((".ttf", ".otf",
+                                                                                                ".ttc"))]
+    rank = {name.lower(): index for index, name in enumerate(PREFERRED)}
+    fonts.sort(key=lambda font: (rank.get(font.name.lower(), len(PREFERRED)), font.weight != 400, font.style != "normal",
+                                 font.fname))
+    return tuple(dict.fromkeys(font.fname for font in fonts))
+
+
+@functools.lru_cache(maxsize=64)
+def font_file(characters: frozenset) -> str | None:
+    """The first candidate font whose character map holds all ``characters`` (else the one holding most); None when
+    no font file is known."""
+    from matplotlib.ft2font import FT2Font
+
+    best, best_count = None, -1
+    for path in _candidates():
+        try:
+            font = FT2Font(path)
+        except (OSError, RuntimeError, ValueError):
+            continue
+        count = sum(1 for character in characters if font.get_char_index(ord(character)))
+        if count == len(characters):
+            return path
+        if count > best_count:
+            best, best_count = path, count
+    if best is not None:
+        LOGGER.warning("WARNING: no installed font has every character of %s; some show as boxes (install a font "
+                       "for that script, e.g. Noto Sans CJK)", "".join(sorted(characters))[:40])
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _pil_font(path: str | None, size: int):
+    from PIL import ImageFont
+
+    if path is not None:
+        try:
+            return ImageFont.truetype(path, size)
+        except OSError:
+            pass
+    try:
+        return ImageFont.load_default(size)
+    except TypeError:  # Pillow before 10.1
+        return ImageFont.load_default()
+
+
+def label_font(text: str, size: int):
+    """A Pillow font of ``size`` px that can draw ``text``."""
+    return _pil_font(font_file(frozenset(set(text) - {" "})), max(int(size), 6))
+
+
+def text_patch(text: str, height: int, background, color) -> np.ndarray:
+    """``text`` drawn on a ``background`` (BGR) patch ``height`` px tall, in ``color`` (BGR): a uint8 HxWx3 array to
+    paste into an image."""
+    from PIL import Image, ImageDraw
+
+    font = label_font(text, round(height * 0.8))
+    left, top, right, bottom = font.getbbox(text)
+    width = max(right - left, 1) + 2
+    patch = Image.new("RGB", (width, height), tuple(int(c) for c in background[::-1]))
+    ImageDraw.Draw(patch).text((1 - left, (height - (bottom - top)) // 2 - top), text, font=font,
+                               fill=tuple(int(c) for c in color[::-1]))
+    return np.asarray(patch)[:, :, ::-1]
