@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,3 +58,26 @@ def test_annotator_draws_a_non_ascii_label(pil):
     annotator.box_label([20, 60, 180, 110], "кошка", color=(0, 0, 255))
     result = annotator.result()
     assert (result[20:60, 20:120] != 0).any() and tuple(result[85, 20]) == (0, 0, 255)
+
+
+def test_the_metric_plots_take_a_font_that_has_the_class_names(monkeypatch, tmp_path):
+    from matplotlib import font_manager
+
+    import utils.plots as plots
+    from utils.data import plots as data_plots
+
+    serif = font_manager.findfont("DejaVu Serif")  # stands for the font found for the names
+    monkeypatch.setattr(fonts, "font_file", lambda characters: serif)
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(Path(path).name, fig))
+    names = ["кошка", "собака"]
+    plots.plot_confusion_matrix(np.eye(3), tmp_path / "cm.png", names)
+    plots.plot_pr_curve(np.linspace(0, 1, 5), np.ones((2, 5)), np.ones((2, 10)), tmp_path / "pr.png", names)
+    ticks = figures["cm.png"].axes[0].get_xticklabels()
+    assert [t.get_text() for t in ticks] == [*names, "background"]
+    assert {t.get_fontproperties().get_file() for t in ticks} == {serif} and ticks[0].get_fontsize() == 10
+    legend = figures["pr.png"].axes[0].get_legend().get_texts()
+    assert legend[0].get_text().startswith("кошка") and legend[0].get_fontproperties().get_file() == serif
+    assert fonts.names_font(["cat", "dog"]) is None  # ASCII: matplotlib's own font
+    labels = data_plots.plot_labels(np.array([[0, 0.5, 0.5, 0.2, 0.2], [1, 0.3, 0.3, 0.1, 0.1]]), names, tmp_path)
+    assert labels.is_file()

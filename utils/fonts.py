@@ -5,7 +5,8 @@ as YOLOv5 draws non-ASCII labels with Pillow (it downloads Arial Unicode for the
 Fonts are the ones matplotlib knows (its own DejaVu Sans, which covers Latin, Greek and Cyrillic, and the system's,
 e.g. Noto Sans CJK where it is installed): families known to cover many scripts are tried first, then any other; the
 first whose character map holds every character of the label is used, else the one holding most (the others then
-show as empty boxes). Matplotlib is imported on the first such label only.
+show as empty boxes). Matplotlib is imported on the first such label only. The metric plots (matplotlib) take the
+same font for class names that are not ASCII (``names_font``).
 """
 from __future__ import annotations
 
@@ -89,3 +90,15 @@ def text_patch(text: str, height: int, background, color) -> np.ndarray:
     ImageDraw.Draw(patch).text((1 - left, (height - (bottom - top)) // 2 - top), text, font=font,
                                fill=tuple(int(c) for c in color[::-1]))
     return np.asarray(patch)[:, :, ::-1]
+
+
+def names_font(names, size: float | None = None):
+    """matplotlib FontProperties of a font that has every character of ``names`` (class names, legend labels), or
+    None when they are all ASCII (matplotlib's default font draws those)."""
+    characters = frozenset("".join(str(name) for name in names)) - {" "}
+    if all(character.isascii() for character in characters):
+        return None
+    from matplotlib.font_manager import FontProperties
+
+    path = font_file(characters)
+    return FontProperties(fname=path, size=size) if path is not None else None

@@ -20,6 +20,7 @@ import numpy as np
 from utils.drawing import Annotator, colors  # noqa: F401  (YOLOv5's names, for scripts written against it)
 from utils.drawing import draw_box_label
 from utils.drawing import save_one_box as _save_one_box
+from utils.fonts import names_font
 from utils.metrics import APResult, class_names, smooth
 
 LOGGER = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def plot_pr_curve(px, py, ap, save_path, names=()) -> Path:
     ax.set_ylabel("Precision")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", prop=names_font(names))
     ax.set_title("Precision-Recall Curve")
     return _save(fig, save_path)
 
@@ -93,7 +94,7 @@ def plot_mc_curve(px, py, save_path, names=(), xlabel: str = "Confidence", ylabe
     ax.set_ylabel(ylabel)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", prop=names_font(names))
     ax.set_title(f"{ylabel}-{xlabel} Curve")
     return _save(fig, save_path)
 
@@ -122,8 +123,9 @@ def plot_confusion_matrix(matrix, save_path, names=(), normalize: bool = True) -
                         color="white" if normalize and value > 0.5 else "black")
     if ticks:
         fontsize = 10 if size <= 50 else 6  # COCO's 80 names stay apart at 6 points on 9 inches
-        ax.set_xticks(range(size), ticks, rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(size), ticks, fontsize=fontsize)
+        font = names_font(ticks, fontsize)
+        ax.set_xticks(range(size), ticks, rotation=90, fontsize=fontsize, fontproperties=font)
+        ax.set_yticks(range(size), ticks, fontsize=fontsize, fontproperties=font)
     ax.set_xlabel("True")
     ax.set_ylabel("Predicted")
     ax.set_title("Confusion Matrix")

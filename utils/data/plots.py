@@ -61,7 +61,9 @@ def draw_instances(ax, labels: np.ndarray, names) -> None:
     ax.set_title(f"{len(labels)} instances, {int((counts > 0).sum())}/{len(names)} classes present", fontsize=8)
     if len(names) <= 30:
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=90, fontsize=8)
+        from utils.fonts import names_font
+
+        ax.set_xticklabels(names, rotation=90, fontsize=8, fontproperties=names_font(names, 8))
     else:
         ax.set_xlabel("classes")
 
