@@ -233,6 +233,19 @@ def test_general_helpers_behave_as_yolov5s(tmp_path, caplog):
             sum(range(10000))
     assert timer.t >= timer.dt > 0 and timer.t > timer.dt
     assert general.scale_coords is general.scale_boxes and general.clip_coords is general.clip_boxes
+    ramp = general.one_cycle(1.0, 0.01, 100)
+    assert ramp(0) == 1.0 and ramp(100) == pytest.approx(0.01) and ramp(50) == pytest.approx(0.505)
+    kept = general.intersect_dicts({"a.w": torch.zeros(2), "b.w": torch.zeros(3), "anchors": torch.zeros(1)},
+                                   {"a.w": torch.ones(2), "b.w": torch.ones(4), "anchors": torch.ones(1)}, ["anchor"])
+    assert list(kept) == ["a.w"]
+    assert general.check_version("2.14.1", "1.8.0") and not general.check_version("1.7", "1.8.0")
+    assert not general.check_version("1.8.1", "1.8.0", pinned=True)
+    with pytest.raises(UserError, match="torch 3.0 is required"):
+        general.check_version("2.1", "3.0", name="torch ", hard=True)
+    general.init_seeds(7)
+    first = torch.rand(3)
+    general.init_seeds(7)
+    assert torch.equal(first, torch.rand(3))
     from utils.metrics import bbox_iou, box_iou  # YOLOv5's module for them
     boxes = torch.tensor([[0.0, 0, 10, 10], [5, 0, 15, 10]])
     assert box_iou(boxes[:1], boxes[1:]).item() == pytest.approx(1 / 3)

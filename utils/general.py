@@ -287,3 +287,47 @@ def check_dataset(data, autodownload: bool = True) -> dict:
         if sources:
             result[split] = sources[0] if len(sources) == 1 else list(sources)
     return result
+
+
+def init_seeds(seed: int = 0, deterministic: bool = False) -> None:
+    """Seed Python's, NumPy's and torch's generators (``deterministic``: torch's deterministic algorithms too), as
+    train.py --seed does (utils/trainer/setup.py)."""
+    from utils.trainer.setup import seed_everything
+
+    seed_everything(seed, deterministic)
+
+
+def one_cycle(y1: float = 0.0, y2: float = 1.0, steps: int = 100):
+    """YOLOv5's cosine ramp from ``y1`` at step 0 to ``y2`` at ``steps`` (its --cos-lr schedule with y1=1, y2=lrf)."""
+    return lambda x: ((1 - math.cos(x * math.pi / steps)) / 2) * (y2 - y1) + y1
+
+
+def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
+    """The entries of state_dict ``da`` whose key is in ``db`` with the same shape and contains none of
+    ``exclude`` (YOLOv5's transfer of pretrained weights)."""
+    return {key: value for key, value in da.items()
+            if key in db and all(part not in key for part in exclude) and value.shape == db[key].shape}
+
+
+def check_version(current: str = "0.0.0", minimum: str = "0.0.0", name: str = "version ", pinned: bool = False,
+                  hard: bool = False, verbose: bool = False) -> bool:
+    """Whether version ``current`` is at least ``minimum`` (equal to it with ``pinned``); ``hard``: raise instead
+    of returning False; ``verbose``: a warning when it does not fit."""
+    fits = _version(current) == _version(minimum) if pinned else _version(current) >= _version(minimum)
+    message = f"WARNING: {name}{minimum} is required by YOLOv5, but {name}{current} is currently installed"
+    if hard and not fits:
+        raise UserError(message)
+    if verbose and not fits:
+        LOGGER.warning(message)
+    return fits
+
+
+def _version(text: str):
+    try:
+        from packaging.version import Version
+
+        return Version(str(text))
+    except ImportError:  # without packaging: the leading numbers ("2.14.1+cu130" -> (2, 14, 1))
+        import re
+
+        return tuple(int(part) for part in re.findall(r"\d+", str(text).split("+")[0])[:3])
