@@ -20,16 +20,11 @@ def attempt_load(weights, device=None, inplace: bool = True, fuse: bool = True):
     names, nc and yaml, and the largest stride. ``inplace`` is accepted (the heads here never write in place)."""
     from models import load_model
     from models.backends import BackendError
-    from models.multibackend import as_device
-    from utils.downloads import weights_file
+    from models.multibackend import as_device, weights_path
 
     models = Ensemble()
     for given in (weights if isinstance(weights, (list, tuple)) else [weights]):
-        path = weights_file(given)
-        if not path.exists():
-            raise BackendError(f"weights not found: {path} (a file, a URL or a YOLOv5 release name such as "
-                               "yolov5s.pt)")
-        model = load_model(path, as_device("cpu" if device is None else device))
+        model = load_model(weights_path(given), as_device("cpu" if device is None else device))
         model.names = dict(enumerate(model.names))
         models.append(model.fuse().eval() if fuse else model.eval())
     if len(models) == 1:

@@ -21,6 +21,18 @@ FORMAT_FLAGS = {"pt": ("pytorch",), "jit": ("torchscript",), "onnx": ("onnx", "o
                 "triton": ()}
 
 
+def weights_path(given) -> Path:
+    """``given`` as a file on disk: a path, or a URL or YOLOv5 release name downloaded first (utils/downloads.py);
+    BackendError when there is no such file."""
+    from models.backends import BackendError
+    from utils.downloads import weights_file
+
+    path = weights_file(given)
+    if not Path(path).exists():
+        raise BackendError(f"weights not found: {path} (a file, a URL or a YOLOv5 release name such as yolov5s.pt)")
+    return Path(path)
+
+
 def as_device(device) -> torch.device:
     """A torch.device as given, else the device a --device value names ('', 'cpu', '0', 'cuda:1', 0)."""
     from utils.device import select_device
@@ -36,19 +48,11 @@ class DetectMultiBackend(nn.Module):
 
     def __init__(self, weights="yolov5s.pt", device=torch.device("cpu"), dnn: bool = False, data=None,
                  fp16: bool = False, fuse: bool = True):
-        from models.backends import BackendError
         from models.composite import load_models
-        from utils.downloads import weights_file
 
         super().__init__()
         device = as_device(device)
-        paths = []
-        for given in (weights if isinstance(weights, (list, tuple)) else [weights]):
-            path = weights_file(given)
-            if not Path(path).exists():
-                raise BackendError(f"weights not found: {path} (a file, a URL or a YOLOv5 release name such as "
-                                   "yolov5s.pt)")
-            paths.append(path)
+        paths = [weights_path(given) for given in (weights if isinstance(weights, (list, tuple)) else [weights])]
         half = fp16 and device.type == "cuda"
         if fp16 and not half:
             LOGGER.warning(f"WARNING: fp16 needs a CUDA device; running float32 on {device.type}")

@@ -151,6 +151,11 @@ def test_detect_multibackend_attributes_and_outputs(weights):
     with pytest.raises(UserError, match="CUDA is not available") if not torch.cuda.is_available() else \
             contextlib.nullcontext():
         DetectMultiBackend(str(weights), device="0")  # a --device string, as select_device takes it
+    from models.backends import BackendError
+    from models.experimental import attempt_load
+    for load in (DetectMultiBackend, attempt_load):
+        with pytest.raises(BackendError, match="weights not found: .*missing.pt"):
+            load(str(weights.parent / "missing.pt"))
     model = DetectMultiBackend(str(weights), device="cpu")
     assert model.pt and not (model.jit or model.onnx or model.engine or model.tflite) and not model.fp16
     assert model.stride == 32 and model.names == {0: "cat", 1: "dog"} and model.device == torch.device("cpu")
