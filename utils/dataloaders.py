@@ -22,6 +22,15 @@ IMG_FORMATS = IMG_EXTENSIONS  # suffixes without the dot, as YOLOv5's
 VID_FORMATS = VID_EXTENSIONS
 
 
+def model_input(image: np.ndarray, img_size, stride: int, auto: bool, transforms=None) -> np.ndarray:
+    """What the loaders give a script for BGR ``image``: ``transforms(image)`` when given, else the letterboxed image
+    as a contiguous RGB (3, h, w) uint8 array."""
+    if transforms:
+        return transforms(image)
+    boxed = letterbox(image, img_size, stride=stride, auto=auto)[0]
+    return np.ascontiguousarray(boxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
+
+
 class LoadImages:
     """Iterate ``(path, im, im0, cap, s)`` per image and per kept video frame, as YOLOv5's: ``im`` the letterboxed
     RGB (3, h, w) uint8 array (``transforms(im0)`` instead when given), ``im0`` the original BGR image, ``cap`` the
@@ -57,11 +66,7 @@ class LoadImages:
         else:
             self.mode, self.cap, self.frame, self.frames = "image", None, 0, 0
             s = f"image {item.index}/{self.nf} {item.path}: "
-        if self.transforms:
-            im = self.transforms(item.image)
-        else:
-            im = letterbox(item.image, self.img_size, stride=self.stride, auto=self.auto)[0]
-            im = np.ascontiguousarray(im.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
+        im = model_input(item.image, self.img_size, self.stride, self.auto, self.transforms)
         return item.path, im, item.image, self.cap, s
 
 
@@ -107,11 +112,7 @@ class LoadStreams:
         if frames is None:
             self.close()
             raise StopIteration
-        if self.transforms:
-            im = np.stack([self.transforms(frame) for frame in frames])
-        else:
-            im = np.stack([letterbox(frame, self.img_size, stride=self.stride, auto=self.auto)[0] for frame in frames])
-            im = np.ascontiguousarray(im[..., ::-1].transpose((0, 3, 1, 2)))  # BHWC BGR -> BCHW RGB
+        im = np.stack([model_input(frame, self.img_size, self.stride, self.auto, self.transforms) for frame in frames])
         return self.sources, im, frames, None, ""
 
     def _wait(self) -> list | None:
@@ -160,9 +161,4 @@ class LoadScreenshots:
         self.frame += 1
         area = self.region or {"left": 0, "top": 0, "width": im0.shape[1], "height": im0.shape[0]}
         s = f"screen {self.screen} (LTWH): {area['left']},{area['top']},{area['width']},{area['height']}: "
-        if self.transforms:
-            im = self.transforms(im0)
-        else:
-            im = letterbox(im0, self.img_size, stride=self.stride, auto=self.auto)[0]
-            im = np.ascontiguousarray(im.transpose((2, 0, 1))[::-1])
-        return str(self.screen), im, im0, None, s
+        return str(self.screen), model_input(im0, self.img_size, self.stride, self.auto, self.transforms), im0, None, s
