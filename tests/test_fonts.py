@@ -23,10 +23,13 @@ def test_a_cyrillic_label_is_drawn_in_a_font_that_has_it_not_as_question_marks()
     path = fonts.font_file(frozenset("кошка"))
     assert path is not None and all(FT2Font(path).get_char_index(ord(c)) for c in "кошка")
     (_, text_h), _ = cv2.getTextSize("A", cv2.FONT_HERSHEY_SIMPLEX, 1.0, 2)  # the label's height at width 3
-    patch = fonts.text_patch("кошка 0.91", text_h + 3, (0, 0, 255), (255, 255, 255))
+    width = fonts.text_width("кошка 0.91", text_h + 3)
+    patch = np.zeros((text_h + 3, width, 3), np.uint8)
+    patch[:] = (0, 0, 255)
+    fonts.draw_text(patch, 0, 0, "кошка 0.91", text_h + 3, (255, 255, 255))
     assert (patch != (0, 0, 255)).any(axis=2).sum() > 50  # white text on the label's red
     image = drawn("кошка 0.91")
-    assert np.array_equal(image[60 - text_h - 3:60, 20:20 + patch.shape[1]], patch)  # above the box, as ASCII's
+    assert np.array_equal(image[60 - text_h - 3:60, 21:20 + width], patch[:, 1:])  # above the box, as ASCII's
     ascii_image = drawn("cat 0.91")  # ASCII: OpenCV's font, as before
     assert (ascii_image[60 - text_h - 3:60, 20:60] == (255, 255, 255)).all(axis=2).any()
 
@@ -44,20 +47,24 @@ def test_a_label_no_installed_font_covers_is_drawn_and_said_once(caplog, monkeyp
         with caplog.at_level(logging.WARNING, logger="utils.fonts"):
             assert fonts.font_file(frozenset(text)) == dejavu  # the one with most of them
             fonts.font_file(frozenset(text))
-        patch = fonts.text_patch(text, 20, (0, 0, 255), (255, 255, 255))
+        patch = np.zeros((20, 60, 3), np.uint8)
+        fonts.draw_text(patch, 50, -5, text, 20, (255, 255, 255))  # partly outside: cut, not an error
     finally:
         fonts.font_file.cache_clear()
-    assert patch.shape[0] == 20 and patch.dtype == np.uint8
+    assert patch[:, 50:].any() and not patch[:, :50].any()
     assert sum("no installed font has every character" in message for message in caplog.messages) == 1
 
 
 @pytest.mark.parametrize("pil", [False, True])
 def test_annotator_draws_a_non_ascii_label(pil):
     image = np.zeros((120, 200, 3), np.uint8)
-    annotator = Annotator(image, line_width=3, pil=pil, example="кошка")
+    annotator = Annotator(image, line_width=3, pil=pil)
+    assert annotator.pil == pil and Annotator(image.copy(), example="кошка").pil  # YOLOv5's rule
     annotator.box_label([20, 60, 180, 110], "кошка", color=(0, 0, 255))
+    annotator.text((100, 92) if pil else (100, 115), "пёс", txt_color=(0, 255, 0))  # PIL: top-left; OpenCV: baseline
     result = annotator.result()
     assert (result[20:60, 20:120] != 0).any() and tuple(result[85, 20]) == (0, 0, 255)
+    assert (result[90:120, 100:160, 1] > 128).sum() > 20  # the text, green
 
 
 def test_the_metric_plots_take_a_font_that_has_the_class_names(monkeypatch, tmp_path):

@@ -67,23 +67,18 @@ def draw_box_label(img: np.ndarray, xyxy, label: str | None = "", color=(128, 12
     bottom = y1 if outside else y1 + text_h + 3
     text_color = _text_color(color) if txt_color is None else tuple(int(c) for c in txt_color)
     if not ascii_label:
-        from utils.fonts import text_patch
+        from utils.fonts import text_width
 
-        _paste(img, text_patch(label, bottom - top, color, text_color), x1, top)
-        return img
+        text_w = text_width(label, bottom - top)
     cv2.rectangle(img, (x1, top), (x1 + text_w, bottom), color, -1, cv2.LINE_AA)
-    cv2.putText(img, label, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, text_color,
-                thickness=thickness, lineType=cv2.LINE_AA)
+    if ascii_label:
+        cv2.putText(img, label, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, text_color,
+                    thickness=thickness, lineType=cv2.LINE_AA)
+    else:
+        from utils.fonts import draw_text
+
+        draw_text(img, x1, top, label, bottom - top, text_color)
     return img
-
-
-def _paste(img: np.ndarray, patch: np.ndarray, x: int, y: int) -> None:
-    """``patch`` into ``img`` with its top-left corner at (x, y), the part outside the image left out."""
-    height, width = img.shape[:2]
-    left, top = max(x, 0), max(y, 0)
-    right, bottom = min(x + patch.shape[1], width), min(y + patch.shape[0], height)
-    if right > left and bottom > top:
-        img[top:bottom, left:right] = patch[top - y:bottom - y, left - x:right - x]
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -254,6 +249,12 @@ class Annotator:
             self.draw.text((x, y), text, fill=tuple(txt_color), font=self.font)
             return
         thickness = max(self.lw - 1, 1)
+        if not text.isascii():  # OpenCV's font has ASCII only (utils/fonts.py)
+            from utils.fonts import draw_text
+
+            (_, height), _ = cv2.getTextSize("A", cv2.FONT_HERSHEY_SIMPLEX, self.lw / 3, thickness)
+            draw_text(self.im, int(xy[0]), int(xy[1]) - height - 2, text, height + 3, txt_color)
+            return
         cv2.putText(self.im, text, (int(xy[0]), int(xy[1])), cv2.FONT_HERSHEY_SIMPLEX, self.lw / 3,
                     tuple(int(c) for c in txt_color), thickness=thickness, lineType=cv2.LINE_AA)
 

@@ -78,18 +78,27 @@ def label_font(text: str, size: int):
     return _pil_font(font_file(frozenset(set(text) - {" "})), max(int(size), 6))
 
 
-def text_patch(text: str, height: int, background, color) -> np.ndarray:
-    """``text`` drawn on a ``background`` (BGR) patch ``height`` px tall, in ``color`` (BGR): a uint8 HxWx3 array to
-    paste into an image."""
+def text_width(text: str, height: int) -> int:
+    """The width in px of ``text`` drawn ``height`` px tall (``draw_text``)."""
+    left, _, right, _ = label_font(text, round(height * 0.8)).getbbox(text)
+    return max(right - left, 1) + 2
+
+
+def draw_text(img: np.ndarray, x: int, y: int, text: str, height: int, color) -> None:
+    """``text`` in ``color`` (BGR) on BGR uint8 ``img``, in place, in the ``height`` px tall band whose top-left corner
+    is (x, y), vertically centred; the part outside the image is left out."""
     from PIL import Image, ImageDraw
 
     font = label_font(text, round(height * 0.8))
     left, top, right, bottom = font.getbbox(text)
-    width = max(right - left, 1) + 2
-    patch = Image.new("RGB", (width, height), tuple(int(c) for c in background[::-1]))
-    ImageDraw.Draw(patch).text((1 - left, (height - (bottom - top)) // 2 - top), text, font=font,
-                               fill=tuple(int(c) for c in color[::-1]))
-    return np.asarray(patch)[:, :, ::-1]
+    x0, y0 = max(x, 0), max(y, 0)
+    x1, y1 = min(x + max(right - left, 1) + 2, img.shape[1]), min(y + height, img.shape[0])
+    if x1 <= x0 or y1 <= y0:
+        return
+    region = Image.fromarray(np.ascontiguousarray(img[y0:y1, x0:x1, ::-1]))
+    ImageDraw.Draw(region).text((x - x0 + 1 - left, y - y0 + (height - (bottom - top)) // 2 - top), text, font=font,
+                                fill=tuple(int(c) for c in color[::-1]))
+    img[y0:y1, x0:x1] = np.asarray(region)[:, :, ::-1]
 
 
 def names_font(names, size: float | None = None):
