@@ -39,7 +39,7 @@ def test_a_label_no_installed_font_covers_is_drawn_and_said_once(caplog, monkeyp
     from matplotlib.ft2font import FT2Font
 
     dejavu = font_manager.findfont("DejaVu Sans")  # matplotlib's own: no emoji, no Thai
-    text = "\U0001F600\u0e01a"
+    text = "\U0001F600\u0e01"
     assert not all(FT2Font(dejavu).get_char_index(ord(c)) for c in text)
     monkeypatch.setattr(fonts, "_candidates", lambda: (dejavu,))
     fonts.font_file.cache_clear()
@@ -53,6 +53,13 @@ def test_a_label_no_installed_font_covers_is_drawn_and_said_once(caplog, monkeyp
         fonts.font_file.cache_clear()
     assert patch[:, 50:].any() and not patch[:, :50].any()
     assert sum("no installed font has every character" in message for message in caplog.messages) == 1
+    calls = []
+    monkeypatch.setattr(fonts, "_candidates", lambda: calls.append(1) or (dejavu,))
+    fonts.font_file.cache_clear()
+    for score in ("0.91", "0.87", "0.50"):  # one search for a class's labels, whatever their scores
+        fonts.label_font(f"кошка {score}", 20)
+    assert len(calls) == 1
+    fonts.font_file.cache_clear()
 
 
 @pytest.mark.parametrize("pil", [False, True])
