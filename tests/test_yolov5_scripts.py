@@ -237,6 +237,7 @@ def test_general_helpers_behave_as_yolov5s(tmp_path, caplog):
         with timer:
             sum(range(10000))
     assert timer.t >= timer.dt > 0 and timer.t > timer.dt
+    assert not general.Profile(device=torch.device("cpu")).cuda  # YOLOv5 master's keyword
     assert general.scale_coords is general.scale_boxes and general.clip_coords is general.clip_boxes
     ramp = general.one_cycle(1.0, 0.01, 100)
     assert ramp(0) == 1.0 and ramp(100) == pytest.approx(0.01) and ramp(50) == pytest.approx(0.505)

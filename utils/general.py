@@ -107,11 +107,12 @@ def increment_path(path, exist_ok: bool = False, sep: str = "", mkdir: bool = Fa
 
 class Profile(contextlib.ContextDecorator):
     """``with dt:`` adds the block's seconds to ``dt.t`` and keeps the last in ``dt.dt`` (CUDA synchronised first,
-    so a GPU's queued work is counted where it ran)."""
+    so a GPU's queued work is counted where it ran). ``device`` (YOLOv5 master's): synchronise only for a CUDA
+    device; without it, whenever CUDA is available (v7.0's)."""
 
-    def __init__(self, t: float = 0.0):
+    def __init__(self, t: float = 0.0, device=None):
         self.t, self.dt = t, 0.0
-        self.cuda = torch.cuda.is_available()
+        self.cuda = torch.cuda.is_available() if device is None else str(device).startswith("cuda")
 
     def __enter__(self):
         self.start = self.time()
