@@ -24,6 +24,7 @@ from utils.boxes import clip_boxes, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xyw
 from utils.errors import UserError
 from utils.nms import non_max_suppression as _nms
 from utils.paths import increment_path as _increment_path
+from utils.plots import save_one_box  # noqa: F401  (YOLOv5 v5's place for it)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGGER = logging.getLogger("yolov5")  # YOLOv5's logger name; set_logging() gives it a console handler
@@ -34,14 +35,6 @@ _COLOURS = {"black": "\033[30m", "red": "\033[31m", "green": "\033[32m", "yellow
             "bright_red": "\033[91m", "bright_green": "\033[92m", "bright_yellow": "\033[93m",
             "bright_blue": "\033[94m", "bright_magenta": "\033[95m", "bright_cyan": "\033[96m",
             "bright_white": "\033[97m", "end": "\033[0m", "bold": "\033[1m", "underline": "\033[4m"}
-
-
-def save_one_box(xyxy, im, file=Path("im.jpg"), gain: float = 1.02, pad: int = 10, square: bool = False,
-                 BGR: bool = False, save: bool = True):
-    """YOLOv5 v5's place for utils.plots.save_one_box (same parameters and result)."""
-    from utils.plots import save_one_box as crop
-
-    return crop(xyxy, im, file, gain, pad, square, BGR, save)
 
 
 def set_logging(name: str = "yolov5", verbose: bool = True) -> logging.Logger:
