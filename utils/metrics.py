@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from utils.boxes import bbox_iou, box_iou  # noqa: F401  (bbox_iou: YOLOv5 scripts import it from here)
+from utils.curves import class_names, smooth  # noqa: F401  (class_names: imported from here)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -108,14 +110,6 @@ def keep_top_per_class(conf: torch.Tensor, cls: torch.Tensor, limit: int = COCO_
     return rank < limit
 
 
-def smooth(values: np.ndarray, fraction: float = 0.05) -> np.ndarray:
-    """Box filter over ``fraction`` of the points (edges padded with the end values)."""
-    width = round(len(values) * fraction * 2) // 2 + 1
-    pad = np.ones(width // 2)
-    padded = np.concatenate((pad * values[0], values, pad * values[-1]))
-    return np.convolve(padded, np.ones(width) / width, mode="valid")
-
-
 def coco_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
     """COCO 101-point AP for each column of (k, T) recall/precision arrays (detections by confidence)."""
     if len(recall) == 0:
@@ -154,7 +148,8 @@ def _pr_curve(recall: np.ndarray, precision: np.ndarray, points: np.ndarray) -> 
 
 @dataclass
 class APResult:
-    """Per-class results for the classes present in the labels (``classes``), plus plotting curves."""
+    """Per-class results for the classes present in the labels (``classes``), plus plotting curves. It unpacks as
+    YOLOv5's ``ap_per_class`` tuple: ``tp, fp, p, r, f1, ap, ap_class = ap_per_class(...)``."""
     tp: np.ndarray  # (nc,) true positives at the max-F1 confidence
     fp: np.ndarray
     p: np.ndarray  # (nc,) precision at the max-F1 confidence
@@ -168,12 +163,18 @@ class APResult:
     r_curve: np.ndarray
     f1_curve: np.ndarray
 
+    def __iter__(self):
+        return iter((self.tp, self.fp, self.p, self.r, self.f1, self.ap, self.classes))
 
-def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult:
+
+def ap_per_class(tp, conf, pred_cls, target_cls, plot: bool = False, save_dir=".", names=(), eps: float = 1e-16,
+                 prefix: str = "") -> APResult:
     """Per-class AP at each IoU threshold plus P, R, F1 at the confidence that maximises the mean F1.
 
     ``tp``: (n, T) bool correct matrix; ``conf``, ``pred_cls``: (n,); ``target_cls``: (m,) label classes.
-    The F1 curve is box-filtered over 10% of its points before taking the argmax (YOLOv5 v7).
+    The F1 curve is box-filtered over 10% of its points before taking the argmax (YOLOv5 v7). YOLOv5's keywords:
+    ``plot`` writes ``{prefix}PR_curve.png``, ``F1_curve.png``, ``P_curve.png`` and ``R_curve.png`` into the
+    folder ``save_dir``, the classes named by ``names`` (a list or ``{i: name}``).
     """
     tp, conf, pred_cls = np.asarray(tp), np.asarray(conf), np.asarray(pred_cls)
     order = np.argsort(-conf, kind="stable")
@@ -200,13 +201,12 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
     p, r, f1 = p_curve[:, best], r_curve[:, best], f1_curve[:, best]
     true_pos = (r * counts).round()
     false_pos = (true_pos / (p + eps) - true_pos).round()
-    return APResult(true_pos, false_pos, p, r, f1, ap, classes.astype(int), px, pr_curve, p_curve, r_curve, f1_curve)
+    result = APResult(true_pos, false_pos, p, r, f1, ap, classes.astype(int), px, pr_curve, p_curve, r_curve, f1_curve)
+    if plot:
+        from utils.plots import plot_ap_curves  # its drawing modules only when plotting
 
-
-def class_names(names, classes) -> list[str]:
-    """Names of ``classes`` from a list/dict of names (class ids when missing)."""
-    lookup = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names or {})
-    return [str(lookup.get(int(c), int(c))) for c in classes]
+        plot_ap_curves(result, save_dir, names=names or None, prefix=prefix)
+    return result
 
 
 def fitness(metrics) -> np.ndarray:
@@ -249,3 +249,9 @@ class ConfusionMatrix:
     def tp_fp(self) -> tuple[np.ndarray, np.ndarray]:
         true_pos = self.matrix.diagonal()
         return true_pos[:-1], (self.matrix.sum(1) - true_pos)[:-1]
+
+    def plot(self, normalize: bool = True, save_dir="", names=()) -> None:
+        """YOLOv5's: ``confusion_matrix.png`` in ``save_dir``, the classes named by ``names`` (a list)."""
+        from utils.plots import plot_confusion_matrix  # its drawing modules only when plotting
+
+        plot_confusion_matrix(self.matrix, Path(save_dir) / "confusion_matrix.png", list(names), normalize)

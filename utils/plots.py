@@ -21,7 +21,7 @@ from utils.drawing import Annotator, colors  # noqa: F401  (YOLOv5's names, for 
 from utils.drawing import draw_box_label
 from utils.drawing import save_one_box as _save_one_box
 from utils.fonts import names_font
-from utils.metrics import APResult, class_names, smooth
+from utils.curves import class_names, smooth
 
 LOGGER = logging.getLogger(__name__)
 
@@ -201,8 +201,8 @@ def plot_val_study(save_dir, sizes) -> Path:
     return _save(fig, Path(save_dir) / "study.png")
 
 
-def plot_ap_curves(result: APResult, save_dir: Path, names=None, prefix: str = "") -> None:
-    """PR_curve.png, F1_curve.png, P_curve.png, R_curve.png for an ``ap_per_class`` result."""
+def plot_ap_curves(result, save_dir: Path, names=None, prefix: str = "") -> None:
+    """PR_curve.png, F1_curve.png, P_curve.png, R_curve.png for an ``ap_per_class`` result (utils.metrics.APResult)."""
     if not len(result.classes):
         return
     save_dir = Path(save_dir)
