@@ -32,7 +32,7 @@ def training_parts(cfg: str, nc: int, imgsz: int):
 
     from models.yolo import DetectionModel
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.ema import ModelEMA
     from utils.trainer.optim import EpochSchedule, build_optimizer, lr_lambda
 
@@ -42,7 +42,7 @@ def training_parts(cfg: str, nc: int, imgsz: int):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     images = torch.rand(2, 3, imgsz, imgsz).contiguous(memory_format=torch.channels_last)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.2, 0.2], [1, 1, 0.3, 0.3, 0.1, 0.2]])
-    loss, _ = ComputeLoss(model, Hyp())(model(images), targets)
+    loss, _ = DetectionLoss(model, Hyp())(model(images), targets)
     loss.backward()
     optimizer.step()
     return model, ModelEMA(model), optimizer, scaler, scheduler

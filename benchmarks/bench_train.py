@@ -82,7 +82,7 @@ class ComputeFloor:
         from utils.config import Hyp
         from utils.data.dataset_yaml import load_data_config
         from utils.data.loader import create_dataloader
-        from utils.loss import ComputeLoss
+        from utils.loss import DetectionLoss
         from utils.trainer.amp import choose_precision, use_channels_last
         from utils.trainer.ema import ModelEMA
         from utils.trainer.loop import TrainStep
@@ -103,7 +103,7 @@ class ComputeFloor:
         self.accumulate = accumulate_steps(config.batch_size)
         optimizer = build_optimizer(model, "SGD", hyp.lr0, hyp.momentum,
                                     scaled_weight_decay(hyp.weight_decay, config.batch_size, self.accumulate))
-        self.step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=config.imgsz),
+        self.step = TrainStep(model, optimizer, DetectionLoss(model, hyp, imgsz=config.imgsz),
                               choose_precision(config.amp, torch.device("cpu"), model), ModelEMA(model), channels_last)
         model.train()
         self.done = 0

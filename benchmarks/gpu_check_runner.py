@@ -237,7 +237,7 @@ def child_training_step(cfg: str, batch: int, imgsz: int = 640, device: str = "c
 
     from models.yolo import DetectionModel
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import choose_precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -246,7 +246,7 @@ def child_training_step(cfg: str, batch: int, imgsz: int = 640, device: str = "c
     device = torch.device(device)
     torch.manual_seed(0)
     model = DetectionModel(str(ROOT / "models" / f"{cfg}.yaml"), nc=3).to(device, memory_format=torch.channels_last)
-    step = TrainStep(model.train(), build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), ComputeLoss(model, Hyp(), imgsz),
+    step = TrainStep(model.train(), build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), DetectionLoss(model, Hyp(), imgsz),
                      choose_precision("auto", device, model), ModelEMA(model), channels_last=True)
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 3, imgsz, imgsz, generator=generator).to(device)

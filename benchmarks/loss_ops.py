@@ -38,7 +38,7 @@ def main() -> None:
 
     from models.yolo import DetectionModel
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
 
     device = torch.device(args.device)
     model = DetectionModel(args.cfg, nc=args.nc).to(device)
@@ -64,7 +64,7 @@ def main() -> None:
     print(f"# {args.root}: {Path(args.cfg).name} head, {args.imgsz} px, batch {args.batch_size}, {n} targets, "
           f"nc {args.nc}, {where}")
     for name, fixed in (("compact", False), ("fixed shapes", True)):
-        loss = ComputeLoss(model, Hyp(), imgsz=args.imgsz, fixed_shapes=fixed)
+        loss = DetectionLoss(model, Hyp(), imgsz=args.imgsz, fixed_shapes=fixed)
         call(loss)  # first call: constants made, kernels loaded
         with OperationCount() as forward:
             total, items = loss(preds, targets)

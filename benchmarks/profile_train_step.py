@@ -151,7 +151,7 @@ def build(args, device):
     from utils.config import Hyp
     from utils.data.dataset_yaml import load_data_config
     from utils.data.loader import create_dataloader
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import choose_precision, use_channels_last
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -184,7 +184,7 @@ def build(args, device):
     ema = ModelEMA(model)
     activations_out_of_place(model)  # as utils.trainer.trainer.build_step: after the EMA's copy
     checks = StepChecks.chosen(device, optimizer)  # as build_step: deferred on CUDA (YOLO_TRAINER_STEP_CHECKS)
-    step = TrainStep(model, optimizer, ComputeLoss(model, hyp, imgsz=args.imgsz, fixed_shapes=checks is not None),
+    step = TrainStep(model, optimizer, DetectionLoss(model, hyp, imgsz=args.imgsz, fixed_shapes=checks is not None),
                      choose_precision(args.amp, device, model), ema, channels_last, checks=checks)
     if args.cuda_graphs or args.cuda_graphs_model:
         from utils.trainer.cuda_graphs import graphed_model

@@ -32,7 +32,7 @@ def build_step(cfg: str, mode: str, capture):
 
     from models.yolo import DetectionModel, activations_out_of_place
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import choose_precision
     from utils.trainer.cuda_graphs import GraphedModel
     from utils.trainer.ema import ModelEMA
@@ -46,7 +46,7 @@ def build_step(cfg: str, mode: str, capture):
     ema = ModelEMA(model)
     activations_out_of_place(model)  # as the trainer's build_step: after the EMA's copy
     precision = choose_precision("off", torch.device("cpu"), model)
-    step = TrainStep(model, optimizer, ComputeLoss(model, Hyp(), imgsz=640, fixed_shapes=True), precision, ema,
+    step = TrainStep(model, optimizer, DetectionLoss(model, Hyp(), imgsz=640, fixed_shapes=True), precision, ema,
                      checks=StepChecks())
     if mode != "eager":
         step.runner = GraphedModel(model, precision, batch_size=None, capture=capture,

@@ -122,7 +122,7 @@ def test_inference_autocast_runs_convolutions_in_the_chosen_dtype(cpu_with, capl
 
 def test_bf16_training_step_gives_finite_loss(cpu_with):
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.loop import TrainStep
 
     cpu_with(AMX)  # the auto choice on an AMX CPU; bf16 itself runs on any CPU, only slower
@@ -130,7 +130,7 @@ def test_bf16_training_step_gives_finite_loss(cpu_with):
     choice = choose_precision("auto", CPU, model)
     assert choice.dtype == torch.bfloat16
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step = TrainStep(model, optimizer, ComputeLoss(model, Hyp(), imgsz=64), choice, ema=None, channels_last=True)
+    step = TrainStep(model, optimizer, DetectionLoss(model, Hyp(), imgsz=64), choice, ema=None, channels_last=True)
     before = copy.deepcopy(model.state_dict())
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.4, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.2]])
@@ -156,11 +156,11 @@ def val_loader(tmp_path_factory):
 def test_bf16_validation_pass_gives_finite_metrics_close_to_fp32(cpu_with, val_loader):
     from models import for_inference
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.validation import validate
 
     model = tiny_model()
-    compute_loss = ComputeLoss(model, Hyp(), imgsz=64)
+    compute_loss = DetectionLoss(model, Hyp(), imgsz=64)
     model = for_inference(model.eval())
     raw_dtypes = []
     model.model[-1].register_forward_hook(lambda module, inputs, output: raw_dtypes.append(output[1][0].dtype))
@@ -193,11 +193,11 @@ def test_amx_permission_request(monkeypatch):
 def test_validation_during_training_runs_in_the_training_precision(tmp_path, val_loader, amp_flag, dtype):
     from models import for_inference
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.stages import validate_epoch
 
     model = tiny_model()
-    compute_loss = ComputeLoss(model, Hyp(), imgsz=64)
+    compute_loss = DetectionLoss(model, Hyp(), imgsz=64)
     choice = choose_precision(amp_flag, CPU, model)
     model = for_inference(model.eval())
     raw_dtypes = []

@@ -203,7 +203,7 @@ def test_inductor_on_cuda_trains_as_eager_within_rounding():
     from tests.test_host_reads import TINY_MODEL_YAML
     import yaml
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import choose_precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -218,7 +218,7 @@ def test_inductor_on_cuda_trains_as_eager_within_rounding():
         model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML)).to(device).train()
         model = model.to(memory_format=torch.channels_last)
         precision = choose_precision("auto", device, model)
-        step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+        step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
                          precision, ModelEMA(model), channels_last=True, checks=StepChecks())
         step.runner = CompiledModel(model, precision, batch_size=2) if compiled else None
         generator = torch.Generator().manual_seed(1)

@@ -77,7 +77,7 @@ def test_scaled_step_then_an_inf_step_skipped_and_a_nan_loss_skipped(device):
     CPU: a step changes the weights; an inf gradient (an fp16 overflow) is skipped by the scaler, which halves its
     scale, and leaves the weights untouched; a NaN loss is skipped before backward; training then goes on."""
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import Precision, choose_precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -92,7 +92,7 @@ def test_scaled_step_then_an_inf_step_skipped_and_a_nan_loss_skipped(device):
         precision = Precision("cpu", torch.bfloat16, None)
     # a small starting scale: the first steps of this test must not overflow by themselves
     precision.scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10)
-    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision,
+    step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64), precision,
                      ModelEMA(model))
     images, targets = tiny_batch(device)
     start = parameters(model)
@@ -123,7 +123,7 @@ def test_an_inf_gradient_without_a_scaler_is_skipped(device, caplog):
     """fp32 (--amp off) and bf16 train without a GradScaler: a non-finite gradient skips the optimizer step and the
     EMA update instead of clipping it into NaN weights; the next finite step trains."""
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import Precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -132,7 +132,7 @@ def test_an_inf_gradient_without_a_scaler_is_skipped(device, caplog):
     device = torch.device(device)
     model = tiny_model().to(device).train()
     precision = Precision(device.type, None, torch.amp.GradScaler(device.type, enabled=False))
-    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision,
+    step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64), precision,
                      ModelEMA(model))
     images, targets = tiny_batch(device)
     start, ema_start = parameters(model), parameters(step.ema.ema)
@@ -157,7 +157,7 @@ def test_steps_skipped_for_nonfinite_gradients_are_counted_and_stop_the_run(devi
     skips in a row stop the run with one line (as a loss that stays NaN does)."""
     from utils.config import Hyp
     from utils.errors import TrainingDiverged
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import Precision
     from utils.trainer.loop import MAX_NONFINITE_IN_ROW, NonFiniteGradientError, TrainStep
     from utils.trainer.optim import build_optimizer
@@ -166,7 +166,7 @@ def test_steps_skipped_for_nonfinite_gradients_are_counted_and_stop_the_run(devi
     model = tiny_model().to(device).train()
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10, enabled=scaled)
     precision = Precision(device.type, torch.float16 if scaled and device.type == "cuda" else None, scaler)
-    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64), precision, None)
+    step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64), precision, None)
     images, targets = tiny_batch(device)
 
     def overflowing_step():
@@ -585,7 +585,7 @@ def test_a_steady_state_step_with_deferred_checks_never_waits_for_the_device(dev
     the device's constants (the scaler's scale, the EMA's count, the loss's grid constants)."""
     from benchmarks.host_reads import HostReads
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import Precision, choose_precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -600,7 +600,7 @@ def test_a_steady_state_step_with_deferred_checks_never_waits_for_the_device(dev
         assert precision.scaler.is_enabled()
     else:
         precision = Precision("cpu", None, torch.amp.GradScaler("cpu", enabled=False))
-    step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+    step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
                      precision, ModelEMA(model), checks=StepChecks())
     images, targets = tiny_batch(device)
 

@@ -173,7 +173,7 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate, with_loss):
     device (``set_sync_debug_mode("error")``)."""
     from tests.test_cuda import tiny_batch, tiny_model
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.amp import choose_precision
     from utils.trainer.ema import ModelEMA
     from utils.trainer.loop import TrainStep
@@ -185,7 +185,7 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate, with_loss):
     for graphs in (False, True):
         model = tiny_model().to(device).train()
         precision = choose_precision("auto", device, model)
-        step = TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
+        step = TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True),
                          precision, ModelEMA(model), checks=StepChecks())
         step.runner = GraphedModel(model, precision, batch_size=2,
                                    compute_loss=step.compute_loss if with_loss else None) if graphs else None
@@ -218,12 +218,12 @@ def test_graphs_train_as_the_eager_step_on_cuda(accumulate, with_loss):
 def deferred_step():
     """tiny_step as CUDA trains: the fixed-shape loss and the deferred step checks (which it goes with)."""
     from utils.config import Hyp
-    from utils.loss import ComputeLoss
+    from utils.loss import DetectionLoss
     from utils.trainer.loop import TrainStep
     from utils.trainer.step_checks import StepChecks
 
     step = tiny_step()
-    return TrainStep(step.model, step.optimizer, ComputeLoss(step.model, Hyp(), imgsz=64, fixed_shapes=True),
+    return TrainStep(step.model, step.optimizer, DetectionLoss(step.model, Hyp(), imgsz=64, fixed_shapes=True),
                      step.precision, step.ema, checks=StepChecks())
 
 

@@ -175,7 +175,7 @@ sys.path.insert(0, {root!r})
 from utils import dist
 from utils.data.dataset_yaml import load_data_config
 from utils.data.loader import create_dataloader
-from utils.loss import ComputeLoss
+from utils.loss import DetectionLoss
 from utils.config import Hyp
 from utils.validation import validate
 from models.yolo import DetectionModel
@@ -192,7 +192,7 @@ with torch.no_grad():  # a model that finds something: nudge the objectness and 
         conv.bias.view(3, -1)[:, 4:] += 4.0
 loader, _ = create_dataloader(config.val, 64, 2, 32, rect=True, pad=0.5, workers=0, names=config.names,
                               rank=info.rank, world_size=info.world_size, shard="batches")
-result = validate(model, loader, config.names, device, conf_thres=0.001, compute_loss=ComputeLoss(model, Hyp()),
+result = validate(model, loader, config.names, device, conf_thres=0.001, compute_loss=DetectionLoss(model, Hyp()),
                   plots=False, distributed=info.distributed, save_json=True,
                   save_dir=f"{out}/json-{{info.world_size}}" if dist.is_main_process() else None)
 if dist.is_main_process():

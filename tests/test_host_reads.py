@@ -12,7 +12,7 @@ import yaml
 from benchmarks.host_reads import HostReads
 from tests.conftest import TINY_MODEL_YAML
 from utils.config import Hyp
-from utils.loss import ComputeLoss
+from utils.loss import DetectionLoss
 from utils.trainer.amp import choose_precision
 from utils.trainer.ema import ModelEMA
 from utils.trainer.loop import REPORT_EVERY, TrainStep, train_one_epoch
@@ -25,7 +25,7 @@ def tiny_step():
 
     torch.manual_seed(0)
     model = DetectionModel(yaml.safe_load(TINY_MODEL_YAML)).train()
-    return TrainStep(model, build_optimizer(model, lr=0.01), ComputeLoss(model, Hyp(), imgsz=64),
+    return TrainStep(model, build_optimizer(model, lr=0.01), DetectionLoss(model, Hyp(), imgsz=64),
                      choose_precision("off", torch.device("cpu"), model), ModelEMA(model))
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from utils.boxes import bbox_iou
 from utils.config import Hyp
-from utils.loss import ComputeLoss, FocalLoss, loss_gains, objectness_target, smooth_bce_targets
+from utils.loss import DetectionLoss, FocalLoss, loss_gains, objectness_target, smooth_bce_targets
 
 LOG2 = math.log(2.0)
 
@@ -47,7 +47,7 @@ ANCHORS = [[[1, 1], [2, 1], [8, 4]], [[1, 1], [4, 4], [0.5, 0.5]]]
 
 
 def test_target_lands_in_centre_and_two_nearest_neighbours():
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
     # Level 0: centre (2.4, 4.4), size (2, 1) grid units. Level 1: centre (1.2, 2.2), size (1, 0.5).
     targets = torch.tensor([[0, 1, 0.3, 0.55, 0.25, 0.125]])
     classes, boxes, indices, anchors = loss.build_targets(make_preds(1, 3, (8, 4), 2), targets)
@@ -64,7 +64,7 @@ def test_target_lands_in_centre_and_two_nearest_neighbours():
 
 
 def test_right_down_neighbours_and_grid_edges():
-    loss = ComputeLoss(FakeModel([[[1, 1]]]), Hyp())
+    loss = DetectionLoss(FakeModel([[[1, 1]]]), Hyp())
     targets = torch.tensor([
         [1, 0, 5.7 / 8, 3.6 / 8, 0.125, 0.125],  # fractions 0.7, 0.6 -> right (gi 6) and down (gj 4)
         [0, 0, 0.4 / 8, 7.6 / 8, 0.125, 0.125],  # x=0.4: frac < 0.5 but x <= 1 -> no left; y=7.6 -> no down (edge)
@@ -78,15 +78,15 @@ def test_anchor_ratio_threshold_is_strict_and_configurable():
     anchors = [[[8, 4]]]
     targets = torch.tensor([[0, 0, 0.3, 0.55, 0.25, 0.125]])  # size (2, 1) on the 8x8 grid: ratio exactly 4
     preds = make_preds(1, 1, (8,), 2)
-    _, _, indices, _ = ComputeLoss(FakeModel(anchors), Hyp()).build_targets(preds, targets)
+    _, _, indices, _ = DetectionLoss(FakeModel(anchors), Hyp()).build_targets(preds, targets)
     assert indices[0][0].numel() == 0
-    _, _, indices, _ = ComputeLoss(FakeModel(anchors), Hyp(anchor_t=4.01)).build_targets(preds, targets)
+    _, _, indices, _ = DetectionLoss(FakeModel(anchors), Hyp(anchor_t=4.01)).build_targets(preds, targets)
     assert indices[0][0].numel() == 3  # centre, left, up
 
 
 def single_cell_case(hyp=None, label_smoothing=0.0):
     """One 4x4 level, one anchor (1, 1), one target exactly mid-cell (1, 1): centre cell only."""
-    loss = ComputeLoss(FakeModel([[[1, 1]]], nc=2), hyp or Hyp(), imgsz=32, label_smoothing=label_smoothing)
+    loss = DetectionLoss(FakeModel([[[1, 1]]], nc=2), hyp or Hyp(), imgsz=32, label_smoothing=label_smoothing)
     targets = torch.tensor([[0, 0, 1.5 / 4, 1.5 / 4, 0.25, 0.25]])
     preds = make_preds(2, 1, (4,), 2)  # image 1 has no targets: loss still scales by batch size 2
     return loss, preds, targets
@@ -147,11 +147,11 @@ def test_objectness_target_is_clamped_iou_and_last_duplicate_wins():
 
 
 def test_single_class_has_no_class_loss_and_empty_targets_only_objectness():
-    loss = ComputeLoss(FakeModel([[[1, 1]]], nc=1), Hyp(), imgsz=32)
+    loss = DetectionLoss(FakeModel([[[1, 1]]], nc=1), Hyp(), imgsz=32)
     preds = [torch.randn(2, 1, 4, 4, 6)]
     _, items = loss(preds, torch.tensor([[0, 0, 0.4, 0.4, 0.25, 0.25]]))
     assert items[0] > 0 and items[2] == 0
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
     preds = [torch.randn(2, 3, 8, 8, 8), torch.randn(2, 3, 4, 4, 8)]
     total, items = loss(preds, torch.zeros(0, 6))
     assert items[0] == 0 and items[2] == 0 and items[1] > 0
@@ -203,13 +203,13 @@ def test_gains_for_three_and_four_levels():
     hyp = Hyp(box=0.05, obj=1.0, cls=0.5)
     assert loss_gains(hyp, 3, 80, 640) == pytest.approx((0.05, 1.0, 0.5))
     assert loss_gains(hyp, 4, 3, 320) == pytest.approx((0.0375, 0.1875, 0.5 * 3 / 80 * 0.75))
-    loss = ComputeLoss(FakeModel([[[1, 1]]] * 4, (8, 16, 32, 64)), hyp)
+    loss = DetectionLoss(FakeModel([[[1, 1]]] * 4, (8, 16, 32, 64)), hyp)
     assert loss.balance == (4.0, 1.0, 0.25, 0.06)
-    assert ComputeLoss(FakeModel(ANCHORS + [[[1, 1]] * 3], (8, 16, 32)), hyp).balance == (4.0, 1.0, 0.4)
+    assert DetectionLoss(FakeModel(ANCHORS + [[[1, 1]] * 3], (8, 16, 32)), hyp).balance == (4.0, 1.0, 0.4)
 
 
 def test_autocast_bf16_predictions_give_float32_loss():
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64)
     torch.manual_seed(0)
     preds = [torch.randn(2, 3, 8, 8, 8), torch.randn(2, 3, 4, 4, 8)]
     targets = torch.tensor([[0, 1, 0.3, 0.55, 0.25, 0.125], [1, 2, 0.7, 0.2, 0.1, 0.3]])
@@ -247,7 +247,7 @@ def test_vectorised_matching_equals_plain_loop_on_random_targets():
                          torch.randint(0, 2, (n, 1), generator=generator).float(),
                          torch.rand(n, 2, generator=generator),
                          torch.rand(n, 2, generator=generator) * 0.5 + 0.01), 1)
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
     _, _, indices, _ = loss.build_targets(make_preds(3, 3, (8, 4), 2), targets)
     for level, grid in enumerate((8, 4)):
         expected = reference_matches(targets, ANCHORS[level], grid, 4.0)
@@ -287,8 +287,8 @@ ANCHORS_3 = ANCHORS + [[[2, 2], [1, 0.5], [0.6, 1.4]]]
 def test_the_fixed_shape_loss_equals_the_compact_one(n, nc, crowded, hyp, smoothing, levels):
     anchors, strides, grids = (ANCHORS, (8, 16), (8, 4)) if levels == 2 else (ANCHORS_3, (8, 16, 32), (8, 4, 2))
     model = FakeModel(anchors, strides, nc=nc)
-    compact = ComputeLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing)
-    fixed = ComputeLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing, fixed_shapes=True)
+    compact = DetectionLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing)
+    fixed = DetectionLoss(model, Hyp(**hyp), imgsz=64, label_smoothing=smoothing, fixed_shapes=True)
     preds, targets = random_case(n, n, nc, crowded=crowded, grids=grids)
     a_total, a_items, a_grads = loss_and_grads(compact, preds, targets)
     b_total, b_items, b_grads = loss_and_grads(fixed, preds, targets)
@@ -300,7 +300,7 @@ def test_the_fixed_shape_loss_equals_the_compact_one(n, nc, crowded, hyp, smooth
 
 
 def test_the_fixed_shape_candidates_keep_build_targets_matches_in_order():
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
     preds, targets = random_case(3, 40, nc=2)
     classes, boxes, indices, anchors = loss.build_targets(preds, targets)
     cls, box, index, anchor, valid = loss.build_candidates(preds, targets)
@@ -316,7 +316,7 @@ def test_the_fixed_shape_candidates_keep_build_targets_matches_in_order():
 def test_the_fixed_shape_objectness_target_is_the_compact_one_to_the_bit():
     from utils.loss import objectness_target_fixed
 
-    loss = ComputeLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
+    loss = DetectionLoss(FakeModel(ANCHORS, (8, 16)), Hyp())
     preds, targets = random_case(5, 30, nc=2, crowded=True)
     _, _, indices, _ = loss.build_targets(preds, targets)
     _, _, (b, a, gj, gi), _, valid = loss.build_candidates(preds, targets)
@@ -335,7 +335,7 @@ def test_the_fixed_shape_loss_shares_counts_over_processes_on_the_device():
     give the compact form's shares (which sums through a returned tensor)."""
     model = FakeModel(ANCHORS, (8, 16), nc=3)
     preds, targets = random_case(7, 30, nc=3, batch=4)
-    other = ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
+    other = DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
     other_counts = torch.cat((other.build_candidates(preds, targets)[-1].sum(-1), torch.tensor([4]))).double()
 
     def in_place(counts):
@@ -345,8 +345,8 @@ def test_the_fixed_shape_loss_shares_counts_over_processes_on_the_device():
     def returned(counts):
         return counts + other_counts
 
-    compact = ComputeLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=returned)
-    fixed = ComputeLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=in_place, fixed_shapes=True)
+    compact = DetectionLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=returned)
+    fixed = DetectionLoss(model, Hyp(), imgsz=64, world_size=2, reduce_counts=in_place, fixed_shapes=True)
     a_total, a_items, _ = loss_and_grads(compact, preds, targets)
     b_total, b_items, _ = loss_and_grads(fixed, preds, targets)
     assert torch.allclose(a_total, b_total, rtol=1e-6) and torch.allclose(a_items, b_items, rtol=1e-5)
@@ -409,7 +409,7 @@ def test_a_new_batch_size_makes_the_fixed_shape_losss_constants_without_a_copy_f
     """--cuda-graphs captures an epoch's smaller last batch with the loss as its first pass (no eager warm-up: its
     memory would sit beside the graphs' pool), and a capture refuses a copy from the host: the constants that depend
     on the batch size are fills on the device; those of the grids are copied once, at the run's first batch."""
-    compute = ComputeLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64, fixed_shapes=True)
+    compute = DetectionLoss(FakeModel(ANCHORS, (8, 16), nc=3), Hyp(), imgsz=64, fixed_shapes=True)
     first, smaller, again = host_copies_to_cuda(compute, (4, 2, 4))
     assert first and not smaller and not again
 
@@ -418,9 +418,9 @@ def test_the_fixed_shape_losss_constants_of_another_batch_size_give_the_same_los
     """The batch-size constants made by fills for a second batch size equal those a new loss makes for it first."""
     model = FakeModel(ANCHORS, (8, 16), nc=3)
     preds, targets = random_case(11, 30, nc=3, batch=2)
-    warmed = ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
+    warmed = DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True)
     loss_and_grads(warmed, *random_case(12, 30, nc=3, batch=4))
     a_total, a_items, a_grads = loss_and_grads(warmed, preds, targets)
-    b_total, b_items, b_grads = loss_and_grads(ComputeLoss(model, Hyp(), imgsz=64, fixed_shapes=True), preds, targets)
+    b_total, b_items, b_grads = loss_and_grads(DetectionLoss(model, Hyp(), imgsz=64, fixed_shapes=True), preds, targets)
     assert torch.equal(a_total, b_total) and torch.equal(a_items, b_items)
     assert all(torch.equal(a, b) for a, b in zip(a_grads, b_grads))

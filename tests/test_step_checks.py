@@ -265,9 +265,9 @@ def test_two_processes_with_deferred_checks_skip_one_processs_nonfinite_loss_tog
         import os, sys
         sys.path.insert(0, {str(ROOT)!r})
         import train
-        from utils.loss import ComputeLoss
+        from utils.loss import DetectionLoss
 
-        original = ComputeLoss.__call__
+        original = DetectionLoss.__call__
         calls = []
 
         def poisoned(self, predictions, targets):
@@ -277,7 +277,7 @@ def test_two_processes_with_deferred_checks_skip_one_processs_nonfinite_loss_tog
                 loss = loss * float("nan")
             return loss, items
 
-        ComputeLoss.__call__ = poisoned
+        DetectionLoss.__call__ = poisoned
         sys.exit(train.main())
     """))
     command = torchrun(str(script), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--imgsz", "64",

@@ -3,7 +3,7 @@
 Only the detection head's attributes are used (``model.model[-1]``: ``.nc``, ``.nl``, ``.na`` and the
 ``.anchors`` buffer of shape (nl, na, 2) in grid units), so any object with that shape works.
 
-Two forms of the same loss (``ComputeLoss(fixed_shapes=...)``):
+Two forms of the same loss (``DetectionLoss(fixed_shapes=...)``):
 - compact (the default; the CPU): the matches are selected with boolean masks, so their number is read by the host;
 - fixed shapes (CUDA with deferred step checks, utils/trainer/step_checks.py): every (cell offset, anchor, target)
   candidate stays in place with a mask, so no shape depends on the data and nothing waits for the device; and all
@@ -12,7 +12,7 @@ Two forms of the same loss (``ComputeLoss(fixed_shapes=...)``):
   for the compact form of a 3-level head (benchmarks/loss_ops.py): on a GPU each is host time. Objectness targets
   are the same to the bit; the means sum the same terms in another order (float rounding differs, ~1e-7 relative).
 
-Matching (``ComputeLoss.build_targets``), per level, fully vectorised over targets and images:
+Matching (``DetectionLoss.build_targets``), per level, fully vectorised over targets and images:
 targets (n, 6) ``[image, class, cx, cy, w, h]`` (normalised) are scaled to the level's grid and
 paired with every anchor; a pair is kept when ``max(r, 1/r) < anchor_t`` for both the width and
 height ratios r of target to anchor. Each kept pair lands in the cell holding its centre and in
@@ -22,7 +22,7 @@ is > 0.5 and x < grid_w - 1 (likewise up/down in y). Predictions decode as
 """
 from __future__ import annotations
 
-import math
+from dataclasses import asdict
 from typing import NamedTuple
 
 import torch
@@ -153,7 +153,7 @@ class LevelConstants(NamedTuple):
     num_cells: int
 
 
-class ComputeLoss:
+class DetectionLoss:
     """``loss, items = compute_loss(preds, targets)``.
 
     ``preds``: list of nl raw head outputs (bs, na, ny, nx, 5 + nc); ``targets``: (n, 6)
@@ -180,6 +180,7 @@ class ComputeLoss:
         self.anchor_t = hyp.anchor_t
         self.box_gain, self.obj_gain, self.cls_gain = loss_gains(hyp, self.num_levels, self.num_classes, imgsz)
         self.balance = level_balance(self.num_levels)
+        self.autobalance, self.ssi = False, 0  # YOLOv5's ComputeLoss(autobalance=True) below
         self.cls_positive, self.cls_negative = smooth_bce_targets(label_smoothing)
         self.device = self.detect.anchors.device
         cls_loss = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.cls_pw]))
@@ -215,7 +216,12 @@ class ComputeLoss:
                     cls_targets = self.class_targets(cls_logits, classes[level])
                     cls_loss = cls_loss + self.cls_loss(cls_logits, cls_targets) * match_share[level]
             tobj = objectness_target(pred.shape[:4], indices[level], iou.detach().clamp(0))
-            obj_loss = obj_loss + self.obj_loss(pred[..., 4], tobj) * (self.balance[level] * batch_share)
+            level_obj = self.obj_loss(pred[..., 4], tobj)
+            obj_loss = obj_loss + level_obj * (self.balance[level] * batch_share)
+            if self.autobalance:  # YOLOv5's: the weight follows the level's loss (a read of it)
+                self.balance[level] = self.balance[level] * 0.9999 + 0.0001 / level_obj.detach().item()
+        if self.autobalance:
+            self.balance = [weight / self.balance[self.ssi] for weight in self.balance]
         return self._total(box_loss, obj_loss, cls_loss, global_batch)
 
     def _matched(self, rows: torch.Tensor, anchors: torch.Tensor, boxes: torch.Tensor):
@@ -406,3 +412,40 @@ class ComputeLoss:
         matches = kept.expand(len(CELL_OFFSETS), *kept.shape)[chosen]
         cell_offsets = offsets[:, None].expand(len(CELL_OFFSETS), kept.shape[0], 2)[chosen]
         return matches, cell_offsets
+
+
+# What YOLOv5's ComputeLoss reads of model.hyp (label_smoothing too, 0 when absent).
+YOLOV5_LOSS_KEYS = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t", "fl_gamma")
+
+
+class ComputeLoss(DetectionLoss):
+    """YOLOv5's ``ComputeLoss(model, autobalance=False)``, for scripts written against YOLOv5 (docs/yolov5-scripts.md);
+    the project trains with DetectionLoss. The hyperparameters are ``model.hyp`` (a dict, or a Hyp), set before as
+    YOLOv5's train.py sets it; the box, obj and cls gains are used as they are there (YOLOv5's train.py scales them
+    for the number of levels and classes and the image size first; DetectionLoss scales them itself from its
+    ``imgsz``), with ``hyp["label_smoothing"]`` (0 when absent). ``autobalance``: YOLOv5's per-level objectness
+    weights that follow each level's loss, relative to the stride-16 level's (each call then reads the levels'
+    losses). Called as YOLOv5's: ``loss, items = compute_loss(preds, targets)``; ``build_targets`` returns YOLOv5's
+    ``tcls, tbox, indices, anch``."""
+
+    def __init__(self, model: nn.Module, autobalance: bool = False):
+        hyp = getattr(_unwrap(model), "hyp", None)
+        if hyp is None:
+            raise ValueError("ComputeLoss(model): model.hyp is not set; set it to the hyperparameters first, as "
+                             "YOLOv5's train.py does (model.hyp = hyp)")
+        values = hyp if isinstance(hyp, dict) else asdict(hyp)
+        missing = [key for key in YOLOV5_LOSS_KEYS if key not in values]
+        if missing:
+            raise ValueError(f"ComputeLoss(model): model.hyp has no {', '.join(missing)}")
+        number = {key: float(values[key]) for key in YOLOV5_LOSS_KEYS}
+        loss_hyp = Hyp(**{key: number[key] for key in ("cls_pw", "obj_pw", "anchor_t", "fl_gamma")})
+        super().__init__(model, loss_hyp, label_smoothing=float(values.get("label_smoothing", 0.0)))
+        self.box_gain, self.obj_gain, self.cls_gain = number["box"], number["obj"], number["cls"]
+        self.hyp, self.autobalance = hyp, bool(autobalance)
+        if self.autobalance:
+            strides = [int(stride) for stride in self.detect.stride]
+            if 16 not in strides:
+                raise ValueError(f"ComputeLoss(autobalance=True) needs a stride-16 level; the model's are {strides}")
+            self.balance, self.ssi = list(self.balance), strides.index(16)
+        self.na, self.nc, self.nl = self.num_anchors, self.num_classes, self.num_levels
+        self.anchors = self.detect.anchors

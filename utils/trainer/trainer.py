@@ -27,7 +27,7 @@ from utils.checkpoint.checks import check_against_run
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
 from utils.errors import UserError
-from utils.loss import ComputeLoss
+from utils.loss import DetectionLoss
 from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
 from utils.trainer.callbacks import Callbacks
@@ -120,7 +120,7 @@ class Trainer:
         self.step, self.scheduler, self.warmup = build_step(self.model, config, hyp, self.data, device, self.info,
                                                             precision)
         self.model = unwrap_model(self.step.model)  # --sync-bn may have replaced its BatchNorm layers
-        self.val_loss = ComputeLoss(self.model, hyp, imgsz=self.data.imgsz, label_smoothing=config.label_smoothing)
+        self.val_loss = DetectionLoss(self.model, hyp, imgsz=self.data.imgsz, label_smoothing=config.label_smoothing)
         self.state = RunState(world_size=self.info.world_size)
         if resume is not None:
             self._restore(resume)
@@ -499,7 +499,7 @@ def build_step(model, config: TrainConfig, hyp: Hyp, data, device, info, precisi
     ema = ModelEMA(model)  # on every process: each validates its share of the val set
     activations_out_of_place(model)  # after the EMA's copy, which only infers and keeps them in place
     checks = StepChecks.chosen(device, optimizer)  # deferred: the loss takes fixed shapes too (nothing read)
-    compute_loss = ComputeLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
+    compute_loss = DetectionLoss(model, hyp, imgsz=data.imgsz, label_smoothing=config.label_smoothing,
                                world_size=info.world_size, fixed_shapes=checks is not None,
                                reduce_counts=_count_reducer(checks is not None) if info.distributed else None)
     train_model = model
