@@ -106,7 +106,8 @@ def measure(partners: str | None, python: str, cell: dict) -> dict | None:
     completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
     if completed.returncode or not lines:
-        print(f"  {trainer} failed (exit {completed.returncode}): {(completed.stderr or completed.stdout)[-600:]}")
+        side = "this project's loader" if partners is not None else "YOLOv5's loader"
+        print(f"  {side} failed (exit {completed.returncode}): {(completed.stderr or completed.stdout)[-600:]}")
         return None
     return json.loads(lines[-1])
 
