@@ -7,7 +7,8 @@ Usage:
     python val.py --weights a.pt b.pt --data data.yaml --task study  # mAP and speed at 256..1536: study.png
 
 From Python, ``val.run(data="data.yaml", weights="best.pt", imgsz=640)`` takes the same flags as keywords and
-returns the metrics (``utils.validation.ValResult``: overall and per class).
+returns the metrics (``utils.validation.ValResult``: overall and per class); ``val.run(data, model=model,
+dataloader=..., compute_loss=...)`` validates a model in memory, as YOLOv5's train.py calls it (``validate_model``).
 
 ``--task train``/``val``/``test`` validate that split; ``speed`` times the val split (conf 0.25, IoU 0.45, square
 batches, no plots) and ``study`` validates it at image sizes 256 to 1536 in steps of 128 (YOLOv5's); both take
@@ -47,6 +48,7 @@ LOGGER = logging.getLogger("val")
 TASKS = ("train", "val", "test", "speed", "study")
 STUDY_SIZES = tuple(range(256, 1536 + 128, 128))  # --task study's image sizes, as YOLOv5's
 ONE_AT_A_TIME = ("speed", "study")  # tasks that take several --weights one model at a time, as YOLOv5's
+IN_MEMORY = ("model", "dataloader", "compute_loss", "save_dir")  # val.run's keywords for a model in memory (YOLOv5's)
 
 
 @dataclass
@@ -79,8 +81,16 @@ def run(*args, **options) -> ValResult:
     plots = options.pop("plots", True)
     if plots is not True and plots is not False:
         raise ArgumentError(f"plots takes True or False, got {plots!r}")
+    in_memory = {key: options.pop(key) for key in IN_MEMORY if key in options}
+    if in_memory.get("model") is None:
+        if any(value is not None for value in in_memory.values()):
+            raise ArgumentError(f"val.run: {', '.join(key for key in in_memory if key != 'model')} go with model=")
+    elif isinstance(options.get("data"), dict):  # YOLOv5's train.py passes check_dataset's dict
+        in_memory["data_dict"] = options.pop("data")
     values = vars(parse_args(keyword_argv(build_parser(), options)))
     with api_call():
+        if in_memory.get("model") is not None:
+            return validate_model(plots=plots, **in_memory, **values)
         return _run_task(values, plots)
 
 
@@ -196,6 +206,55 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
     if task != "study":  # a study says where its files are once, at its end
         LOGGER.info("Results saved to %s", save_dir)
     return result
+
+
+def validate_model(model, dataloader=None, compute_loss=None, save_dir=None, data_dict=None, data=None, batch_size=32,
+                   imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300, task="val", workers=8, single_cls=False,
+                   verbose=False, save_txt=False, save_conf=False, project=ROOT / "runs/val", name="exp",
+                   exist_ok=False, half=False, plots=True, amp="auto", augment=False, save_hybrid=False,
+                   save_json=False, dnn=False, weights=None, device=None) -> ValResult:
+    """YOLOv5's ``val.run(model=...)``, the form its train.py calls: ``model`` a DetectionModel in memory (a training
+    script's ``ema.ema``), validated on its own device; ``dataloader`` one of ``utils.dataloaders.create_dataloader``
+    (YOLOv5's) or None for the ``task`` split of ``data`` (a YAML, or check_dataset's dict as ``data_dict``) at
+    ``imgsz`` in rectangular batches (pad 0.5); ``compute_loss``: the val losses too; ``save_dir``: where the plots
+    and ``--save-txt`` labels go (None: a new run folder when there are any). ``weights`` and ``device`` are not
+    used (the model and its device are), as in YOLOv5's. The model's mode and parameters are left as they were
+    (YOLOv5's casts the model to fp16 with ``half``; here fp16 autocast runs it on CUDA)."""
+    from utils.data.loader import create_dataloader
+    from utils.paths import increment_path
+    from utils.precision import inference_autocast
+
+    refused = [flag for flag, given in (("augment", augment), ("save_hybrid", save_hybrid), ("save_json", save_json),
+                                        ("dnn", dnn)) if given]
+    if refused or task in ONE_AT_A_TIME:
+        what = ", ".join(refused) or f"task={task}"
+        raise ValError(f"val.run(model=...): {what} validate weights files (weights=...), not a model")
+    device = next(model.parameters()).device
+    half = half and device.type == "cuda"
+    if data_dict is not None:
+        names, sources = data_dict["names"], data_dict.get(task)
+        sources = [sources] if isinstance(sources, (str, Path)) else sources
+    elif data is not None:
+        config = _load_data(data, None)
+        names, sources = config.names, config.split(task)
+    else:
+        names, sources = model.names, None
+    names = list(names.values()) if isinstance(names, dict) else list(names)  # YOLOv5's {i: name} or a list
+    names = ["item"] if single_cls and len(names) != 1 else names
+    if dataloader is None:
+        if not sources:
+            raise ValError(f"val.run(model=...): no dataloader, and no '{task}' split in data to build one from")
+        stride = int(max(model.stride))
+        dataloader, _ = create_dataloader(sources, _check_imgsz(imgsz, stride), batch_size, stride, rect=True,
+                                          pad=0.5, workers=workers, single_cls=single_cls, names=names,
+                                          prefix=f"{task}: ")
+    if save_dir is None or str(save_dir) in ("", "."):  # YOLOv5's default, Path(''), would write into the cwd
+        save_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True) if plots or save_txt else None
+    with inference_autocast(device, half, amp, ""):
+        return validate(model, dataloader, names, device, conf_thres=conf_thres, iou_thres=iou_thres,
+                        max_det=max_det, compute_loss=compute_loss, save_dir=save_dir, plots=plots, half=half,
+                        verbose=verbose or len(names) < 50, single_cls=single_cls, save_txt=save_txt,
+                        save_conf=save_conf)
 
 
 def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]:

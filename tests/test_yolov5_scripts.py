@@ -367,7 +367,7 @@ def test_the_project_itself_never_imports_the_yolov5_named_modules():
     from tests.test_import_direction import imports, project_modules
 
     facades = {"utils.general", "utils.augmentations", "utils.torch_utils", "utils.dataloaders", "utils.datasets",
-               "models.multibackend", "models.experimental"}
+               "utils.yolov5_loaders", "models.multibackend", "models.experimental"}
     modules = project_modules()
     users = {name: sorted(imports(path, modules) & facades) for name, path in modules.items() if name not in facades}
     assert {name: found for name, found in users.items() if found} == {"models.common": ["models.multibackend"]}

@@ -2,7 +2,9 @@
 scripts written against YOLOv5 (docs/yolov5-scripts.md). Files are found and read as detect.py reads them
 (utils/sources.py: a file, folder, glob, .txt list, URL, or a list of them; images checked before they are decoded),
 and live sources as detect.py opens them (utils/streams.py: webcams and stream URLs, each read by its own thread,
-reconnected when a read fails; the screen with the optional mss package). Training data is utils/data/.
+reconnected when a read fails; the screen with the optional mss package). YOLOv5's training data names,
+``LoadImagesAndLabels``, ``create_dataloader``, ``seed_worker`` and ``img2label_paths``, are utils/yolov5_loaders.py's
+(the project's own dataset and loader, utils/data/).
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import numpy as np
 from utils import streams as live
 from utils.augmentations import letterbox
 from utils.data.images import IMG_EXTENSIONS, VID_EXTENSIONS
+from utils.data.loader import seed_worker  # noqa: F401  (YOLOv5's names, for training scripts)
+from utils.data.verify import img2label_paths  # noqa: F401
 from utils.sources import Sources
+from utils.yolov5_loaders import LoadImagesAndLabels, create_dataloader  # noqa: F401
 
 LOGGER = logging.getLogger("yolov5")
 

@@ -296,6 +296,21 @@ def one_cycle(y1: float = 0.0, y2: float = 1.0, steps: int = 100):
     return lambda x: ((1 - math.cos(x * math.pi / steps)) / 2) * (y2 - y1) + y1
 
 
+def labels_to_class_weights(labels, nc: int = 80) -> torch.Tensor:
+    """Class weights (1 / each class's box count, absent classes counted once), summing to 1, from a dataset's
+    per-image (n, 5) ``labels``: YOLOv5's --image-weights weights, as a float tensor."""
+    from utils.data.dataset import class_weights
+
+    return torch.from_numpy(class_weights(labels, nc)).float()
+
+
+def labels_to_image_weights(labels, nc: int = 80, class_weights=None) -> np.ndarray:
+    """Each image's weight: the sum of its boxes' ``class_weights`` (None: 1 each)."""
+    class_weights = np.ones(nc) if class_weights is None else class_weights
+    counts = np.array([np.bincount(np.asarray(lb)[:, 0].astype(int), minlength=nc) for lb in labels]).reshape(-1, nc)
+    return (np.asarray(class_weights).reshape(1, nc) * counts).sum(1)
+
+
 def intersect_dicts(da: dict, db: dict, exclude=()) -> dict:
     """The entries of state_dict ``da`` whose key is in ``db`` with the same shape and contains none of
     ``exclude`` (YOLOv5's transfer of pretrained weights)."""

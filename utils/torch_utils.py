@@ -1,16 +1,24 @@
 """YOLOv5's ``utils.torch_utils`` names for scripts written against YOLOv5 (docs/yolov5-scripts.md):
-``select_device``, ``smart_inference_mode``, ``time_sync`` (v5: ``time_synchronized``), ``model_info``, and
-``prune`` / ``sparsity`` from YOLOv5's pruning tutorial. The project itself uses utils/device.py."""
+``select_device``, ``smart_inference_mode``, ``time_sync`` (v5: ``time_synchronized``), ``model_info``, ``prune`` /
+``sparsity`` from YOLOv5's pruning tutorial, and for training loops ``ModelEMA`` (the trainer's own,
+utils/trainer/ema.py), ``smart_optimizer``, ``de_parallel``, ``is_parallel``, ``copy_attr``, ``EarlyStopping`` and
+``torch_distributed_zero_first``. The project itself uses utils/device.py and utils/trainer/."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import time
 
 import torch
+from torch import nn
 
+from utils import dist
 from utils.device import DeviceError
 from utils.device import select_device as _select_device
+from utils.trainer.ema import ModelEMA  # noqa: F401  (YOLOv5's name and signature: decay, tau, updates)
+from utils.trainer.ema import unwrap_model as de_parallel  # noqa: F401  (YOLOv5: the model inside DDP)
+from utils.trainer.optim import parameter_groups
 
 LOGGER = logging.getLogger("yolov5")
 
@@ -74,3 +82,69 @@ def prune(model, amount: float = 0.3) -> None:
             torch_prune.l1_unstructured(module, name="weight", amount=amount)
             torch_prune.remove(module, "weight")
     LOGGER.info(f"Model pruned to {sparsity(model):.3g} global sparsity")
+
+
+def is_parallel(model) -> bool:
+    """Whether ``model`` is wrapped in DataParallel or DistributedDataParallel."""
+    return isinstance(model, (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel))
+
+
+def copy_attr(a, b, include=(), exclude=()) -> None:
+    """Set on ``a`` each public attribute of ``b`` (only those in ``include`` when it is given), but ``exclude``."""
+    for key, value in vars(b).items():
+        if (include and key not in include) or key.startswith("_") or key in exclude:
+            continue
+        setattr(a, key, value)
+
+
+def smart_optimizer(model, name: str = "Adam", lr: float = 0.001, momentum: float = 0.9, decay: float = 1e-5):
+    """YOLOv5's torch.optim optimizer over three parameter groups (utils.trainer.optim.parameter_groups): biases,
+    weights (with weight decay ``decay``), normalisation weights. ``name``: SGD (Nesterov), Adam, AdamW (betas =
+    (momentum, 0.999)) or RMSProp. (train.py's SGD is utils/trainer/sgd.py's, the same update.)"""
+    biases, weights, norm_weights = parameter_groups(model)
+    if name == "SGD":
+        optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+    elif name in ("Adam", "AdamW"):
+        optimizer = getattr(torch.optim, name)(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    elif name == "RMSProp":
+        optimizer = torch.optim.RMSprop(biases, lr=lr, momentum=momentum)
+    else:
+        raise NotImplementedError(f"Optimizer {name} not implemented (SGD, Adam, AdamW or RMSProp)")
+    optimizer.add_param_group({"params": weights, "weight_decay": decay})
+    optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
+    LOGGER.info(f"optimizer: {type(optimizer).__name__}(lr={lr}) with parameter groups {len(norm_weights)} "
+                f"weight(decay=0.0), {len(weights)} weight(decay={decay}), {len(biases)} bias")
+    return optimizer
+
+
+class EarlyStopping:
+    """``stop = stopper(epoch, fitness)`` after each epoch: true once ``patience`` epochs have passed since the best
+    fitness (the latest of equal ones); ``possible_stop``: the next epoch ends the run unless it improves. A
+    ``patience`` of 0 never stops."""
+
+    def __init__(self, patience: int = 30):
+        self.best_fitness, self.best_epoch = 0.0, 0
+        self.patience = patience or float("inf")
+        self.possible_stop = False
+
+    def __call__(self, epoch: int, fitness: float) -> bool:
+        if fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        waited = epoch - self.best_epoch
+        self.possible_stop = waited >= self.patience - 1
+        stop = waited >= self.patience
+        if stop:
+            LOGGER.info(f"Stopping training early as no improvement observed in last {self.patience} epochs. "
+                        f"Best results observed at epoch {self.best_epoch}, best model saved as best.pt.")
+        return stop
+
+
+@contextlib.contextmanager
+def torch_distributed_zero_first(local_rank: int):
+    """Under torchrun, the other processes wait while local rank 0 runs the block (a dataset's first scan), then
+    run it themselves; a single process (rank -1) just runs it."""
+    if local_rank not in (-1, 0):
+        dist.barrier("run the block under torch_distributed_zero_first")
+    yield
+    if local_rank == 0:
+        dist.barrier("run the block under torch_distributed_zero_first")

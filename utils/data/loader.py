@@ -185,8 +185,9 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
                       image_weights=False, pad=0.0, prefix="", shuffle=False, seed=0, rank=-1, world_size=1,
                       single_cls=False, names=None, labels=None, processes_per_node=None, shard="samples",
                       cpus_busy=False, multiprocessing_context=None, mosaic_partners="dataset", augment_device=False,
-                      decode_device=False):
-    """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan).
+                      decode_device=False, dataset=None):
+    """Build ``(loader, dataset)``. ``labels``: an already scanned SplitLabels (skips the scan); ``dataset``: an
+    already built YoloDataset (then ``sources``, ``labels`` and the dataset's own arguments are not read).
     ``processes_per_node``: training processes sharing this node's CPUs and memory (default world_size).
     ``shard``: how ``world_size`` ranks split the data: "samples" (training: the (seed, epoch) order dealt
     out like DistributedSampler) or "batches" (validation: whole unshuffled batches, see BatchShardSampler).
@@ -214,10 +215,11 @@ def create_dataloader(sources, imgsz, batch_size, stride, hyp=None, augment=Fals
     nc = len(names) if names is not None else None
     plans = augment_device and augment
     dataset_class, extra = (PlanDataset, {"decode_device": decode_device}) if plans else (YoloDataset, {})
-    dataset = dataset_class(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
-                            augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
-                            single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
-                            mosaic_partners=mosaic_partners, **extra)
+    if dataset is None:
+        dataset = dataset_class(labels if labels is not None else sources, imgsz=imgsz, batch_size=batch_size,
+                                augment=augment, hyp=hyp, rect=rect, image_weights=image_weights,
+                                single_cls=single_cls, stride=stride, pad=pad, prefix=prefix, seed=seed, nc=nc,
+                                mosaic_partners=mosaic_partners, **extra)
     batch_size = min(batch_size, len(dataset))
     processes_per_node = processes_per_node or world_size
     num_workers = worker_count(workers, batch_size, processes_per_node)

@@ -225,7 +225,7 @@ def _check_row(number: int, values: list[float], nc: int, single_cls: bool) -> N
         raise Problem("non-integer class id", f"class id {cls:g} is not an integer (line {number})")
     if cls < 0:
         raise Problem("negative class id", f"negative class id {int(cls)} (line {number})")
-    if cls >= nc and not single_cls:
+    if nc is not None and cls >= nc and not single_cls:
         raise Problem("class out of range", f"class {int(cls)} out of range (data has {nc} classes) on line {number}")
     coords = values[1:]
     if len(values) != 5:  # a polygon: its box's centre and size are checked, as YOLOv5 checks them, so that points
@@ -265,7 +265,7 @@ def clean_boxes(text: str, nc: int, single_cls: bool) -> np.ndarray | None:
         return None
     cls, coords = values[:, 0], values[:, 1:]
     if not (np.isfinite(values).all() and (cls == np.trunc(cls)).all() and (cls >= 0).all()
-            and (single_cls or (cls < nc).all()) and coords.max() <= 1 + EPS and coords.min() >= -EPS):
+            and (single_cls or nc is None or (cls < nc).all()) and coords.max() <= 1 + EPS and coords.min() >= -EPS):
         return None
     if len({tuple(row) for row in values.tolist()}) != len(values):
         return None  # duplicates: the row-by-row parser removes them with a note
@@ -458,9 +458,10 @@ def display_sources(sources: list[str]) -> str:
     return ", ".join(shown)
 
 
-def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int | None = None,
+def verify_split(sources, nc: int | None, prefix: str = "", cache_dir=None, workers: int | None = None,
                  single_cls: bool = False, use_cache: bool = True) -> SplitLabels:
-    """Scan and verify a split (cached) without judging whether it is usable; logs warnings + summary."""
+    """Scan and verify a split (cached) without judging whether it is usable; logs warnings + summary. ``nc`` None
+    takes any class id, as YOLOv5's dataset does, which leaves the range to its caller (utils.dataloaders)."""
     sources = as_list(sources)
     im_files, ignored = collect_image_files(sources)
     if not im_files:
@@ -485,7 +486,7 @@ def verify_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: in
     return result
 
 
-def scan_split(sources, nc: int, prefix: str = "", cache_dir=None, workers: int | None = None,
+def scan_split(sources, nc: int | None, prefix: str = "", cache_dir=None, workers: int | None = None,
                single_cls: bool = False, use_cache: bool = True) -> SplitLabels:
     """``verify_split`` that raises ``DatasetError`` when the split has no label files or no usable image."""
     result = verify_split(sources, nc, prefix, cache_dir, workers, single_cls, use_cache)
