@@ -57,7 +57,7 @@ class LoadImagesAndLabels(YoloDataset):
     pad))`` for a letterboxed image and None for a mosaic. ``labels`` (per image (n, 5) ``[class, cx, cy, w, h]``),
     ``shapes`` ((N, 2) width, height), ``im_files``, ``label_files``, ``n``, ``batch_shapes`` and ``batch`` (with
     ``rect``) as YOLOv5's. Class ids are not checked against a number of classes (YOLOv5's train.py checks them
-    after); everything else about the files is, as in training (docs/datasets.md). ``seed`` is this project's: the
+    after); everything else about the files is, as in training (utils/data/verify.py). ``seed`` is this project's: the
     augmentation's (module docstring)."""
 
     def __init__(self, path, img_size=640, batch_size=16, augment=False, hyp=None, rect=False, image_weights=False,
