@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     from models.yolo import DetectionModel
-    from utils.autoanchor import anchor_pixels, check_anchors, format_anchors, kmean_anchors, label_wh
+    from utils.autoanchor import anchor_pixels, adapt_anchors, format_anchors, evolve_anchors, label_wh
 
     if args.synthetic_elongated:
         labels, shapes, nc, description = elongated_labels(args.boxes, args.seed)
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     print(f"{description}, imgsz {args.imgsz}, anchor_t {args.thr:g}, {Path(args.cfg).name}")
     print("before: " + format_anchors(model))
     current = anchor_pixels(model).reshape(-1, 2)
-    report = check_anchors(model, labels, shapes, args.imgsz, args.thr, args.seed, args.generations,
+    report = adapt_anchors(model, labels, shapes, args.imgsz, args.thr, args.seed, args.generations,
                            args.time_limit, progress=False)
     before = "n/a" if report.bpr_before is None else f"{report.bpr_before:.4f}"
     print(f"{report.boxes} boxes; BPR before {before}, after {report.bpr_after:.4f}; anchors/target before "
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     if args.search:
         wh = label_wh(labels, shapes, args.imgsz, np.random.default_rng([args.seed, 1]))
         start = time.perf_counter()
-        found = kmean_anchors(wh, len(current), args.imgsz, args.thr, args.generations, args.seed,
+        found = evolve_anchors(wh, len(current), args.imgsz, args.thr, args.generations, args.seed,
                               args.time_limit, progress=False)
         seconds = time.perf_counter() - start
         print(fit_line("current anchors", current, wh, args.thr))

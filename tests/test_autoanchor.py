@@ -12,8 +12,8 @@ import yaml
 from models import build_model
 from models.yolo import DetectionModel
 from tests.conftest import TINY_MODEL_YAML
-from utils.autoanchor import (AnchorError, anchor_fit, anchor_fitness, anchor_pixels, anchor_ratios, check_anchors,
-                              format_anchors, kmean_anchors, label_wh, set_anchors, write_anchors_yaml)
+from utils.autoanchor import (AnchorError, anchor_fit, anchor_fitness, anchor_pixels, anchor_ratios, adapt_anchors,
+                              format_anchors, evolve_anchors, label_wh, set_anchors, write_anchors_yaml)
 from utils.checkpoint import model_state
 from utils.errors import UserError
 
@@ -78,8 +78,8 @@ def test_search_improves_elongated_boxes_and_never_loses_fitness():
     default = np.array(tiny_config()["anchors"], dtype=float).reshape(-1, 2)
     bpr_default, _ = anchor_fit(default, wh, 4.0)
     assert bpr_default < 0.9  # 10:1 bars do not fit the COCO anchors
-    start = kmean_anchors(wh, 9, 320, 4.0, generations=0, seed=1, progress=False)
-    refined = kmean_anchors(wh, 9, 320, 4.0, generations=GENERATIONS, seed=1, progress=False)
+    start = evolve_anchors(wh, 9, 320, 4.0, generations=0, seed=1, progress=False)
+    refined = evolve_anchors(wh, 9, 320, 4.0, generations=GENERATIONS, seed=1, progress=False)
     assert refined.shape == (9, 2) and np.all(refined >= 2.0)
     assert np.all(np.diff(refined.prod(1)) >= 0)  # sorted by area
     assert anchor_fitness(refined, wh, 4.0) >= anchor_fitness(start, wh, 4.0)
@@ -88,10 +88,10 @@ def test_search_improves_elongated_boxes_and_never_loses_fitness():
 
 def test_fewer_distinct_boxes_than_anchors():
     wh = np.array([[30.0, 60.0]] * 50 + [[200.0, 20.0]] * 50)
-    anchors = kmean_anchors(wh, 9, 320, 4.0, generations=50, seed=0, progress=False)
+    anchors = evolve_anchors(wh, 9, 320, 4.0, generations=50, seed=0, progress=False)
     assert anchors.shape == (9, 2) and np.all(np.isfinite(anchors)) and np.all(anchors >= 2.0)
     assert anchor_fit(anchors, wh, 4.0)[0] == 1.0
-    single = kmean_anchors(np.array([[12.0, 7.0]]), 9, 320, 4.0, generations=10, seed=0, progress=False)
+    single = evolve_anchors(np.array([[12.0, 7.0]]), 9, 320, 4.0, generations=10, seed=0, progress=False)
     assert single.shape == (9, 2) and anchor_fit(single, np.array([[12.0, 7.0]]), 4.0)[0] == 1.0
 
 
@@ -100,21 +100,21 @@ def test_kmeans_returning_fewer_centroids_or_failing_is_filled(monkeypatch):
 
     wh = np.random.default_rng(0).uniform(5, 100, (200, 2))
     monkeypatch.setattr(scipy.cluster.vq, "kmeans", lambda obs, k, **kwargs: (obs[:4].copy(), 0.0))
-    anchors = kmean_anchors(wh, 9, 320, 4.0, generations=0, seed=0, progress=False)
+    anchors = evolve_anchors(wh, 9, 320, 4.0, generations=0, seed=0, progress=False)
     assert anchors.shape == (9, 2) and len(np.unique(anchors, axis=0)) == 9  # copies are jittered apart
 
     def failing(obs, k, **kwargs):
         raise ValueError("k-means failed")
 
     monkeypatch.setattr(scipy.cluster.vq, "kmeans", failing)
-    anchors = kmean_anchors(wh, 9, 320, 4.0, generations=0, seed=0, progress=False)
+    anchors = evolve_anchors(wh, 9, 320, 4.0, generations=0, seed=0, progress=False)
     assert anchors.shape == (9, 2) and np.all(anchors >= 2.0) and np.all(anchors <= 320)
 
 
 def test_tiny_boxes_are_left_out_of_kmeans_and_reported(caplog):
     wh = np.array([[1.0, 1.5]] * 20 + [[50.0, 40.0]] * 20 + [[2.5, 30.0]] * 20)
     with caplog.at_level(logging.WARNING, logger="utils.autoanchor"):
-        anchors = kmean_anchors(wh, 2, 320, 4.0, generations=0, seed=0, progress=False)
+        anchors = evolve_anchors(wh, 2, 320, 4.0, generations=0, seed=0, progress=False)
     assert "40 of 60 boxes are smaller than 3 pixels" in caplog.text
     assert np.all(anchors >= 2.0)  # the 1 x 1.5 boxes did not pull a centroid under the floor
 
@@ -122,14 +122,14 @@ def test_tiny_boxes_are_left_out_of_kmeans_and_reported(caplog):
 def test_time_limit_stops_the_search(caplog):
     wh = np.random.default_rng(0).uniform(5, 100, (100, 2))
     with caplog.at_level(logging.WARNING, logger="utils.autoanchor"):
-        kmean_anchors(wh, 9, 320, 4.0, generations=10 ** 6, seed=0, time_limit=0.0, progress=False)
+        evolve_anchors(wh, 9, 320, 4.0, generations=10 ** 6, seed=0, time_limit=0.0, progress=False)
     assert "stopped after 1 of 1000000 generations" in caplog.text
 
 
 # ----------------------------------------------------------------------------- the model
 def test_check_anchors_adopts_better_anchors_in_pixel_level_order(model):
     labels, shapes = elongated_dataset()
-    report = check_anchors(model, labels, shapes, 320, generations=GENERATIONS, progress=False)
+    report = adapt_anchors(model, labels, shapes, 320, generations=GENERATIONS, progress=False)
     assert report.adopted and report.boxes == 300
     assert report.bpr_before < 0.9 <= 0.98 <= report.bpr_after
     assert report.anchors_per_target_after > report.anchors_per_target_before
@@ -163,7 +163,7 @@ def test_levels_follow_stride_not_the_head_order():
 
 def test_adopted_anchors_survive_a_checkpoint(model):
     labels, shapes = elongated_dataset()
-    check_anchors(model, labels, shapes, 320, generations=50, progress=False)
+    adapt_anchors(model, labels, shapes, 320, generations=50, progress=False)
     entry = model_state(model)
     rebuilt = build_model(entry)
     assert torch.equal(rebuilt.model[-1].anchors, model.model[-1].anchors)
@@ -175,7 +175,7 @@ def test_placeholder_count_gets_real_anchors():
     model = DetectionModel(tiny_config(anchors=3))
     assert model.anchors_placeholder
     labels, shapes = elongated_dataset(count=100)
-    report = check_anchors(model, labels, shapes, 320, generations=50, progress=False)
+    report = adapt_anchors(model, labels, shapes, 320, generations=50, progress=False)
     assert report.adopted and report.bpr_before is None and report.bpr_after >= 0.98
     assert not model.anchors_placeholder
     assert [len(level) for level in model.yaml["anchors"]] == [6, 6, 6]
@@ -189,8 +189,8 @@ def test_worse_search_result_is_not_adopted(model, monkeypatch):
 
     labels, shapes = elongated_dataset()
     before = model.model[-1].anchors.clone()
-    monkeypatch.setattr(autoanchor, "kmean_anchors", lambda wh, n, *args, **kwargs: np.full((n, 2), 2.0))
-    report = check_anchors(model, labels, shapes, 320, progress=False)
+    monkeypatch.setattr(autoanchor, "evolve_anchors", lambda wh, n, *args, **kwargs: np.full((n, 2), 2.0))
+    report = adapt_anchors(model, labels, shapes, 320, progress=False)
     assert not report.adopted and report.bpr_after == report.bpr_before
     assert torch.equal(model.model[-1].anchors, before)
     assert model.yaml["anchors"] == tiny_config()["anchors"]
@@ -203,15 +203,15 @@ def square_and_hopeless(square: int, hopeless: int):
 
 
 def test_anchors_of_the_same_recall_are_not_adopted_even_if_fitter(model, monkeypatch):
-    """As YOLOv5's check_anchors: new anchors replace the model's only when their best possible recall is higher."""
+    """As YOLOv5's adapt_anchors: new anchors replace the model's only when their best possible recall is higher."""
     import utils.autoanchor as autoanchor
 
     labels, shapes = square_and_hopeless(90, 10)
     before = model.model[-1].anchors.clone()
-    monkeypatch.setattr(autoanchor, "kmean_anchors", lambda wh, n, *args, **kwargs: np.full((n, 2), 10.0))
+    monkeypatch.setattr(autoanchor, "evolve_anchors", lambda wh, n, *args, **kwargs: np.full((n, 2), 10.0))
     wh = label_wh(labels, shapes, 320)
     assert anchor_fitness(np.full((9, 2), 10.0), wh, 4.0) > anchor_fitness(anchor_pixels(model).reshape(-1, 2), wh, 4.0)
-    report = check_anchors(model, labels, shapes, 320, progress=False)
+    report = adapt_anchors(model, labels, shapes, 320, progress=False)
     assert report.bpr_before == pytest.approx(0.9) and not report.adopted
     assert torch.equal(model.model[-1].anchors, before)
 
@@ -227,8 +227,8 @@ def test_a_recall_of_exactly_098_searches_and_k_means_fits_the_exact_sizes(model
         fitted.append(np.array(wh))
         return anchor_pixels(model).reshape(-1, 2)
 
-    monkeypatch.setattr(autoanchor, "kmean_anchors", record)
-    report = check_anchors(model, labels, shapes, 320, progress=False)
+    monkeypatch.setattr(autoanchor, "evolve_anchors", record)
+    report = adapt_anchors(model, labels, shapes, 320, progress=False)
     assert report.bpr_before == pytest.approx(0.98) and len(fitted) == 1
     np.testing.assert_array_equal(fitted[0], label_wh(labels, shapes, 320))
 
@@ -239,9 +239,9 @@ def test_good_anchors_are_kept_without_search(model, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("k-means ran although the anchors fit")
 
-    monkeypatch.setattr(autoanchor, "kmean_anchors", must_not_run)
+    monkeypatch.setattr(autoanchor, "evolve_anchors", must_not_run)
     boxes = np.array([[0, 0.5, 0.5, 30 / 320, 60 / 320], [0, 0.5, 0.5, 100 / 320, 80 / 320]])
-    report = check_anchors(model, [boxes], [[640, 640]], 320, progress=False)
+    report = adapt_anchors(model, [boxes], [[640, 640]], 320, progress=False)
     assert not report.adopted and report.bpr_before == report.bpr_after == 1.0
     assert "good fit" in report.message
 
@@ -249,20 +249,20 @@ def test_good_anchors_are_kept_without_search(model, monkeypatch):
 def test_seeded_runs_are_reproducible(built):
     labels, shapes = elongated_dataset()
     first, second = copy.deepcopy(built), copy.deepcopy(built)
-    one = check_anchors(first, labels, shapes, 320, seed=5, generations=100, progress=False)
-    two = check_anchors(second, labels, shapes, 320, seed=5, generations=100, progress=False)
+    one = adapt_anchors(first, labels, shapes, 320, seed=5, generations=100, progress=False)
+    two = adapt_anchors(second, labels, shapes, 320, seed=5, generations=100, progress=False)
     assert one.anchors == two.anchors and torch.equal(first.model[-1].anchors, second.model[-1].anchors)
 
 
 def test_no_boxes(model):
     labels, shapes = [np.zeros((0, 5)), np.zeros((0, 5))], [[640, 480], [320, 320]]
     before = model.model[-1].anchors.clone()
-    report = check_anchors(model, labels, shapes, 320, progress=False)
+    report = adapt_anchors(model, labels, shapes, 320, progress=False)
     assert report.boxes == 0 and not report.adopted and "no boxes" in report.message
     assert torch.equal(model.model[-1].anchors, before)
     placeholder = DetectionModel(tiny_config(anchors=3))
     with pytest.raises(AnchorError) as error:
-        check_anchors(placeholder, labels, shapes, 320, progress=False)
+        adapt_anchors(placeholder, labels, shapes, 320, progress=False)
     assert isinstance(error.value, UserError) and "\n" not in str(error.value)
 
 

@@ -311,3 +311,29 @@ def test_val_run_validates_a_model_in_memory_as_yolov5s_train_py_calls_it(int8_t
         val.run(data_dict, model=model, dataloader=loader, augment=True, plots=False)
     with pytest.raises(UserError, match="go with model="):
         val.run(data_dict["yaml_file"], dataloader=loader)
+
+
+def test_autoanchor_under_yolov5s_names(data):
+    """``check_anchors(dataset, model, thr, imgsz)`` adopts what the trainer's adapt_anchors adopts for the same
+    boxes; ``kmean_anchors`` takes a data YAML or a dataset and gives n pixel anchors by area."""
+    import copy
+
+    from utils.autoanchor import adapt_anchors, anchor_pixels, check_anchors, kmean_anchors
+    from utils.dataloaders import LoadImagesAndLabels
+
+    source, _ = data
+    dataset = LoadImagesAndLabels(str(source), img_size=IMGSZ)
+    model, _ = yolov5_model()
+    with torch.no_grad():
+        model.model[-1].anchors *= 40  # far too large for these boxes: new ones are searched for
+    twin = copy.deepcopy(model)
+    report = check_anchors(dataset, model=model, thr=4.0, imgsz=IMGSZ)
+    expected = adapt_anchors(twin, dataset.labels, dataset.shapes, IMGSZ, thr=4.0)
+    assert report.adopted and expected.adopted and report.bpr_after > report.bpr_before
+    np.testing.assert_array_equal(anchor_pixels(model), anchor_pixels(twin))
+
+    from_yaml = kmean_anchors(str(source.parents[1] / "data.yaml"), n=6, img_size=IMGSZ, gen=30, verbose=False)
+    from_dataset = kmean_anchors(dataset, n=6, img_size=IMGSZ, gen=30, verbose=False)
+    areas = from_yaml.prod(1)
+    assert from_yaml.shape == (6, 2) and (np.diff(areas) >= 0).all()
+    np.testing.assert_array_equal(from_yaml, from_dataset)

@@ -59,7 +59,7 @@ class AnchorError(UserError):
 
 @dataclass
 class AnchorReport:
-    """What ``check_anchors`` found and did. ``*_before`` are None when the YAML gave only a count."""
+    """What ``adapt_anchors`` found and did. ``*_before`` are None when the YAML gave only a count."""
     boxes: int
     bpr_before: float | None
     bpr_after: float | None
@@ -130,7 +130,7 @@ def sort_by_area(anchors) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- k-means + genetic search
-def kmean_anchors(wh, n: int = 9, imgsz: int = 640, thr: float = 4.0, generations: int = 1000, seed: int = 0,
+def evolve_anchors(wh, n: int = 9, imgsz: int = 640, thr: float = 4.0, generations: int = 1000, seed: int = 0,
                   time_limit: float = DEFAULT_TIME_LIMIT, progress: bool = True) -> np.ndarray:
     """(n, 2) pixel anchors for pixel boxes ``wh``, sorted by area: k-means, then a genetic hill climb.
 
@@ -256,7 +256,7 @@ def set_anchors(model, anchors_px) -> None:
     model.anchors_placeholder = False
 
 
-def check_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int = 0, generations: int = 1000,
+def adapt_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int = 0, generations: int = 1000,
                   time_limit: float = DEFAULT_TIME_LIMIT, progress: bool = True) -> AnchorReport:
     """Check the model's anchors against the training boxes at ``imgsz``; fit and adopt new ones when the
     best possible recall is not above 0.98 or the YAML gave a count, and theirs is higher. Updates the model in
@@ -279,7 +279,7 @@ def check_anchors(model, labels, shapes, imgsz: int, thr: float = 4.0, seed: int
     LOGGER.info(f"{PREFIX}{'the model YAML gives an anchor count' if before is None else _fit_text(before)}; "
                 f"fitting {len(current)} anchors to {len(wh)} boxes (k-means + {generations} generations)")
     exact = label_wh(labels, shapes, imgsz)  # k-means and the climb fit the exact sizes; BPR judges on the jittered
-    found = np.round(kmean_anchors(exact, len(current), imgsz, thr, generations, seed, time_limit, progress),
+    found = np.round(evolve_anchors(exact, len(current), imgsz, thr, generations, seed, time_limit, progress),
                      DECIMALS)
     found = np.clip(found, MIN_SIDE, None)
     after = anchor_fit(found, wh, thr)
@@ -332,3 +332,30 @@ def write_anchors_yaml(model, path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(content, default_flow_style=None, sort_keys=False), encoding="utf-8")
     return path
+
+
+# YOLOv5's names, for training scripts written against it (docs/yolov5-scripts.md); the trainer calls adapt_anchors.
+
+def check_anchors(dataset, model, thr: float = 4.0, imgsz: int = 640) -> AnchorReport:
+    """YOLOv5's ``check_anchors(dataset, model, thr, imgsz)``: ``adapt_anchors`` on the boxes of ``dataset`` (its
+    ``labels`` and ``shapes``: utils.dataloaders.LoadImagesAndLabels, or the project's dataset)."""
+    return adapt_anchors(model, dataset.labels, dataset.shapes, imgsz, thr=thr)
+
+
+def kmean_anchors(dataset="./data/coco128.yaml", n: int = 9, img_size: int = 640, thr: float = 4.0, gen: int = 1000,
+                  verbose: bool = True) -> np.ndarray:
+    """YOLOv5's ``kmean_anchors``: ``n`` anchors in pixels, sorted by area, for the boxes of ``dataset`` at
+    ``img_size`` (a dataset YAML, whose train split is scanned and checked as train.py checks it, or a dataset with
+    ``labels`` and ``shapes``): ``evolve_anchors`` over ``gen`` generations; ``verbose`` shows its progress bar."""
+    if isinstance(dataset, (str, Path)):
+        from utils.data.dataset_yaml import load_data_config
+        from utils.data.verify import scan_split
+
+        config = load_data_config(dataset)
+        dataset = scan_split(config.split("train"), config.nc, prefix="train: ")
+    wh = label_wh(dataset.labels, dataset.shapes, img_size)
+    anchors = evolve_anchors(wh, n, img_size, thr, generations=gen, progress=verbose)
+    bpr, per_target = anchor_fit(anchors, wh, thr)
+    LOGGER.info(f"{PREFIX}thr={thr:.2f}: {bpr:.4f} best possible recall, {per_target:.2f} anchors past thr; "
+                f"n={n}, img_size={img_size}: {', '.join(f'{w:.0f},{h:.0f}' for w, h in anchors)}")
+    return anchors

@@ -122,7 +122,7 @@ def build_data(config: TrainConfig, hyp: Hyp, data_cfg: DataConfig, names: list[
 def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
     """AutoAnchor before a new run (utils.autoanchor): computed once, on the main process, and sent to every
     process. A YAML that gives an anchor count needs it; --noautoanchor keeps the model's anchors."""
-    from utils.autoanchor import anchor_pixels, check_anchors, set_anchors
+    from utils.autoanchor import anchor_pixels, adapt_anchors, set_anchors
 
     placeholder = getattr(model, "anchors_placeholder", False)
     if config.noautoanchor:
@@ -132,7 +132,7 @@ def fit_anchors(model, config: TrainConfig, hyp: Hyp, data: RunData) -> None:
         return
     anchors = None
     if dist.is_main_process():
-        check_anchors(model, data.image_labels, data.image_shapes, data.imgsz, thr=hyp.anchor_t, seed=config.seed)
+        adapt_anchors(model, data.image_labels, data.image_shapes, data.imgsz, thr=hyp.anchor_t, seed=config.seed)
         anchors = anchor_pixels(model).reshape(-1, 2)
     anchors = dist.broadcast_object(anchors, phase="run AutoAnchor")
     if not dist.is_main_process():
