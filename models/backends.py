@@ -275,15 +275,16 @@ class OpenVinoBackend(Backend):
 
     def __init__(self, path, device="cpu"):
         xml = openvino_xml(path)
-        _check_ir_header(xml)
+        ir, weights = _read_ir(xml)
         ov = import_openvino(f"running {xml.name}")
         source = xml.with_suffix(".yaml")  # YOLOv5's layout: <stem>.yaml beside <stem>.xml
         values = read_metadata_yaml(source, xml)
         core = ov.Core()
-        try:
-            model = core.read_model(str(xml))  # and <stem>.bin beside it
+        try:  # the bytes checked, not the path again: a file swapped in meanwhile is never the one run
+            model = core.read_model(ir, weights)
         except Exception as error:  # openvino raises RuntimeError and its own types for unreadable IR
             raise BackendError(f"{xml}: not a readable OpenVINO model ({openvino_reason(error)})") from None
+        del ir, weights
         if len(model.inputs) != 1 or len(model.outputs) < 1:
             raise BackendError(f"{xml}: expected one input (images) and an output, found {len(model.inputs)} "
                                f"inputs and {len(model.outputs)} outputs")
@@ -309,16 +310,24 @@ class OpenVinoBackend(Backend):
         return torch.from_numpy(output.copy()).to(images.device).float()
 
 
-def _check_ir_header(xml: Path) -> None:
-    """An IR starts with an XML declaration or ``<net``; anything else would make openvino try every other
-    frontend it has on the file (TensorFlow's prints its parse errors to stderr)."""
+def _read_ir(xml: Path) -> tuple[bytes, bytes]:
+    """The bytes of an IR's ``.xml`` and of the ``.bin`` beside it, each read once. The ``.xml`` must start with an
+    XML declaration or ``<net``: anything else would make openvino try every other frontend it has on it
+    (TensorFlow's prints its parse errors to stderr)."""
+    weights = xml.with_suffix(".bin")
     try:
-        with open(xml, "rb") as file:
-            head = file.read(512).lstrip(b"\xef\xbb\xbf \t\r\n")
+        ir = xml.read_bytes()
     except OSError as error:
         raise BackendError(f"{xml}: cannot read it ({error.strerror or error})") from None
-    if not head.startswith((b"<?xml", b"<net")):
+    if not ir[:512].lstrip(b"\xef\xbb\xbf \t\r\n").startswith((b"<?xml", b"<net")):
         raise BackendError(f"{xml}: not a readable OpenVINO model (not an OpenVINO IR .xml file)")
+    try:
+        return ir, weights.read_bytes()
+    except FileNotFoundError:
+        raise BackendError(f"{xml}: its weights file {weights.name} is missing (an OpenVINO IR is a .xml and a .bin "
+                           "beside it)") from None
+    except OSError as error:
+        raise BackendError(f"{weights}: cannot read it ({error.strerror or error})") from None
 
 
 def openvino_reason(error: Exception) -> str:

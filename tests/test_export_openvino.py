@@ -218,6 +218,37 @@ def test_broken_folders_and_files_are_one_line_errors(static_folder, tmp_path):
         load_backend(tmp_path / "missing_openvino_model")
 
 
+def test_the_ir_checked_is_the_ir_run_and_a_missing_bin_is_one_line(static_folder, eager, tmp_path, monkeypatch):
+    """The .xml and .bin are read once: files swapped in right after the read are never the ones run (the path was
+    given to openvino again before). A .bin that is not there is said in one line."""
+    from models import backends
+
+    folder = tmp_path / "swapped_openvino_model"
+    shutil.copytree(static_folder, folder)
+    for name in ("best.xml", "best.bin", "best.yaml"):
+        (folder / name).rename(folder / name.replace("best", "swapped"))
+    read = backends._read_ir
+
+    def read_then_swap(xml):
+        ir, weights = read(xml)
+        xml.write_text("not a model\n" * 50)
+        xml.with_suffix(".bin").write_bytes(b"\0" * 16)
+        return ir, weights
+
+    monkeypatch.setattr(backends, "_read_ir", read_then_swap)
+    images = torch.rand(2, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(2))
+    boxes, scores = max_differences(load_backend(folder)(images)[0], eager_output(eager, images))
+    assert boxes <= 1e-3 * IMGSZ and scores <= 1e-3
+    monkeypatch.setattr(backends, "_read_ir", read)
+    no_bin = tmp_path / "no_bin_openvino_model"
+    shutil.copytree(static_folder, no_bin)
+    for name in ("best.xml", "best.yaml"):
+        (no_bin / name).rename(no_bin / name.replace("best", "no_bin"))
+    (no_bin / "best.bin").unlink()
+    with pytest.raises(BackendError, match=r"no_bin.xml: its weights file no_bin.bin is missing"):
+        load_backend(no_bin)
+
+
 def test_openvino_is_imported_with_its_telemetry_stubbed():
     needs_openvino()
     from openvino.tools.ovc import telemetry_utils
