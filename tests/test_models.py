@@ -6,6 +6,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -65,7 +66,7 @@ def test_state_dict_keys_and_shapes_match_yolov5_recorded():
         check_state_dict(size, reference[f"models/yolov5{size}.yaml"])
 
 
-@pytest.mark.parametrize("path", sorted((MODELS / "hub").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((MODELS / "hub").glob("yolo*.yaml")), ids=lambda p: p.name)
 def test_hub_yamls_build_and_run(path):
     config = yaml.safe_load(path.read_text())
     levels = config["head"][-1][0]
@@ -79,6 +80,25 @@ def test_hub_yamls_build_and_run(path):
     expected_rows = sum(model.model[-1].na * (size // s) ** 2 for s in strides)
     assert pred.shape == (1, expected_rows, 85)
     assert model.anchors_placeholder == isinstance(config["anchors"], int)
+
+
+def test_anchor_presets_fit_their_heads():
+    """models/hub/anchors.yaml (YOLOv5's COCO presets): 3, 4 or 5 levels of 3 anchors by head, growing with the
+    stride; the P5 and P6-1280 ones are yolov5s.yaml's and yolov5s6.yaml's; one pasted into a P7 YAML builds."""
+    from utils.autoanchor import anchor_pixels
+
+    presets = yaml.safe_load((MODELS / "hub" / "anchors.yaml").read_text())
+    assert set(presets) == {"anchors_p5_640", *(f"anchors_p{p}_{size}" for p in (6, 7) for size in (640, 1280, 1920))}
+    for name, rows in presets.items():
+        assert len(rows) == {"5": 3, "6": 4, "7": 5}[name.split("_")[1][1]], name
+        areas = [np.prod(np.reshape(row, (3, 2)), 1).mean() for row in rows]
+        assert all(len(row) == 6 and min(row) > 0 for row in rows) and areas == sorted(areas), name
+    assert presets["anchors_p5_640"] == yaml.safe_load((MODELS / "yolov5s.yaml").read_text())["anchors"]
+    assert presets["anchors_p6_1280"] == yaml.safe_load((MODELS / "yolov5s6.yaml").read_text())["anchors"]
+    config = yaml.safe_load((MODELS / "hub" / "yolov5-p7.yaml").read_text())
+    config.update(width_multiple=0.0625, depth_multiple=0.33, anchors=presets["anchors_p7_640"])
+    model = DetectionModel(config)
+    np.testing.assert_allclose(anchor_pixels(model).reshape(5, 6), presets["anchors_p7_640"])
 
 
 def test_hub_variants_have_their_features():
@@ -317,7 +337,7 @@ def test_detect_is_last_layer_with_contract_attributes(tiny_model):
 
 
 # ----------------------------------------------------------------------------- bounds on hostile YAMLs
-ALL_YAMLS = sorted(MODELS.glob("*.yaml")) + sorted((MODELS / "hub").glob("*.yaml"))
+ALL_YAMLS = sorted(MODELS.glob("*.yaml")) + sorted((MODELS / "hub").glob("yolo*.yaml"))  # not anchors.yaml
 
 
 @pytest.mark.parametrize("path", ALL_YAMLS, ids=lambda p: p.name)
