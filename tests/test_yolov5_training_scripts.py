@@ -337,3 +337,23 @@ def test_autoanchor_under_yolov5s_names(data):
     areas = from_yaml.prod(1)
     assert from_yaml.shape == (6, 2) and (np.diff(areas) >= 0).all()
     np.testing.assert_array_equal(from_yaml, from_dataset)
+
+
+def test_training_plots_under_yolov5s_names(data, tmp_path):
+    """train_batch*.jpg, val predictions and labels.jpg as a YOLOv5 training script draws them."""
+    import cv2
+
+    from utils.dataloaders import LoadImagesAndLabels
+    from utils.plots import output_to_target, plot_images, plot_labels
+
+    source, names = data
+    dataset = LoadImagesAndLabels(str(source), img_size=IMGSZ, augment=True)
+    images, targets, paths, _ = LoadImagesAndLabels.collate_fn([dataset[(i, 0)] for i in range(4)])
+    mosaic = plot_images(images, targets, paths, tmp_path / "train_batch0.jpg", names)
+    assert mosaic.shape == (2 * IMGSZ, 2 * IMGSZ, 3) and cv2.imread(str(tmp_path / "train_batch0.jpg")) is not None
+    predictions = [torch.tensor([[4.0, 4, 40, 40, 0.9, 1]]), torch.zeros((0, 6))]
+    rows = output_to_target(predictions)
+    assert rows.shape == (1, 7) and list(rows[0]) == [0, 1, 4, 4, 40, 40, pytest.approx(0.9)]
+    plot_images(images[:2], rows, paths[:2], tmp_path / "val_batch0_pred.jpg", names)
+    labels = plot_labels(np.concatenate(dataset.labels, 0), names, tmp_path)
+    assert labels.name == "labels.jpg" and labels.stat().st_size > 0

@@ -7,7 +7,8 @@ they were, and plotting in a headless process or a worker thread never touches a
 imported inside the functions, so importing this module does not import it.
 
 For scripts written against YOLOv5 (docs/yolov5-scripts.md), YOLOv5's ``Annotator``, ``colors``,
-``save_one_box`` and v5's ``plot_one_box`` are here too, with YOLOv5's signatures (utils/drawing.py draws them).
+``save_one_box``, v5's ``plot_one_box``, and ``plot_images``, ``output_to_target`` and ``plot_labels`` are here too,
+with YOLOv5's signatures (utils/drawing.py and utils/data/plots.py draw them).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.drawing import Annotator, colors  # noqa: F401  (YOLOv5's names, for scripts written against it)
+from utils.data.plots import plot_labels  # noqa: F401  (YOLOv5's names, for scripts written against it)
+from utils.drawing import Annotator, colors, output_to_target, plot_images  # noqa: F401
 from utils.drawing import draw_box_label
 from utils.drawing import save_one_box as _save_one_box
 from utils.fonts import names_font
