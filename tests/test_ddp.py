@@ -202,6 +202,76 @@ dist.cleanup()
 '''
 
 
+def test_a_yolov5_style_script_under_torchrun_deals_each_rank_its_share(tiny, tmp_path):
+    """A training script written against YOLOv5 (LOCAL_RANK, init_process_group, create_dataloader(rank=...),
+    sampler.set_epoch, DDP around the model, ComputeLoss on it): each epoch the two ranks' batches hold every
+    training image once between them, and a DDP step leaves both ranks with the same weights."""
+    script = tmp_path / "yolov5_style.py"
+    script.write_text(YOLOV5_STYLE_SCRIPT.format(root=str(ROOT), data=str(tiny[1]), cfg=str(tiny[2]),
+                                                 out=str(tmp_path)))
+    done = run(torchrun(str(script), extra=["--master_port", str(free_port())]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "ranks.json").read_text())
+    for epoch in ("0", "1"):
+        first, second = (set(paths) for paths in result["paths"][epoch])
+        assert len(first) == len(second) == 8 and first.isdisjoint(second)
+    assert result["paths"]["0"] != result["paths"]["1"]  # a new order each epoch
+    assert result["same_weights"] and all(loss > 0 for loss in result["losses"])
+
+
+YOLOV5_STYLE_SCRIPT = '''
+import json, os, sys
+import torch
+import torch.distributed as torch_dist
+sys.path.insert(0, {root!r})
+from torch.nn.parallel import DistributedDataParallel as DDP
+from models.yolo import Model
+from utils.dataloaders import create_dataloader
+from utils.general import check_dataset, yaml_load
+from utils.loss import ComputeLoss
+from utils.torch_utils import de_parallel, smart_optimizer
+
+LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+torch_dist.init_process_group(backend="gloo")
+torch.set_num_threads(1)
+data = check_dataset({data!r})
+hyp = yaml_load(os.path.join({root!r}, "data/hyps/hyp.scratch-low.yaml"))
+torch.manual_seed(0)
+model = Model({cfg!r}, ch=3, nc=data["nc"])
+model.hyp, model.nc = hyp, data["nc"]
+loader, dataset = create_dataloader(data["train"], 64, 4, 32, hyp=hyp, augment=True, rank=LOCAL_RANK, workers=0,
+                                    shuffle=True, seed=0)
+model = DDP(model)
+compute_loss = ComputeLoss(model)
+optimizer = smart_optimizer(model, "SGD", 0.01, 0.9, 5e-4)
+paths, losses = {{}}, []
+for epoch in range(2):
+    loader.sampler.set_epoch(epoch)
+    seen = []
+    for imgs, targets, batch_paths, _ in loader:
+        seen.extend(batch_paths)
+        if epoch == 0 and not losses:
+            loss, _ = compute_loss(model(imgs.float() / 255), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+    gathered = [None, None]
+    torch_dist.all_gather_object(gathered, seen)
+    paths[str(epoch)] = gathered
+flat = torch.cat([p.detach().reshape(-1) for p in de_parallel(model).parameters()])
+everyone = [torch.zeros_like(flat) for _ in range(2)]
+torch_dist.all_gather(everyone, flat)
+all_losses = [None, None]
+torch_dist.all_gather_object(all_losses, losses[0])
+if LOCAL_RANK == 0:
+    with open(os.path.join({out!r}, "ranks.json"), "w") as file:
+        json.dump({{"paths": paths, "same_weights": bool(torch.equal(everyone[0], everyone[1])),
+                   "losses": all_losses}}, file)
+torch_dist.destroy_process_group()
+'''
+
+
 def test_two_nodes_on_loopback(tiny):
     port = str(free_port())
     commands = [torchrun(*train_args(tiny, "two-nodes", epochs=1), nproc=1,
