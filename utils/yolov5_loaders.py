@@ -143,17 +143,17 @@ def create_dataloader(path, imgsz, batch_size, stride, single_cls=False, hyp=Non
                       pad=0.0, rect=False, rank=-1, workers=8, image_weights=False, quad=False, prefix="",
                       shuffle=False, seed=0):
     """YOLOv5's ``(loader, dataset)``: the dataset a LoadImagesAndLabels, the loader an EpochLoader. Under torchrun
-    (``rank`` >= 0, a process group started) each process takes its share of every epoch, as YOLOv5's
+    (``rank``, YOLOv5's LOCAL_RANK, >= 0 and a process group started) each process takes its share of every epoch, as YOLOv5's
     DistributedSampler deals it; ``quad`` is YOLOv5's ``--quad`` batch (utils/data/quad.py, drawn per (seed, rank,
     epoch, batch)). ``workers`` is at most the CPUs per process and the batch size."""
     world_size = dist.get_world_size() if rank != -1 and dist.in_process_group() else 1
-    rank = rank if world_size > 1 else -1
+    rank = dist.get_rank() if world_size > 1 else -1  # the process's global rank, as DistributedSampler takes it
     with dist.main_process_first("scan the dataset"):
         dataset = LoadImagesAndLabels(path, imgsz, batch_size, augment=augment, hyp=hyp, rect=rect,
                                       image_weights=image_weights, single_cls=single_cls, stride=int(stride), pad=pad,
                                       prefix=prefix, seed=seed)
     loader, dataset = _create_dataloader(path, imgsz, batch_size, int(stride), cache=cache_mode(cache), rect=rect,
                                          workers=workers, image_weights=image_weights, pad=pad, prefix=prefix,
-                                         shuffle=shuffle, seed=seed, rank=dist.get_rank() if world_size > 1 else -1,
-                                         world_size=world_size, dataset=dataset)
+                                         shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                                         dataset=dataset)
     return EpochLoader(loader, QuadBatches(seed, max(rank, 0)) if quad else None), dataset
