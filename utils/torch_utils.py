@@ -16,7 +16,7 @@ from torch import nn
 from utils import dist
 from utils.device import DeviceError
 from utils.device import select_device as _select_device
-from utils.trainer.ema import ModelEMA  # noqa: F401  (YOLOv5's name and signature: decay, tau, updates)
+from utils.trainer.ema import ModelEMA, copy_attr  # noqa: F401  (YOLOv5's names; ModelEMA(decay, tau, updates))
 from utils.trainer.ema import unwrap_model as de_parallel  # noqa: F401  (YOLOv5: the model inside DDP)
 from utils.trainer.optim import parameter_groups
 
@@ -87,14 +87,6 @@ def prune(model, amount: float = 0.3) -> None:
 def is_parallel(model) -> bool:
     """Whether ``model`` is wrapped in DataParallel or DistributedDataParallel."""
     return isinstance(model, (nn.parallel.DataParallel, nn.parallel.DistributedDataParallel))
-
-
-def copy_attr(a, b, include=(), exclude=()) -> None:
-    """Set on ``a`` each public attribute of ``b`` (only those in ``include`` when it is given), but ``exclude``."""
-    for key, value in vars(b).items():
-        if (include and key not in include) or key.startswith("_") or key in exclude:
-            continue
-        setattr(a, key, value)
 
 
 def smart_optimizer(model, name: str = "Adam", lr: float = 0.001, momentum: float = 0.9, decay: float = 1e-5):

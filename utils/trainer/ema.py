@@ -25,6 +25,14 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, parallel) else model
 
 
+def copy_attr(a, b, include=(), exclude=()) -> None:
+    """Set on ``a`` each public attribute of ``b`` (only those in ``include`` when it is given), but ``exclude``."""
+    for key, value in vars(b).items():
+        if (include and key not in include) or key.startswith("_") or key in exclude:
+            continue
+        setattr(a, key, value)
+
+
 def _holdings(root: nn.Module) -> list[tuple[dict, str, object]]:
     """Every (dict, name, object) that makes up ``root``'s tree: each submodule in its parent's ``_modules``, each
     parameter and buffer in its module's ``_parameters`` or ``_buffers``. The tree holds the same objects while
@@ -103,10 +111,7 @@ class ModelEMA:
                     exclude: tuple[str, ...] = ("process_group", "reducer")) -> None:
         """Copy public plain attributes (e.g. ``names``, ``stride``, ``yaml``) from ``model``;
         only those in ``include`` when it is given."""
-        for key, value in vars(unwrap_model(model)).items():
-            if (include and key not in include) or key.startswith("_") or key in exclude:
-                continue
-            setattr(self.ema, key, value)
+        copy_attr(self.ema, unwrap_model(model), include, exclude)
 
     def state_dict(self) -> dict:
         """EMA weights and update count, for checkpoints and resume."""
