@@ -275,8 +275,9 @@ class OpenVinoBackend(Backend):
 
     def __init__(self, path, device="cpu"):
         xml = openvino_xml(path)
-        ir, weights = _read_ir(xml)
+        ir = _read_ir(xml)
         ov = import_openvino(f"running {xml.name}")
+        weights = _read_ir_weights(xml)
         source = xml.with_suffix(".yaml")  # YOLOv5's layout: <stem>.yaml beside <stem>.xml
         values = read_metadata_yaml(source, xml)
         core = ov.Core()
@@ -310,19 +311,23 @@ class OpenVinoBackend(Backend):
         return torch.from_numpy(output.copy()).to(images.device).float()
 
 
-def _read_ir(xml: Path) -> tuple[bytes, bytes]:
-    """The bytes of an IR's ``.xml`` and of the ``.bin`` beside it, each read once. The ``.xml`` must start with an
-    XML declaration or ``<net``: anything else would make openvino try every other frontend it has on it
-    (TensorFlow's prints its parse errors to stderr)."""
-    weights = xml.with_suffix(".bin")
+def _read_ir(xml: Path) -> bytes:
+    """The bytes of an IR's ``.xml``, read once. It must start with an XML declaration or ``<net``: anything else
+    would make openvino try every other frontend it has on it (TensorFlow's prints its parse errors to stderr)."""
     try:
         ir = xml.read_bytes()
     except OSError as error:
         raise BackendError(f"{xml}: cannot read it ({error.strerror or error})") from None
     if not ir[:512].lstrip(b"\xef\xbb\xbf \t\r\n").startswith((b"<?xml", b"<net")):
         raise BackendError(f"{xml}: not a readable OpenVINO model (not an OpenVINO IR .xml file)")
+    return ir
+
+
+def _read_ir_weights(xml: Path) -> bytes:
+    """The bytes of the ``.bin`` beside an IR's ``.xml``, read once."""
+    weights = xml.with_suffix(".bin")
     try:
-        return ir, weights.read_bytes()
+        return weights.read_bytes()
     except FileNotFoundError:
         raise BackendError(f"{xml}: its weights file {weights.name} is missing (an OpenVINO IR is a .xml and a .bin "
                            "beside it)") from None

@@ -227,19 +227,19 @@ def test_the_ir_checked_is_the_ir_run_and_a_missing_bin_is_one_line(static_folde
     shutil.copytree(static_folder, folder)
     for name in ("best.xml", "best.bin", "best.yaml"):
         (folder / name).rename(folder / name.replace("best", "swapped"))
-    read = backends._read_ir
+    read = backends._read_ir_weights
 
-    def read_then_swap(xml):
-        ir, weights = read(xml)
+    def read_then_swap(xml):  # the .xml was read before the .bin
+        weights = read(xml)
         xml.write_text("not a model\n" * 50)
         xml.with_suffix(".bin").write_bytes(b"\0" * 16)
-        return ir, weights
+        return weights
 
-    monkeypatch.setattr(backends, "_read_ir", read_then_swap)
+    monkeypatch.setattr(backends, "_read_ir_weights", read_then_swap)
     images = torch.rand(2, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(2))
     boxes, scores = max_differences(load_backend(folder)(images)[0], eager_output(eager, images))
     assert boxes <= 1e-3 * IMGSZ and scores <= 1e-3
-    monkeypatch.setattr(backends, "_read_ir", read)
+    monkeypatch.setattr(backends, "_read_ir_weights", read)
     no_bin = tmp_path / "no_bin_openvino_model"
     shutil.copytree(static_folder, no_bin)
     for name in ("best.xml", "best.yaml"):
