@@ -8,7 +8,8 @@ Usage:
     torchrun --nproc_per_node 4 train.py --data data.yaml --device 0,1,2,3
 
 From Python, ``train.run(data="data.yaml", epochs=10, imgsz=320)`` takes the same flags as keywords and returns
-the run folder, best.pt / last.pt and the final metrics (``run``).
+the run folder, best.pt / last.pt and the final metrics (``run``). YOLOv5's forms work too:
+``opt = train.parse_opt(); opt.epochs = 10; train.main(opt, callbacks)`` (``callbacks``: utils.callbacks.Callbacks).
 """
 from __future__ import annotations
 
@@ -103,7 +104,6 @@ def _evolution(parser) -> None:
 def _data_pipeline(parser) -> None:
     """Caching, sampling and where the augmentation's pixel work runs."""
     from utils import cli
-    from utils.cli import workers
 
     parser.add_argument("--cache", type=str, nargs="?", const="ram", default="auto",
                         choices=cli.CACHE_MODES,
@@ -179,6 +179,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def parse_opt(known: bool = False) -> argparse.Namespace:
+    """YOLOv5's: the options from the command line (``known``: unknown arguments ignored), to change and pass to
+    ``main(opt, callbacks)``."""
+    if not known:
+        return parse_args()
+    args = build_parser().parse_known_args()[0]
+    if args.epochs is None:
+        args.epochs = TIME_MAX_EPOCHS if args.time else DEFAULT_EPOCHS
+    return args
+
+
 def explicit_options(argv=None) -> dict:
     """The options given on the command line (dest -> value), defaults left out: --resume compares them with
     the resumed run's options."""
@@ -197,7 +208,18 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig.from_dict(values)
 
 
-def main(argv=None) -> int:
+def main(argv=None, callbacks=None):
+    """The command line's entry (``argv``: its arguments, None for sys.argv's): returns the exit code. YOLOv5's
+    ``main(opt, callbacks)``, ``opt`` a Namespace from ``parse_opt``: trains as ``run`` does with the options that
+    differ from the defaults, and returns run's TrainResult (its errors raised, as run's)."""
+    if isinstance(argv, argparse.Namespace):
+        defaults = vars(parse_args([]))
+        options = {key: value for key, value in vars(argv).items() if key not in defaults or value != defaults[key]}
+        return run(**options, callbacks=callbacks)
+    if callbacks is not None:
+        from utils.errors import ArgumentError
+
+        raise ArgumentError("train.main(argv, callbacks): callbacks go with main(opt, callbacks) or train.run")
     from utils.errors import run_main
 
     return run_main("train.py", _main, argv)
@@ -254,7 +276,7 @@ def refused_yolov5_option(args: argparse.Namespace) -> str | None:
     return None
 
 
-def run(**options):
+def run(callbacks=None, **options):
     """Python API: ``train.run(data="data.yaml", weights="yolov5s.pt", epochs=10, batch_size=16, imgsz=320)``.
 
     Keywords are train.py's flags with underscores for dashes, with the same defaults and checks (a bad value or
@@ -263,6 +285,8 @@ def run(**options):
     metrics/recall, metrics/mAP_0.5, metrics/mAP_0.5:0.95), last_row (the final results.csv row), epochs_run.
     With ``evolve``, its save_dir is the evolution folder. A signal (Ctrl-C) saves last.pt as on the command line,
     then raises TrainingInterrupted; resuming a finished run raises RunFinished, whose message says so.
+    ``callbacks``: YOLOv5's hooks (utils.callbacks.Callbacks) for this run; its ``stop_training`` ends the run at
+    an optimizer step, resumable, and run then returns without final_metrics.
     """
     from utils.api import api_call, keyword_argv
     from utils.errors import ArgumentError
@@ -272,10 +296,12 @@ def run(**options):
     problem = launch_problem(args, argv)
     if problem:
         raise ArgumentError(problem)
+    if callbacks is not None and args.evolve:
+        raise ArgumentError("callbacks go with one training run, not evolve (YOLOv5's evolution does not call them)")
     with api_call(trains=True):  # freed memory kept while it trains, not after (utils/memory.py)
         if args.evolve:
             return _evolve_result(config_from_args(args), args.evolve_space)
-        return _train(config_from_args(args), explicit_options(argv))
+        return _train(config_from_args(args), explicit_options(argv), callbacks)
 
 
 def _evolve_result(config, space_path: str):
@@ -312,7 +338,7 @@ def _train_cli(config, explicit: dict) -> int:
     return 0
 
 
-def _train(config, explicit: dict):
+def _train(config, explicit: dict, callbacks=None):
     """Set up this process, decide what to train (a new run or a resumed one; decided by the main process
     and shared), train, and tear the process group down on every way out. Returns the TrainResult; raises
     UserError, RunFinished and TrainingInterrupted."""
@@ -331,7 +357,7 @@ def _train(config, explicit: dict):
         listed = [d for d in str(config.device).replace("cuda:", "").split(",") if d.strip().isdigit()]
         check_request(config.batch_size, device)  # --batch-size -1 needs CUDA
         dist.check_launch(config.batch_size, device, len(listed) or None)
-        return train(config, hyp, device, resume)
+        return train(config, hyp, device, resume, callbacks)
     finally:
         dist.cleanup()
 

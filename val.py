@@ -48,7 +48,7 @@ LOGGER = logging.getLogger("val")
 TASKS = ("train", "val", "test", "speed", "study")
 STUDY_SIZES = tuple(range(256, 1536 + 128, 128))  # --task study's image sizes, as YOLOv5's
 ONE_AT_A_TIME = ("speed", "study")  # tasks that take several --weights one model at a time, as YOLOv5's
-IN_MEMORY = ("model", "dataloader", "compute_loss", "save_dir")  # val.run's keywords for a model in memory (YOLOv5's)
+IN_MEMORY = ("model", "dataloader", "compute_loss", "save_dir", "callbacks")  # val.run's keywords for a model in memory (YOLOv5's)
 
 
 @dataclass
@@ -73,6 +73,7 @@ def run(*args, **options) -> ValResult:
     ``plots`` (default True; False writes no plots). Returns the ``ValResult`` (mp, mr, map50, map, per_class,
     speed, save_dir); several ``weights`` (a list) are validated as their ensemble, as YOLOv5's val.py does.
     ``task="speed"`` with several weights returns a list of ValResults, one per model; ``task="study"`` a StudyResult.
+    ``callbacks`` (utils.callbacks.Callbacks): YOLOv5's validation hooks, with a model or one validation of weights.
     """
     from utils.api import VAL_POSITIONS, api_call, keyword_argv, with_positions
     from utils.errors import ArgumentError
@@ -82,6 +83,7 @@ def run(*args, **options) -> ValResult:
     if plots is not True and plots is not False:
         raise ArgumentError(f"plots takes True or False, got {plots!r}")
     in_memory = {key: options.pop(key) for key in IN_MEMORY if key in options}
+    callbacks = in_memory.pop("callbacks", None)
     if in_memory.get("model") is None:
         if any(value is not None for value in in_memory.values()):
             raise ArgumentError(f"val.run: {', '.join(key for key in in_memory if key != 'model')} go with model=")
@@ -90,11 +92,13 @@ def run(*args, **options) -> ValResult:
     values = vars(parse_args(keyword_argv(build_parser(), options)))
     with api_call():
         if in_memory.get("model") is not None:
-            return validate_model(plots=plots, **in_memory, **values)
-        return _run_task(values, plots)
+            return validate_model(plots=plots, callbacks=callbacks, **in_memory, **values)
+        if callbacks is not None and values["task"] in ("study", "speed"):
+            raise ArgumentError(f"val.run: callbacks go with one validation, not task={values['task']}")
+        return _run_task(values, plots, callbacks)
 
 
-def _run_task(values: dict, plots: bool = True):
+def _run_task(values: dict, plots: bool = True, callbacks=None):
     """The task of val.py's parsed flags: a ValResult, a list of them (``speed`` with several weights), or a
     StudyResult."""
     weights = values.pop("weights")
@@ -109,7 +113,8 @@ def _run_task(values: dict, plots: bool = True):
         return study(weights, sizes=STUDY_SIZES, plots=plots, **values)
     if values["task"] == "speed" and len(weights) > 1:
         return [validate_weights(weights=one, plots=plots, **values) for one in weights]
-    return validate_weights(weights=weights[0] if len(weights) == 1 else weights, plots=plots, **values)
+    return validate_weights(weights=weights[0] if len(weights) == 1 else weights, plots=plots, callbacks=callbacks,
+                            **values)
 
 
 def study(weights, sizes=STUDY_SIZES, plots: bool = True, project=ROOT / "runs/val", name="exp", exist_ok=False,
@@ -142,8 +147,8 @@ def study(weights, sizes=STUDY_SIZES, plots: bool = True, project=ROOT / "runs/v
 def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, conf_thres=0.001, iou_thres=0.6,
                      max_det=300, task="val", device="", workers=8, single_cls=False, augment=False, verbose=False,
                      save_txt=False, save_hybrid=False, save_conf=False, save_json=False, project=ROOT / "runs/val",
-                     name="exp", exist_ok=False, half=False, dnn=False, plots=True, amp="auto", save_dir=None
-                     ) -> ValResult:
+                     name="exp", exist_ok=False, half=False, dnn=False, plots=True, amp="auto", save_dir=None,
+                     callbacks=None) -> ValResult:
     """Standalone validation: model from ``weights``, rectangular batches (pad 0.5) of ``data``'s ``task`` split.
 
     ``task='speed'``: timing only (conf 0.25, IoU 0.45, square batches, no plots or JSON); ``'study'``: the val split
@@ -199,7 +204,7 @@ def validate_weights(data=None, weights="yolov5s.pt", batch_size=32, imgsz=640, 
                           save_dir=save_dir, plots=plots, half=half, verbose=per_class, single_cls=single_cls,
                           save_json=save_json, save_txt=save_txt, save_conf=save_conf,
                           save_hybrid=save_hybrid, coco=coco_val(config) if save_json else None,
-                          json_name=f"{paths[0].stem}_predictions.json")
+                          json_name=f"{paths[0].stem}_predictions.json", callbacks=callbacks)
     if save_txt:
         count = len(list((save_dir / "labels").glob("*.txt")))
         LOGGER.info("%d labels saved to %s", count, save_dir / "labels")
@@ -212,7 +217,7 @@ def validate_model(model, dataloader=None, compute_loss=None, save_dir=None, dat
                    imgsz=640, conf_thres=0.001, iou_thres=0.6, max_det=300, task="val", workers=8, single_cls=False,
                    verbose=False, save_txt=False, save_conf=False, project=ROOT / "runs/val", name="exp",
                    exist_ok=False, half=False, plots=True, amp="auto", augment=False, save_hybrid=False,
-                   save_json=False, dnn=False, weights=None, device=None) -> ValResult:
+                   save_json=False, dnn=False, weights=None, device=None, callbacks=None) -> ValResult:
     """YOLOv5's ``val.run(model=...)``, the form its train.py calls: ``model`` a DetectionModel in memory (a training
     script's ``ema.ema``), validated on its own device; ``dataloader`` one of ``utils.dataloaders.create_dataloader``
     (YOLOv5's) or None for the ``task`` split of ``data`` (a YAML, or check_dataset's dict as ``data_dict``) at
@@ -254,7 +259,7 @@ def validate_model(model, dataloader=None, compute_loss=None, save_dir=None, dat
         return validate(model, dataloader, names, device, conf_thres=conf_thres, iou_thres=iou_thres,
                         max_det=max_det, compute_loss=compute_loss, save_dir=save_dir, plots=plots, half=half,
                         verbose=verbose or len(names) < 50, single_cls=single_cls, save_txt=save_txt,
-                        save_conf=save_conf)
+                        save_conf=save_conf, callbacks=callbacks)
 
 
 def _batch_geometry(model, imgsz, task: str, weights) -> tuple[int, bool, float]:

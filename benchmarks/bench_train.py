@@ -41,7 +41,7 @@ def run_trainer(args, floor) -> list:
     from utils.config import Hyp
     from utils.loggers import setup_logging
     from utils.trainer import setup_process, train
-    from utils.trainer.callbacks import Callbacks
+    from utils.callbacks import Callbacks
 
     setup_logging(verbose=False)
     epochs, last_tick = [], [time.perf_counter()]
@@ -52,8 +52,8 @@ def run_trainer(args, floor) -> list:
         last_tick[0] = time.perf_counter()  # the floor's own time is not part of the next epoch
 
     callbacks = Callbacks()
-    callbacks.register("on_fit_epoch_end", record)
-    callbacks.register("on_train_start", lambda **_: last_tick.__setitem__(0, time.perf_counter()))
+    callbacks.register_action("on_epoch_stats", callback=record)
+    callbacks.register_action("on_train_start", callback=lambda: last_tick.__setitem__(0, time.perf_counter()))
     train(floor.config, Hyp.load("hyp.scratch-low.yaml"), setup_process("cpu"), callbacks=callbacks)
     return epochs
 

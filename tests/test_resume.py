@@ -15,7 +15,7 @@ from tests.conftest import make_tiny_run
 from tests.test_checkpoint import _payload, _torch_zip
 from utils.checkpoint import CheckpointError, load_resumable, previous_path, save_checkpoint
 from utils.trainer import stages, trainer
-from utils.trainer.callbacks import Callbacks
+from utils.callbacks import Callbacks
 from utils.trainer.resume import ResumeError, checkpoint_to_resume
 
 EPOCHS = 4
@@ -34,19 +34,24 @@ def train_args(tiny, name, *extra):
 
 
 class StopAfterEpoch(Callbacks):
-    """Registered by monkeypatching the trainer's Callbacks: at the end of ``epoch`` (after its checkpoint)
-    either raise KeyboardInterrupt (a crash right after the save) or send this process SIGTERM (the run
-    stops at the next optimizer step inside the following epoch)."""
+    """Registered by monkeypatching the trainer's Callbacks: after ``epoch``'s checkpoint either raise
+    KeyboardInterrupt (a crash right after the save) or, as the next epoch starts, send this process SIGTERM (the
+    run stops at the next optimizer step inside that epoch)."""
 
     def __init__(self, epoch: int, how: str):
         super().__init__()
+        saved = []
 
-        def hook(**values):
-            if values["epoch"] == epoch:
-                if how == "crash":
-                    raise KeyboardInterrupt
+        def after_save(last, saved_epoch, *_):
+            saved.append(saved_epoch)
+            if saved_epoch == epoch and how == "crash":
+                raise KeyboardInterrupt
+
+        def epoch_start():
+            if saved and saved[-1] == epoch and how != "crash":
                 signal.raise_signal(signal.SIGTERM)
-        self.register("on_fit_epoch_end", hook)
+        self.register_action("on_model_save", callback=after_save)
+        self.register_action("on_train_epoch_start", callback=epoch_start)
 
 
 def full_state(path):

@@ -26,7 +26,7 @@ from utils.checkpoint import load_resumable, previous_path
 from utils.config import TrainConfig
 from utils.files import FolderBusy, FolderLock
 from utils.trainer import trainer
-from utils.trainer.callbacks import Callbacks
+from utils.callbacks import Callbacks
 from utils.trainer.resume import (LOCK_NAME, ResumeError, checkpoint_to_resume, newest_of_run, resolve_run,
                                   with_absolute_paths)
 
@@ -39,10 +39,10 @@ class CrashAfterEpoch(Callbacks):
     def __init__(self, epoch: int):
         super().__init__()
 
-        def hook(**values):
-            if values["epoch"] == epoch:
+        def hook(last, saved_epoch, *_):
+            if saved_epoch == epoch:
                 raise KeyboardInterrupt
-        self.register("on_fit_epoch_end", hook)
+        self.register_action("on_model_save", callback=hook)
 
 
 @pytest.fixture(scope="module")

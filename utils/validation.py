@@ -27,6 +27,7 @@ from utils.plots import plot_ap_curves, plot_confusion_matrix
 
 LOGGER = logging.getLogger(__name__)
 PLOTTED_BATCHES = 3  # val_batch{0,1,2}_{labels,pred}.jpg
+VAL_HOOKS = ("on_val_start", "on_val_batch_start", "on_val_image_end", "on_val_batch_end", "on_val_end")
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
 TABLE_ROW = "%22s" + "%11i" * 2 + "%11.3g" * 4
 
@@ -95,7 +96,7 @@ class _Accumulator:
 def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, max_det=300, compute_loss=None,
              save_dir=None, plots=True, half=False, verbose=False, single_cls=False, save_json=False, save_txt=False,
              save_conf=False, json_name="predictions.json", distributed=False, first_batch=None,
-             save_hybrid=False, coco=None) -> ValResult:
+             save_hybrid=False, coco=None, callbacks=None) -> ValResult:
     """Run ``model`` over ``dataloader`` and score it; see the module docstring for how.
 
     ``compute_loss`` given means "called from training": val losses are computed and the speed line is
@@ -112,6 +113,8 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     those images' pixels) and paths: what training gives the experiment trackers every --bbox_interval epochs.
     ``save_hybrid`` (val.py --save-hybrid, YOLOv5's autolabelling): each image's ground truth joins its candidates
     before NMS with confidence 1, so the labels and the metrics are those of labels and predictions together.
+    ``callbacks`` (utils.callbacks.Callbacks): YOLOv5's validation hooks, called as its val.py calls them; under
+    ``distributed`` each process calls the batch and image hooks for its share, the main process ``on_val_end``.
     """
     from utils.nms import non_max_suppression
 
@@ -129,8 +132,13 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     autocast = torch.autocast("cuda", dtype=torch.float16) if fp16_autocast else nullcontext()
     input_dtype = torch.float16 if half else model_dtype(model)
     channels_last = is_channels_last(model)
+    hooks = callbacks if callbacks is not None and _any_val_hook(callbacks) else None
+    if hooks is not None:
+        hooks.run("on_val_start")
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
+            if hooks is not None:
+                hooks.run("on_val_batch_start")
             loaded = images
             with timers[0]:
                 images = model_input(images, device, input_dtype, channels_last)
@@ -146,18 +154,23 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
                 detections = non_max_suppression(pred, conf_thres, iou_thres, multi_label=True, agnostic=single_cls,
                                                  max_det=max_det, labels=truth)
             for si, det in enumerate(detections):
-                _score_image(acc, det, targets[targets[:, 0] == si, 1:], paths[si], shapes[si], images.shape[2:],
-                             single_cls, save_dir if save_txt else None, save_conf, save_json, plots)
+                native = _score_image(acc, det, targets[targets[:, 0] == si, 1:], paths[si], shapes[si],
+                                      images.shape[2:], single_cls, save_dir if save_txt else None, save_conf,
+                                      save_json, plots)
+                if hooks is not None:
+                    hooks.run("on_val_image_end", det, native, Path(paths[si]), dict(enumerate(names)), images[si])
             if plot_targets is not None:
                 _plot_batch(images, plot_targets, detections, paths, save_dir, batch_index, names)
             if first_batch is not None and writer and batch_index == 0:
                 first_batch(loaded, detections, paths)
+            if hooks is not None:
+                hooks.run("on_val_batch_end", batch_index, images, targets, paths, shapes, detections)
     batches = len(dataloader)
     if distributed:
         losses, batches = _gather(acc, losses, batches)
         if not dist.is_main_process():
             return dist.broadcast_object(None, phase="score the validation")
-    result = _summarise(acc, plots and save_dir is not None, save_dir, verbose)
+    result = _summarise(acc, plots and save_dir is not None, save_dir, verbose, hooks)
     result.losses = (losses.cpu() / max(batches, 1)).numpy()
     result.speed = tuple(t.total / max(acc.seen, 1) * 1e3 for t in timers)
     batch_size = getattr(dataloader, "batch_size", None) or getattr(getattr(dataloader, "batch_sampler", None),
@@ -229,9 +242,14 @@ def _progress(dataloader, compute_loss, shown: bool = True):
                 disable=not shown)
 
 
+def _any_val_hook(callbacks) -> bool:
+    return any(callbacks.has(hook) for hook in VAL_HOOKS)
+
+
 def _score_image(acc: _Accumulator, det, labels, path, shapes, input_shape, single_cls, txt_dir, save_conf,
-                 save_json, plots) -> None:
-    """Match one image's detections against its labels in original-image pixels and record the result."""
+                 save_json, plots) -> torch.Tensor:
+    """Match one image's detections against its labels in original-image pixels and record the result; returns the
+    detections in those pixels."""
     acc.seen += 1
     (height0, width0), ratio_pad = shapes
     if single_cls:
@@ -250,6 +268,7 @@ def _score_image(acc: _Accumulator, det, labels, path, shapes, input_shape, sing
     if save_json and len(native):
         from utils.coco import predictions_to_coco
         acc.json += predictions_to_coco(native, _image_key(acc, path), acc.category_ids)
+    return native
 
 
 def _original_labels(acc: _Accumulator, path, labels, input_shape, shapes):
@@ -312,7 +331,7 @@ def _plot_batch(images, targets, detections, paths, save_dir: Path, batch_index:
     plot_images(images, predictions, paths, save_dir / f"val_batch{batch_index}_pred.jpg", names)
 
 
-def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValResult:
+def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool, hooks=None) -> ValResult:
     """Per-class AP and the printed table (YOLOv5's layout: header, 'all' row, per-class rows when verbose)."""
     nc = acc.nc
     if acc.stats:
@@ -323,6 +342,7 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
     result = ValResult(seen=acc.seen, instances=int(instances.sum()), maps=np.zeros(nc),
                        confusion=acc.confusion.matrix.copy() if plots else None)
     classes, ap50, ap = np.zeros(0, int), np.zeros(0), np.zeros(0)
+    metrics = None
     if len(target_cls):
         metrics = ap_per_class(tp, conf, pred_cls, target_cls)
         if plots:
@@ -346,6 +366,10 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool) -> ValRe
     result.fitness = float(fitness([result.mp, result.mr, result.map50, result.map]))
     if plots:
         plot_confusion_matrix(acc.confusion.matrix, save_dir / "confusion_matrix.png", acc.names)
+    if hooks is not None:
+        empty = np.zeros(0)
+        counts = (metrics.tp, metrics.fp, metrics.p, metrics.r, metrics.f1) if metrics is not None else (empty,) * 5
+        hooks.run("on_val_end", instances, *counts, ap, ap50, classes, acc.confusion)
     return result
 
 

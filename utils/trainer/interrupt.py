@@ -9,6 +9,9 @@ optimizer step, so a SIGKILL or a power cut loses at most that much work (plus t
 Under DDP every process asks at the same optimizer steps and the answer is agreed in one tiny
 all-reduce (stop if any process was signalled; save when the main process's clock says so), so all
 processes stop or save at the same step. A second Ctrl-C aborts at once without saving.
+
+A stop can also be asked for without a signal (``stop_requested``: YOLOv5's ``callbacks.stop_training``): the same
+save and stop, agreed the same way, with ``requested`` set instead of ``signal_number``.
 """
 from __future__ import annotations
 
@@ -26,9 +29,11 @@ EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, 
 
 
 class SaveControl:
-    def __init__(self, save_every_min: float = 0.0):
+    def __init__(self, save_every_min: float = 0.0, stop_requested=None):
         self.interval = save_every_min * 60.0
         self.signal_number: int | None = None
+        self.stop_requested = stop_requested  # callable() -> bool, asked at each decision; None: signals only
+        self.requested = False  # the run stops because stop_requested() said so (on some process), not a signal
         self._last_save = time.monotonic()
         self._previous_handlers: dict = {}
 
@@ -60,12 +65,16 @@ class SaveControl:
     def decide(self) -> tuple[bool, bool]:
         """At an optimizer-step boundary: (save a mid-epoch checkpoint now, stop after it)."""
         save_due = self.interval > 0 and dist.is_main_process() and time.monotonic() - self._last_save >= self.interval
-        stop = self.signal_number is not None
+        signalled = self.signal_number is not None
+        requested = self.requested or (self.stop_requested is not None and bool(self.stop_requested()))
         if dist.get_world_size() > 1:
-            stop_any, save_any = dist.all_reduce_max([int(stop), int(save_due)], "agree whether to save or stop")
-            if stop_any and not stop:
+            signalled_any, requested_any, save_any = dist.all_reduce_max(
+                [int(signalled), int(requested), int(save_due)], "agree whether to save or stop")
+            if signalled_any and not signalled:
                 self.signal_number = signal.SIGTERM  # another process was signalled: stop with it
-            stop, save_due = bool(stop_any), bool(save_any)
+            signalled, requested, save_due = bool(signalled_any), bool(requested_any), bool(save_any)
+        self.requested = requested and not signalled
+        stop = signalled or requested
         return save_due or stop, stop
 
     def saved(self) -> None:

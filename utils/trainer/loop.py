@@ -139,8 +139,9 @@ class TrainStep:
         self.precision.scaler.scale(loss).backward()
         self.mark("backward")
 
-    def optimizer_step(self) -> None:
-        """Unscale, clip, step, EMA. A gradient that is not finite (a finite loss whose backward overflowed) is
+    def optimizer_step(self, before_zero_grad=None) -> None:
+        """Unscale, clip, step, EMA (``before_zero_grad()``, if given, runs between the step and clearing the
+        gradients). A gradient that is not finite (a finite loss whose backward overflowed) is
         skipped: by the GradScaler under fp16 (which also lowers its scale), here without one (fp32, bf16), where
         clipping would otherwise turn it into NaN weights. Under DDP the gradients are already averaged, so every
         process skips alike. Skipped steps are counted (``counters.skipped_steps_*``); after
@@ -149,7 +150,7 @@ class TrainStep:
         scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
         if self.checks is not None:
-            self._deferred_step(norm)
+            self._deferred_step(norm, before_zero_grad)
             return
         finite = bool(torch.isfinite(norm))
         self.mark("clip")
@@ -161,6 +162,8 @@ class TrainStep:
             scales = (before, scaler.get_scale())
         elif finite:
             self.optimizer.step()
+        if before_zero_grad is not None:
+            before_zero_grad()
         self.optimizer.zero_grad(set_to_none=True)
         self.mark("optimizer")
         if self.ema is not None and finite:
@@ -169,7 +172,7 @@ class TrainStep:
         self.counters.last_optimizer_step = self.counters.global_step
         self._count_step(finite, scales)
 
-    def _deferred_step(self, norm: torch.Tensor) -> None:
+    def _deferred_step(self, norm: torch.Tensor, before_zero_grad=None) -> None:
         """optimizer_step's step, EMA and counting with ``checks``: skipped or not on the device, counted at
         ``settle``."""
         self.mark("clip")
@@ -180,6 +183,8 @@ class TrainStep:
             scaler.update()
         else:
             self.optimizer.step(skip=skip)
+        if before_zero_grad is not None:
+            before_zero_grad()
         self.optimizer.zero_grad(set_to_none=True)
         self.mark("optimizer")
         if self.ema is not None:
@@ -244,8 +249,8 @@ def scale_batch(images: torch.Tensor, size: int, stride: int = 32) -> torch.Tens
 
 
 def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None, device: torch.device, warmup,
-                    at_step_boundary=None, multi_scale_size=None, batch_hook=None, batch_transform=None
-                    ) -> EpochStats:
+                    at_step_boundary=None, multi_scale_size=None, batch_hook=None, batch_transform=None,
+                    callbacks=None) -> EpochStats:
     """Train over the rest of ``loader``'s epoch (``state.epoch`` from batch ``state.batch``; the loader
     must already skip the batches done; ``epochs`` is the run's epoch count for the progress bar, None when
     not known yet). ``warmup`` is a callable(global_step, epoch) -> accumulate count;
@@ -253,8 +258,11 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     ``batch_transform(epoch, batch_index, images, targets, paths)`` -> (images, targets, paths) changes each batch
     as it arrives (--quad: utils/data/quad.py); ``batch_hook(epoch, batch_index, images, targets, paths)`` then sees
     it (e.g. to plot mosaics);
-    ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch."""
+    ``multi_scale_size()`` (--multi-scale) returns (long side, stride) for the next batch;
+    ``callbacks`` (utils.callbacks.Callbacks): YOLOv5's batch hooks (``on_train_batch_end`` on the main process, its
+    losses read at every batch while it has an action)."""
     step.model.train()
+    hooks = _BatchHooks(callbacks)
     epoch, first_batch = state.epoch, state.batch
     num_batches = first_batch + len(loader)
     # exact: float32 sums, added in the same order on any device; a checkpoint reads them (RunState.to_dict)
@@ -271,6 +279,8 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     tick = time.perf_counter()
     for batch_index, (images, targets, _paths, _shapes) in bar:  # on the device, images in [0, 1] (utils/trainer/feed.py)
         stats.data_time += time.perf_counter() - tick
+        if hooks.start:
+            callbacks.run("on_train_batch_start")
         step.mark("data")
         counters = step.counters
         accumulate = warmup(counters.global_step, epoch)
@@ -291,7 +301,9 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
             stats.skipped_steps += 1
         optim_start = time.perf_counter()
         if stepping:
-            step.optimizer_step()
+            step.optimizer_step(hooks.before_zero_grad)
+            if hooks.optimizer_step:
+                callbacks.run("optimizer_step")
         stats.optimizer_time += time.perf_counter() - optim_start
         stats.iterations += 1
         stats.images += images.shape[0]
@@ -302,6 +314,10 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
             shown = (totals / max(state.loss_batches, 1)).tolist()
         bar.set_description(("%11s" * 2 + "%11.4g" * 5) % (
             f"{epoch + 1}/{epochs or '?'}", memory_string(device), *shown, targets.shape[0], images.shape[-1]))
+        if hooks.end:  # YOLOv5's arguments: its global batch index and the epoch's mean losses (0-d tensors)
+            stats.skipped_steps += step.settle(state)
+            callbacks.run("on_train_batch_end", step.model, counters.global_step - 1, images, targets, _paths,
+                          list(totals / max(state.loss_batches, 1)))
         step.mark("logging")
         if stepping and at_step_boundary is not None and state.batch < num_batches and at_step_boundary():
             stats.stopped = True
@@ -312,6 +328,16 @@ def train_one_epoch(step: TrainStep, loader, state: RunState, epochs: int | None
     state.loss_sums = totals.tolist()
     stats.mean_losses = totals.cpu() / max(state.loss_batches, 1)
     return stats
+
+
+class _BatchHooks:
+    """Which of YOLOv5's per-batch hooks have actions, asked once per epoch (none: the loop calls nothing)."""
+
+    def __init__(self, callbacks):
+        has = callbacks.has if callbacks is not None else (lambda hook: False)
+        self.start, self.optimizer_step = has("on_train_batch_start"), has("optimizer_step")
+        self.end = has("on_train_batch_end") and dist.is_main_process()
+        self.before_zero_grad = (lambda: callbacks.run("on_before_zero_grad")) if has("on_before_zero_grad") else None
 
 
 def _preparer(epoch: int, batch_transform, batch_hook):

@@ -6,7 +6,6 @@ import logging
 import math
 import os
 import random
-from pathlib import Path
 
 import numpy as np
 import torch

@@ -171,7 +171,7 @@ def strip_last_and_best(last: Path, best: Path) -> None:
 
 
 def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, device, compute_loss, save_dir,
-                     distributed: bool = False, precision=None, coco=None):
+                     distributed: bool = False, precision=None, coco=None, callbacks=None):
     """Strip last.pt / best.pt (main process), validate best.pt with the per-class table and plots (every
     process its share; the weights are sent from the main process, so no other node needs the file), draw
     results.png. (metrics, utils.validation.ValResult), both empty (``{}``, None) without a best.pt. On COCO's
@@ -194,7 +194,7 @@ def final_validation(config: TrainConfig, weights_dir: Path, val_loader, names, 
         coco_options = {"iou_thres": 0.65, "save_json": True, "coco": coco, "json_name": "best_predictions.json"}
         result = validate_epoch(model, val_loader, names, device, compute_loss, save_dir,
                                 plots=not config.noplots, verbose=True, precision=precision, distributed=distributed,
-                                **(coco_options if coco is not None else {}))
+                                callbacks=callbacks, **(coco_options if coco is not None else {}))
         metrics = {"metrics/precision": result.mp, "metrics/recall": result.mr,
                    "metrics/mAP_0.5": result.map50, "metrics/mAP_0.5:0.95": result.map}
     if dist.is_main_process():

@@ -21,16 +21,17 @@ from models.fused import FusedCopy
 from models.yolo import activations_out_of_place
 from utils import dist
 from utils.autoanchor import format_anchors, write_anchors_yaml
+from utils.callbacks import Callbacks
 from utils.autobatch import auto_batch_size
 from utils.checkpoint import TrainingState, training_checkpoint
 from utils.checkpoint.checks import check_against_run
 from utils.config import Hyp, TrainConfig
 from utils.device import select_device
 from utils.errors import UserError
+from utils.loggers import RESULTS_KEYS
 from utils.loss import DetectionLoss
 from utils.plots import FINAL_PLOTS, TRAIN_BATCH_PLOTS, existing_plots
 from utils.trainer.amp import choose_precision, use_channels_last
-from utils.trainer.callbacks import Callbacks
 from utils.trainer.compiled import compiled_model
 from utils.trainer.cuda_graphs import graphed_model
 from utils.trainer.ema import ModelEMA, unwrap_model
@@ -99,6 +100,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, hyp: Hyp, device: torch.device, resume: TrainingState | None,
                  callbacks: Callbacks):
         self.config, self.hyp, self.device, self.callbacks = config, hyp, device, callbacks
+        callbacks.run("on_pretrain_routine_start")
         self.info = dist.dist_info()
         self.main = dist.is_main_process()
         self.save_dir = open_run_folder(config, resume)
@@ -111,7 +113,10 @@ class Trainer:
         grid_stride = max(int(model.stride.max()), 32)
         precision = choose_precision(config.amp, device, model)  # CUDA: after the fp16 self-check
         # --batch-size -1: measured in the run's precision, before any save
+        requested_batch = config.batch_size
         config.batch_size = auto_batch_size(config, model, device, data_cfg, precision.dtype)
+        if config.batch_size != requested_batch and self.main:
+            callbacks.run("on_params_update", {"batch_size": config.batch_size})
         self.data = build_data(config, hyp, data_cfg, names, grid_stride, self.info, self.device)
         if resume is None:
             fit_anchors(model, config, hyp, self.data)
@@ -131,9 +136,12 @@ class Trainer:
         self._start_budget()
         self.eval_model = FusedCopy(self.step.ema.ema) if self.step.ema is not None else None  # what validation runs
         self.recorder = open_recorder(config, hyp, self.save_dir, self.state, resume is not None) if self.main else None
-        self.control = SaveControl(0.0 if config.nosave else config.save_every_min)  # signals still save
+        self.control = SaveControl(0.0 if config.nosave else config.save_every_min,  # signals still save
+                                   stop_requested=lambda: callbacks.stop_training)
         if self.main:
             self._start_outputs(resume is None)
+        if self.main:
+            callbacks.run("on_pretrain_routine_end", self.data.labels, dict(enumerate(self.data.names)))
         if resume is not None:
             self._restore_rng(resume.rng)  # last: nothing above may draw from the generators afterwards
 
@@ -253,8 +261,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
-        config, data = self.config, self.data
-        self.callbacks.run("on_train_start", save_dir=self.save_dir, model=self.model, config=config)
+        data = self.data
+        self.callbacks.run("on_train_start")
         LOGGER.info("Image sizes %d train, %d val\nUsing %d dataloader workers\nLogging results to %s\n"
                     "Starting training for %s...", data.imgsz, data.imgsz, data.workers, self.save_dir,
                     self._length_text())
@@ -267,17 +275,23 @@ class Trainer:
                 while self.state.epoch < self.epochs:
                     if self._run_epoch(self.state.epoch):
                         break
+            except TrainingInterrupted:
+                if not self.control.requested:
+                    raise
+                return self._stopped_by_callback()
             finally:
                 self.control.uninstall()
             return self._finish(start)
         finally:
             if self.recorder is not None:
                 self.recorder.close()  # on every way out: TensorBoard's and the trackers' threads end with the run
+            self.callbacks.run("teardown")
 
     def _run_epoch(self, epoch: int) -> bool:
         """Train, validate and record one epoch; True when early stopping or the --time budget ends the run."""
         config, state, step = self.config, self.state, self.step
         state.start_epoch(epoch)
+        self.callbacks.run("on_train_epoch_start")
         ahead = loader_runs_ahead(self.device, config.image_weights)
         self.data.set_epoch(epoch, state.batch, through=self.epochs - 1 if ahead else epoch)
         if config.image_weights:
@@ -287,11 +301,13 @@ class Trainer:
         transforms = [DeviceAugment(self.device) if config.augment_device else None,  # plans -> images first
                       QuadBatches(config.seed, self.info.rank) if config.quad else None]
         stats = train_one_epoch(step, self.data.batches, state, self._epochs_shown(), self.device, self.warmup,
-                                self._at_step_boundary, multi_scale, batch_hook, chained(transforms))
+                                self._at_step_boundary, multi_scale, batch_hook, chained(transforms), self.callbacks)
         if stats.stopped:
             raise TrainingInterrupted(self._interrupted_message(), self.control.exit_status)
         learning_rates = [group["lr"] for group in step.optimizer.param_groups]
         self.scheduler.step()
+        if self.main:
+            self.callbacks.run("on_train_epoch_end", epoch=epoch)
         self._agree_on_weights()
         may_end = state.stop_possible(config.patience)  # --patience may make this epoch the last
         validated = not config.noval or epoch + 1 >= self.epochs or may_end  # --noval: only the final epoch
@@ -316,12 +332,17 @@ class Trainer:
                 self._validation = None
             if epoch == 0 and not config.noplots:
                 self.recorder.log_images(existing_plots(self.save_dir, TRAIN_BATCH_PLOTS), epoch)
+            self.callbacks.run("on_fit_epoch_end", [values[key] for key in RESULTS_KEYS], epoch,
+                               state.best_fitness, fitness)
         saved = not config.nosave or final_epoch or may_end  # decided alike on every process (the save gathers from all)
         if saved:
             self._save_checkpoint(epoch=epoch, improved=improved)
+            if self.main:
+                self.callbacks.run("on_model_save", self.save_dir / "weights" / "last.pt", epoch, final_epoch,
+                                   state.best_fitness, fitness)
         if not final_epoch:
             self._stop_if_signalled(saved)
-        self.callbacks.run("on_fit_epoch_end", epoch=epoch, values=values, fitness=fitness, stats=stats)
+        self.callbacks.run("on_epoch_stats", epoch=epoch, values=values, fitness=fitness, stats=stats)
         stop = config.patience > 0 and state.epochs_without_improvement() >= config.patience
         if stop and not final_epoch:
             LOGGER.info("Stopping training early as no improvement observed in last %d epochs. "
@@ -364,7 +385,7 @@ class Trainer:
             metrics = validate_epoch(self.eval_model.refresh(), self.data.val_loader, self.data.names, self.device,
                                      self.val_loss, self.save_dir, plots=plots and not self.config.noplots,
                                      precision=self.step.precision, distributed=self.info.distributed,
-                                     first_batch=keep)
+                                     first_batch=keep, callbacks=self.callbacks)
             self._validation = metrics if self.main else None
         stats.validation_time = time_budget.clock() - val_start
         values = epoch_values(stats.mean_losses.tolist(), metrics, learning_rates)
@@ -434,11 +455,12 @@ class Trainer:
                              last_row=dict(self.state.results[-1]) if self.state.results else {})
         self._check_ranks_agree()
         LOGGER.info("\n%d epochs completed in %.3f hours.", self.state.epoch, (time.time() - start) / 3600)
-        weights = self.save_dir / "weights"
+        weights, final = self.save_dir / "weights", None
         if not self.config.evolve:  # a generation of --evolve is judged by its final epoch's row
             result.final_metrics, final = final_validation(self.config, weights, self.data.val_loader,
                                                            self.data.names, self.device, self.val_loss, self.save_dir,
-                                                           self.info.distributed, self.step.precision, self.data.coco)
+                                                           self.info.distributed, self.step.precision, self.data.coco,
+                                                           self.callbacks)
             if self.recorder is not None and final is not None and final.confusion is not None:
                 # best.pt's confusion matrix (the epochs' validations count none), at the last epoch's step; its
                 # per-class rows are not sent again (each epoch's are)
@@ -455,8 +477,23 @@ class Trainer:
             result.last = weights / "last.pt" if (weights / "last.pt").exists() else None
             self.recorder.close(finished=True)  # best.pt, stripped, to the trackers
             clear_marker(self.save_dir, dist.launch_info().launch_id)  # finished: no restart may adopt it
-            self.callbacks.run("on_train_end", save_dir=self.save_dir, best=result.best, results=result.final_metrics)
+            results = ((final.mp, final.mr, final.map50, final.map, *(float(x) for x in final.losses))
+                       if final is not None else tuple(result.last_row.get(key, 0.0) for key in RESULTS_KEYS[3:10]))
+            self.callbacks.run("on_train_end", weights / "last.pt", weights / "best.pt", max(self.state.epoch - 1, 0),
+                               results)
         return result
+
+    def _stopped_by_callback(self) -> TrainResult:
+        """``callbacks.stop_training`` ended the run at an optimizer step (last.pt written there, as for a signal): no
+        final validation, no ``on_train_end`` (YOLOv5's train() returns at once); the run can be resumed."""
+        weights = self.save_dir / "weights"
+        LOGGER.info("Stopped by callbacks.stop_training at epoch %d/%s, batch %d/%d; %s holds this position "
+                    "(python train.py --resume %s continues it)", self.state.epoch + 1, self._epochs_shown() or "?",
+                    self.state.batch, self.data.batches_per_epoch, weights / "last.pt", weights / "last.pt")
+        return TrainResult(self.save_dir, *(weights / name if (weights / name).exists() else None
+                                            for name in ("best.pt", "last.pt")),
+                           epochs_run=self.state.epoch,
+                           last_row=dict(self.state.results[-1]) if self.state.results else {})
 
     def _check_ranks_agree(self) -> None:
         """DDP: every process must end with the same weights, BatchNorm statistics and EMA; a checksum of
