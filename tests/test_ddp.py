@@ -369,6 +369,40 @@ def test_ddp_resume_with_the_same_processes_is_bit_exact(tiny, tmp_path):
     assert len((root / "runs" / "ddp-alone" / "results.csv").read_text().splitlines()) == 4
 
 
+CALLBACK_STOP_SCRIPT = '''
+import sys
+sys.path.insert(0, {root!r})
+import train
+from utils.callbacks import Callbacks
+
+callbacks = Callbacks()
+
+
+def stop(model, ni, *_):  # YOLOv5 calls on_train_batch_end on the main process only
+    if ni == 0:
+        callbacks.stop_training = True
+
+
+callbacks.register_action("on_train_batch_end", callback=stop)
+result = train.run(callbacks=callbacks, **{options!r})
+assert result.final_metrics == {{}}, result.final_metrics
+'''
+
+
+def test_stop_training_on_the_main_process_stops_every_rank_at_one_step(tiny, tmp_path):
+    root, data, cfg, _ = tiny
+    options = dict(data=str(data), cfg=str(cfg), weights="", imgsz=64, batch_size=8, epochs=3, workers=0,
+                   device="cpu", noautoanchor=True, noplots=True, project=str(root / "runs"), name="callback-stop",
+                   cache="ram")
+    script = tmp_path / "callback_stop.py"
+    script.write_text(CALLBACK_STOP_SCRIPT.format(root=str(ROOT), options=options))
+    done = run(torchrun(str(script), extra=["--master_port", str(free_port())]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Stopped by callbacks.stop_training at epoch" in done.stdout
+    position = state(root / "runs" / "callback-stop" / "weights" / "last.pt")["training"]["run"]
+    assert position["epoch"] < 3 and (position["epoch"], position["batch"]) != (0, 0)
+
+
 def our_processes(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
