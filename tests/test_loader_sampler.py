@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,30 @@ def test_sampler_shards_without_shuffle_and_with_weights():
     whole = drawn.indices()
     assert [sampler.indices().tolist() for sampler in weighted] == [whole[0::2].tolist(), whole[1::2].tolist()]
     assert 0 not in whole  # weight 0 is never drawn
+
+
+def test_an_image_drawn_again_in_an_epoch_is_augmented_anew(split):
+    """Image weights draw an image several times an epoch: each time is its own item ``(index, epoch, repeat)``,
+    augmented anew (YOLOv5's dataset augments each time it is asked), the first time as without weights; the
+    repeats are counted over the whole epoch's order, so two ranks give what one process gives."""
+    from utils.data.loader import repeat_counts
+
+    assert repeat_counts(np.array([3, 1, 3, 3, 0, 1])).tolist() == [0, 0, 1, 2, 0, 1]
+    one = EpochSampler(11, shuffle=True, seed=1)
+    one.set_weights(np.r_[np.zeros(10), 1.0])  # image 10 alone, 11 times
+    assert list(one) == [(10, 0)] + [(10, 0, r) for r in range(1, 11)]
+    ranks = [EpochSampler(11, shuffle=True, seed=1, rank=r, world_size=2) for r in range(2)]
+    for sampler in ranks:
+        sampler.set_weights(np.r_[np.zeros(10), 1.0])
+    dealt, alone = Counter(list(ranks[0]) + list(ranks[1])), Counter(one)
+    assert dealt - alone == Counter({(10, 0): 1}) and not alone - dealt  # 12 slots: the first item padded again
+    loader = create_dataloader(None, 64, 4, 32, shuffle=True, workers=0, seed=5, labels=split, augment=True,
+                               hyp=Hyp.load("hyp.scratch-low.yaml"))[0]
+    loader.batch_sampler.sampler.set_weights(np.r_[np.zeros(10), 1.0])
+    set_loader_epoch(loader, 0)
+    images, _, paths, _ = next(iter(loader))
+    assert len(set(paths)) == 1 and not torch.equal(images[0], images[1])
+    assert torch.equal(images[0], loader.dataset[(10, 0)][0]) and torch.equal(images[1], loader.dataset[(10, 0, 1)][0])
 
 
 # --- one iterator across epochs (EpochStream) -------------------------------------------------------------------

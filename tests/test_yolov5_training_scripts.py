@@ -5,6 +5,7 @@ computes."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,8 +130,10 @@ def test_load_images_and_labels_items_and_attributes_as_yolov5s(data, tmp_path):
     assert path == dataset.im_files[0] and dataset.label_files[0].endswith("labels/train/im0.txt")
     assert dataset.n == len(dataset) == 8 and dataset.img_size == IMGSZ and list(dataset.indices) == list(range(8))
     assert dataset.shapes.shape == (8, 2) and dataset.labels[0].shape[1] == 5
-    with pytest.raises(AttributeError, match="image-weights"):
-        dataset.indices = [0] * 8
+    with pytest.raises(ValueError, match="8 image indices in \\[0, 8\\)"):
+        dataset.indices = [0] * 7
+    dataset.indices = [5] * 8
+    assert dataset[2][2] == dataset.im_files[5]
 
     augmented = LoadImagesAndLabels(str(source), img_size=IMGSZ, batch_size=4, augment=True,
                                     hyp={"mosaic": 1.0, "label_smoothing": 0.1})
@@ -147,6 +150,26 @@ def test_load_images_and_labels_items_and_attributes_as_yolov5s(data, tmp_path):
     make_tiny_dataset(folder, num_train=2, num_val=1)
     (folder / "labels" / "train" / "im0.txt").write_text("41 0.5 0.5 0.2 0.2\n")
     assert LoadImagesAndLabels(str(folder / "images" / "train"), img_size=IMGSZ).labels[0][0, 0] == 41
+
+
+def test_dataset_indices_set_between_epochs_reach_the_loaders_workers(data, tmp_path):
+    """YOLOv5's --image-weights draw, ``dataset.indices = random.choices(...)``: from the next epoch on each position
+    is that image and the mosaics' partners are drawn from ``indices``, in the loader's persistent workers too."""
+    from utils.dataloaders import create_dataloader
+
+    make_tiny_dataset(tmp_path, num_train=8, num_val=1)
+    for label in (tmp_path / "labels" / "train").glob("*.txt"):  # class 0 in im0 only, class 1 everywhere else
+        rows = [line.split()[1:] for line in label.read_text().splitlines()]
+        label.write_text("".join(f"{int(label.stem != 'im0')} {' '.join(row)}\n" for row in rows))
+    _, hyp = yolov5_model()
+    loader, dataset = create_dataloader(str(tmp_path / "images" / "train"), IMGSZ, 4, 32, hyp=hyp, augment=True,
+                                        workers=2, shuffle=True, seed=3)
+    first = batches(loader)
+    assert {cls for _, targets, _ in first for cls in targets[:, 1].tolist()} == {0.0, 1.0}
+    dataset.indices = [0] * 8
+    second = batches(loader)
+    assert all(Path(path).name == "im0.jpg" for _, _, paths in second for path in paths)
+    assert {cls for _, targets, _ in second for cls in targets[:, 1].tolist()} == {0.0}  # partners: im0 alone
 
 
 def test_collate_functions_and_quad_batches(data):

@@ -17,12 +17,13 @@ import logging
 import random
 
 import numpy as np
+import torch
 
 from utils import dist
 from utils.config import Hyp
 from utils.data.dataset import YoloDataset, collate
 from utils.data.loader import create_dataloader as _create_dataloader
-from utils.data.loader import set_loader_epoch
+from utils.data.loader import epoch_sampler, set_loader_epoch
 from utils.data.quad import QuadBatches, quad_batch
 from utils.data.verify import img2label_paths, scan_split
 
@@ -73,19 +74,32 @@ class LoadImagesAndLabels(YoloDataset):
         self.path, self.img_size = path, img_size
         self.label_files = img2label_paths(list(self.im_files))
         self.mosaic_border = [-img_size // 2, -img_size // 2]
+        self._indices = None  # set by a script (YOLOv5's --image-weights draw): each position's image
+        # the partners' weights in shared memory before any worker starts, so that setting indices reaches them;
+        # all zero: drawn uniformly, as without
+        self.partner_cdf = torch.zeros(self.n, dtype=torch.float64).share_memory_()
 
     @property
-    def indices(self) -> range:
-        return range(self.n)
+    def indices(self):
+        """YOLOv5's image of each position: ``range(n)``, or what a script set. Setting it (YOLOv5's train.py does,
+        drawing ``random.choices(range(n), weights=image_weights, k=n)`` each epoch) makes create_dataloader's loader
+        read position i as image ``indices[i]`` from its next epoch on, and draw the mosaic partners from ``indices``
+        (an image as often as it appears there), as YOLOv5's dataset does."""
+        return range(self.n) if self._indices is None else self._indices
 
     @indices.setter
     def indices(self, value) -> None:
-        raise AttributeError("dataset.indices cannot be set here (YOLOv5's --image-weights draw): train.py "
-                             "--image-weights draws images by class weight")
+        table = np.asarray(value)
+        if table.shape != (self.n,) or not np.issubdtype(table.dtype, np.integer) or \
+                (self.n and not (0 <= table.min() and table.max() < self.n)):
+            raise ValueError(f"dataset.indices takes {self.n} image indices in [0, {self.n}) (YOLOv5's "
+                             f"random.choices(range(n), weights=..., k=n)), got shape {table.shape} of {table.dtype}")
+        self._indices = table.astype(np.int64)
+        self.set_partner_weights(np.bincount(self._indices, minlength=self.n))
 
     def __getitem__(self, item):
-        if not isinstance(item, tuple):  # not from create_dataloader's loader: a new draw each call, as YOLOv5's
-            item = (item, random.randrange(EPOCH_DRAWS))
+        if not isinstance(item, tuple):  # not from create_dataloader's loader (whose sampler looks indices up):
+            item = (self.indices[item], random.randrange(EPOCH_DRAWS))  # a new draw each call, as YOLOv5's
         return self.item(item)
 
     @staticmethod
@@ -131,6 +145,7 @@ class EpochLoader:
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
+        epoch_sampler(self.loader).set_table(getattr(self.dataset, "_indices", None))  # a script's dataset.indices
         set_loader_epoch(self.loader, epoch)
         for index, (images, targets, paths, shapes) in enumerate(self.loader):
             if self.quad is not None:

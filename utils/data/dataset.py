@@ -243,6 +243,16 @@ def normalised_targets(labels: np.ndarray, width: int, height: int, eps: float =
 # The dataset
 # ---------------------------------------------------------------------------------------------
 
+
+def item_draw(seed: int, item, epoch: int) -> tuple[int, np.random.Generator]:
+    """(image index, the generator of its augmentation) for a loader item: ``index`` (of ``epoch``), ``(index,
+    epoch)``, or ``(index, epoch, repeat)`` for an image's repeat-th time in an epoch (utils.data.loader.EpochSampler):
+    every draw a function of (seed, epoch, index[, repeat])."""
+    index, epoch, *repeat = item if isinstance(item, tuple) else (item, epoch)
+    key = (seed, int(epoch), int(index), *(int(r) for r in repeat if r))
+    return int(index), np.random.default_rng(key)
+
+
 class YoloDataset(Dataset):
     """Images + YOLO labels of one split, resized (long side = imgsz) and augmented like YOLOv5 v7.
 
@@ -453,9 +463,7 @@ class YoloDataset(Dataset):
         """Item ``item`` (an index, or ``(index, epoch)``); a mosaic's other images are drawn from ``partners``
         (distinct indices, not the item's own, at least three) when given, else from the whole split. Mixup's
         second mosaic is one of ``partners``, with the rest as its partners when three remain."""
-        index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
-        index = int(index)
-        rng = np.random.default_rng((self.seed, int(epoch), index))
+        index, rng = item_draw(self.seed, item, self.epoch)
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp.mosaic:
             img, labels = self.load_mosaic(index, rng, partners)

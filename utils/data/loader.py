@@ -34,7 +34,8 @@ SPARE_SLOTS = 2  # reusable batch buffers per worker beyond those (utils.data.ba
 
 
 class EpochSampler(Sampler):
-    """Indices for one rank, as ``(index, epoch)`` pairs; order fixed by ``(seed, epoch)``.
+    """Indices for one rank, as ``(index, epoch)`` pairs (``(index, epoch, repeat)`` for an image that comes again in
+    the epoch: ``items``); order fixed by ``(seed, epoch)``.
 
     Like ``DistributedSampler``: with ``world_size > 1`` the (optionally shuffled) list is padded to
     a multiple of world_size and rank r takes every world_size-th entry from r; without shuffle
@@ -49,6 +50,7 @@ class EpochSampler(Sampler):
         self.rank, self.world_size = max(rank, 0), max(world_size, 1)
         self.epoch, self.start, self.through = 0, 0, 0
         self.weights = None
+        self.table = None  # position -> image (YOLOv5's dataset.indices, set_table); None: the identity
         self.per_rank = math.ceil(size / self.world_size)
 
     def set_epoch(self, epoch: int, start: int = 0, through: int | None = None) -> None:
@@ -62,14 +64,32 @@ class EpochSampler(Sampler):
         each epoch: with weights that change between epochs, iterate one epoch at a time."""
         self.weights = None if weights is None else np.asarray(weights, np.float64)
 
+    def set_table(self, table) -> None:
+        """Each position's image (``size`` indices), or None: the order's positions are then looked up in it, as
+        YOLOv5's dataset looks its ``indices`` up (utils/yolov5_loaders.py). The table is read as each epoch starts."""
+        self.table = None if table is None else np.asarray(table, np.int64)
+
     def order(self, epoch: int | None = None) -> np.ndarray:
         rng = np.random.default_rng((self.seed, self.epoch if epoch is None else int(epoch), 7))
         if self.weights is not None and self.weights.sum() > 0:
             return rng.choice(self.size, self.size, replace=True, p=self.weights / self.weights.sum())
-        return rng.permutation(self.size) if self.shuffle else np.arange(self.size)
+        positions = rng.permutation(self.size) if self.shuffle else np.arange(self.size)
+        return positions if self.table is None else self.table[positions]
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
+        return self._share(self.order(epoch))
+
+    def items(self, epoch: int | None = None) -> list[tuple]:
+        """This rank's items of the epoch: ``(index, epoch)``, or ``(index, epoch, repeat)`` for the repeat-th
+        (1, 2, ...) time an image comes again in the epoch's order (drawn by weight, or a table): each repeat is
+        augmented anew, as YOLOv5's dataset augments each time it is asked (its draw: utils.data.dataset.item_draw)."""
+        epoch = self.epoch if epoch is None else int(epoch)
         order = self.order(epoch)
+        repeats = self._share(repeat_counts(order))
+        return [(int(i), epoch, int(r)) if r else (int(i), epoch) for i, r in zip(self._share(order), repeats)]
+
+    def _share(self, order: np.ndarray) -> np.ndarray:
+        """This rank's part of an epoch's ``order`` (or of an array aligned with it), padded as DistributedSampler."""
         total = self.per_rank * self.world_size
         if total > len(order):
             order = np.concatenate((order, order[: total - len(order)]))
@@ -80,30 +100,42 @@ class EpochSampler(Sampler):
         return order[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
 
     def epochs(self):
-        """``(epoch, indices)`` from the current epoch (from ``start``) through ``through``, as set when called."""
+        """``(epoch, items)`` from the current epoch (from ``start``) through ``through``, as set when called."""
         first, start, through = self.epoch, self.start, self.through
         for epoch in range(first, through + 1):
-            yield epoch, self.indices(epoch)[start if epoch == first else 0:]
+            yield epoch, self.items(epoch)[start if epoch == first else 0:]
 
     def __iter__(self):
-        return ((int(i), epoch) for epoch, indices in self.epochs() for i in indices)
+        return (item for _, items in self.epochs() for item in items)
 
     def __len__(self) -> int:
         """The current epoch's indices from ``start``."""
         return max(self.per_rank - self.start, 0)
 
 
+def repeat_counts(order: np.ndarray) -> np.ndarray:
+    """For each entry of ``order``, how many times its value came before it (0 for a first time)."""
+    order = np.asarray(order)
+    sorter = np.argsort(order, kind="stable")
+    values = order[sorter]
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) else np.zeros(0, np.int64)
+    runs = np.diff(np.r_[starts, len(values)])
+    counts = np.empty(len(order), np.int64)
+    counts[sorter] = np.arange(len(values)) - np.repeat(starts, runs)
+    return counts
+
+
 class EpochBatchSampler(Sampler):
-    """Batches of ``batch_size`` ``(index, epoch)`` pairs from an EpochSampler, epoch by epoch: an epoch's last batch
+    """Batches of ``batch_size`` items (``(index, epoch)`` pairs) from an EpochSampler, epoch by epoch: an epoch's last batch
     may be smaller, and no batch mixes two epochs. Its length is the current epoch's batches."""
 
     def __init__(self, sampler: EpochSampler, batch_size: int):
         self.sampler, self.batch_size = sampler, batch_size
 
     def __iter__(self):
-        for epoch, indices in self.sampler.epochs():
-            for first in range(0, len(indices), self.batch_size):
-                yield [(int(i), epoch) for i in indices[first:first + self.batch_size]]
+        for _, items in self.sampler.epochs():
+            for first in range(0, len(items), self.batch_size):
+                yield items[first:first + self.batch_size]
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)

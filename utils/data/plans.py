@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from utils.data.batch_slots import fresh_shared_bytes, handed_over
-from utils.data.dataset import JPEG_SUFFIXES, YoloDataset, normalised_targets, pixel_boxes
+from utils.data.dataset import JPEG_SUFFIXES, YoloDataset, item_draw, normalised_targets, pixel_boxes
 from utils.data.headers import jpeg_frame
 from utils.data.images import file_orientation
 from utils.data.transforms import (copy_paste_labels, flip_draws, flip_labels, hsv_gains, hsv_lut, intersect,
@@ -85,9 +85,7 @@ class PlanDataset(YoloDataset):
         self.decode_device = decode_device  # mosaic tiles of uncached JPEGs as SourceCrops (``encoded``)
 
     def item(self, item, partners: np.ndarray | None = None):
-        index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
-        index = int(index)
-        rng = np.random.default_rng((self.seed, int(epoch), index))  # the same draws, in YoloDataset.item's order
+        index, rng = item_draw(self.seed, item, self.epoch)  # the same draws, in YoloDataset.item's order
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp.mosaic:
             plan, labels = self.mosaic_plan(index, rng, partners)

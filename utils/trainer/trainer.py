@@ -21,8 +21,8 @@ from models.fused import FusedCopy
 from models.yolo import activations_out_of_place
 from utils import dist
 from utils.autoanchor import format_anchors, write_anchors_yaml
-from utils.callbacks import Callbacks
 from utils.autobatch import auto_batch_size
+from utils.callbacks import Callbacks
 from utils.checkpoint import TrainingState, training_checkpoint
 from utils.checkpoint.checks import check_against_run
 from utils.config import Hyp, TrainConfig
@@ -140,7 +140,6 @@ class Trainer:
                                    stop_requested=lambda: callbacks.stop_training)
         if self.main:
             self._start_outputs(resume is None)
-        if self.main:
             callbacks.run("on_pretrain_routine_end", self.data.labels, dict(enumerate(self.data.names)))
         if resume is not None:
             self._restore_rng(resume.rng)  # last: nothing above may draw from the generators afterwards
