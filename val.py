@@ -48,7 +48,7 @@ LOGGER = logging.getLogger("val")
 TASKS = ("train", "val", "test", "speed", "study")
 STUDY_SIZES = tuple(range(256, 1536 + 128, 128))  # --task study's image sizes, as YOLOv5's
 ONE_AT_A_TIME = ("speed", "study")  # tasks that take several --weights one model at a time, as YOLOv5's
-IN_MEMORY = ("model", "dataloader", "compute_loss", "save_dir", "callbacks")  # val.run's keywords for a model in memory (YOLOv5's)
+IN_MEMORY = ("model", "dataloader", "compute_loss", "save_dir")  # val.run's keywords for a model in memory (YOLOv5's)
 
 
 @dataclass
@@ -82,8 +82,8 @@ def run(*args, **options) -> ValResult:
     plots = options.pop("plots", True)
     if plots is not True and plots is not False:
         raise ArgumentError(f"plots takes True or False, got {plots!r}")
+    callbacks = options.pop("callbacks", None)
     in_memory = {key: options.pop(key) for key in IN_MEMORY if key in options}
-    callbacks = in_memory.pop("callbacks", None)
     if in_memory.get("model") is None:
         if any(value is not None for value in in_memory.values()):
             raise ArgumentError(f"val.run: {', '.join(key for key in in_memory if key != 'model')} go with model=")

@@ -13,9 +13,9 @@ import torch
 import train as train_script
 from tests.conftest import make_tiny_run
 from tests.test_checkpoint import _payload, _torch_zip
+from utils.callbacks import Callbacks
 from utils.checkpoint import CheckpointError, load_resumable, previous_path, save_checkpoint
 from utils.trainer import stages, trainer
-from utils.callbacks import Callbacks
 from utils.trainer.resume import ResumeError, checkpoint_to_resume
 
 EPOCHS = 4
