@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import yaml
 
@@ -36,14 +37,27 @@ def batches(count: int):
             for _ in range(count)]
 
 
-def test_a_steady_state_step_reads_only_its_two_decisions_and_the_bar_reads_every_n_batches():
+def step_hooks():
+    """YOLOv5's callbacks with an action on each per-step hook that hands the loop no tensor to read."""
+    from utils.callbacks import Callbacks
+
+    callbacks, calls = Callbacks(), []
+    for hook in ("on_train_batch_start", "optimizer_step", "on_before_zero_grad"):
+        callbacks.register_action(hook, callback=lambda _hook=hook: calls.append(_hook))
+    return callbacks, calls
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["no-callbacks", "step-callbacks"])
+def test_a_steady_state_step_reads_only_its_two_decisions_and_the_bar_reads_every_n_batches(hooked):
     step, state, count = tiny_step(), RunState(), 2 * REPORT_EVERY + 3
     loader = batches(count)
+    callbacks, calls = step_hooks() if hooked else (None, [])
     train_one_epoch(step, loader[:2], state, 1, torch.device("cpu"), lambda *args: 1)  # warm-up, not counted
     state = RunState()
     with HostReads() as reads:
-        stats = train_one_epoch(step, loader, state, 1, torch.device("cpu"), lambda *args: 1)
+        stats = train_one_epoch(step, loader, state, 1, torch.device("cpu"), lambda *args: 1, callbacks=callbacks)
     assert stats.iterations == count and state.loss_batches == count
+    assert len(calls) == (3 * count if hooked else 0)  # the hooks ran at every step, and added no read
     places = reads.by_place()
     assert places.pop("utils/trainer/loop.py:_forward_backward") == count  # is the loss finite? (skip the step)
     assert places.pop("utils/trainer/loop.py:optimizer_step") == count  # are the gradients finite?
