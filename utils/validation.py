@@ -132,13 +132,11 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
     autocast = torch.autocast("cuda", dtype=torch.float16) if fp16_autocast else nullcontext()
     input_dtype = torch.float16 if half else model_dtype(model)
     channels_last = is_channels_last(model)
-    hooks = callbacks if callbacks is not None and _any_val_hook(callbacks) else None
-    if hooks is not None:
-        hooks.run("on_val_start")
+    hooks = _ValHooks(callbacks, names)
+    hooks.run("on_val_start")
     with torch.inference_mode(), autocast, _restore_mode(model):
         for batch_index, (images, targets, paths, shapes) in enumerate(_progress(dataloader, compute_loss, writer)):
-            if hooks is not None:
-                hooks.run("on_val_batch_start")
+            hooks.run("on_val_batch_start")
             loaded = images
             with timers[0]:
                 images = model_input(images, device, input_dtype, channels_last)
@@ -157,14 +155,12 @@ def validate(model, dataloader, names, device, conf_thres=0.001, iou_thres=0.6, 
                 native = _score_image(acc, det, targets[targets[:, 0] == si, 1:], paths[si], shapes[si],
                                       images.shape[2:], single_cls, save_dir if save_txt else None, save_conf,
                                       save_json, plots)
-                if hooks is not None:
-                    hooks.run("on_val_image_end", det, native, Path(paths[si]), dict(enumerate(names)), images[si])
+                hooks.image_end(det, native, paths[si], images[si])
             if plot_targets is not None:
                 _plot_batch(images, plot_targets, detections, paths, save_dir, batch_index, names)
             if first_batch is not None and writer and batch_index == 0:
                 first_batch(loaded, detections, paths)
-            if hooks is not None:
-                hooks.run("on_val_batch_end", batch_index, images, targets, paths, shapes, detections)
+            hooks.run("on_val_batch_end", batch_index, images, targets, paths, shapes, detections)
     batches = len(dataloader)
     if distributed:
         losses, batches = _gather(acc, losses, batches)
@@ -242,8 +238,21 @@ def _progress(dataloader, compute_loss, shown: bool = True):
                 disable=not shown)
 
 
-def _any_val_hook(callbacks) -> bool:
-    return any(callbacks.has(hook) for hook in VAL_HOOKS)
+class _ValHooks:
+    """YOLOv5's validation hooks of ``callbacks``; calls nothing when none of them has an action (or no callbacks)."""
+
+    def __init__(self, callbacks, names: list[str]):
+        active = callbacks is not None and any(callbacks.has(hook) for hook in VAL_HOOKS)
+        self.callbacks = callbacks if active else None
+        self.names = dict(enumerate(names))  # YOLOv5's {i: name}, as on_val_image_end gets it
+
+    def run(self, hook: str, *args) -> None:
+        if self.callbacks is not None:
+            self.callbacks.run(hook, *args)
+
+    def image_end(self, det, native, path, image) -> None:
+        if self.callbacks is not None:
+            self.callbacks.run("on_val_image_end", det, native, Path(path), self.names, image)
 
 
 def _score_image(acc: _Accumulator, det, labels, path, shapes, input_shape, single_cls, txt_dir, save_conf,
@@ -366,7 +375,7 @@ def _summarise(acc: _Accumulator, plots: bool, save_dir, verbose: bool, hooks=No
     result.fitness = float(fitness([result.mp, result.mr, result.map50, result.map]))
     if plots:
         plot_confusion_matrix(acc.confusion.matrix, save_dir / "confusion_matrix.png", acc.names)
-    if hooks is not None:
+    if hooks is not None and hooks.callbacks is not None:
         empty = np.zeros(0)
         counts = (metrics.tp, metrics.fp, metrics.p, metrics.r, metrics.f1) if metrics is not None else (empty,) * 5
         hooks.run("on_val_end", instances, *counts, ap, ap50, classes, acc.confusion)
